@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Install everything hpcvm needs on a fresh Debian 12 machine, as root (or with sudo):
+# distribution packages, a virtualenv in .venv with hpcvm and its dev tools, and the
+# C helpers. Safe to run again; prints what it did.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+APT_PACKAGES=(
+  python3 python3-venv python3-dev gcc make pkg-config
+  hwloc                                   # lstopo: host topology
+  qemu-system-x86 qemu-utils              # the hypervisor (KVM or TCG)
+  libvirt-daemon-system libvirt-clients libvirt-dev libxml2-utils  # libvirt backend, virt-xml-validate
+  qemu-guest-agent busybox-static kmod cpio zstd  # the built-in guest
+  numactl
+  hpcc openmpi-bin libopenmpi-dev         # benchmarks
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing ${#missing[@]} Debian packages: ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "setup: Debian packages already installed"
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q -e '.[dev]'
+echo "setup: hpcvm installed in .venv ($(.venv/bin/hpcvm --version))"
+
+if [ -f Makefile ]; then
+  make -s all
+fi

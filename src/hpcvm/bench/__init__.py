@@ -1,0 +1,1 @@
+"""bench stage of the hpcvm pipeline (see DESIGN.md)."""

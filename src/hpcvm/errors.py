@@ -1,0 +1,60 @@
+"""One error root for everything a user can cause or meet.
+
+Each message is a single line that says what is wrong and what to do about it; the CLI
+prints it without a traceback and exits with the class's exit code, so scripts can tell
+a typo (usage) from a request the host cannot satisfy (infeasible) from a broken host.
+"""
+
+from __future__ import annotations
+
+
+class HpcvmError(Exception):
+    """Root of all hpcvm errors. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(HpcvmError):
+    """The request itself is malformed: bad size, unknown profile, unknown device."""
+
+    exit_code = 2
+
+
+class InfeasiblePlanError(HpcvmError):
+    """The request is well formed but this host cannot satisfy it (too many vCPUs,
+    too little memory, not enough free huge pages, a device that cannot be passed)."""
+
+    exit_code = 3
+
+
+class TopologyError(HpcvmError):
+    """The host description could not be read: missing or malformed sysfs root or XML,
+    hwloc missing or failing."""
+
+    exit_code = 4
+
+
+class RuntimeFailure(HpcvmError):
+    """Starting, talking to or stopping a VM failed (QEMU died, the agent timed out,
+    libvirt refused)."""
+
+    exit_code = 5
+
+
+class VerificationFailed(HpcvmError):
+    """A running VM does not match its plan."""
+
+    exit_code = 6
+
+
+class BenchmarkError(HpcvmError):
+    """A benchmark run could not be set up or its results could not be stored."""
+
+    exit_code = 7

@@ -1,0 +1,1 @@
+"""guest stage of the hpcvm pipeline (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""host stage of the hpcvm pipeline (see DESIGN.md)."""

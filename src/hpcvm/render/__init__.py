@@ -1,0 +1,1 @@
+"""render stage of the hpcvm pipeline (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""runtime stage of the hpcvm pipeline (see DESIGN.md)."""

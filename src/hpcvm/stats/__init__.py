@@ -1,0 +1,1 @@
+"""stats stage of the hpcvm pipeline (see DESIGN.md)."""

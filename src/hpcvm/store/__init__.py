@@ -1,0 +1,1 @@
+"""store stage of the hpcvm pipeline (see DESIGN.md)."""

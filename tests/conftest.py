@@ -1,0 +1,79 @@
+"""Shared fixtures: the real machine topologies in ../shared/topologies/.
+
+Snapshots are extracted once per test session into a temporary directory; tests get
+(name, kind, path) where kind is "sysfs" (a file-system root for HWLOC_FSROOT) or "xml".
+"""
+
+from __future__ import annotations
+
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TOPOLOGIES = REPO.parent / "shared" / "topologies"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    name: str
+    kind: str  # "sysfs" or "xml"
+    path: Path  # the extracted root (sysfs) or the XML file
+
+
+def _sysfs_archives() -> list[Path]:
+    return sorted((TOPOLOGIES / "sysfs").glob("*.tar.bz2"))
+
+
+def _xml_files() -> list[Path]:
+    return sorted((TOPOLOGIES / "xml").glob("*.xml"))
+
+
+SNAPSHOT_IDS = [f"sysfs:{p.name.removesuffix('.tar.bz2')}" for p in _sysfs_archives()] + [
+    f"xml:{p.stem}" for p in _xml_files()
+]
+
+
+@pytest.fixture(scope="session")
+def snapshots_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """All sysfs snapshots extracted into one session directory."""
+    if not TOPOLOGIES.is_dir():
+        pytest.fail(
+            f"topology snapshots not found at {TOPOLOGIES} (expected ../shared beside the repo)"
+        )
+    out = tmp_path_factory.mktemp("topologies")
+    for archive in _sysfs_archives():
+        with tarfile.open(archive) as tar:
+            tar.extractall(out / _stem(archive), filter="tar")
+    return out
+
+
+def _stem(archive: Path) -> str:
+    return archive.name.removesuffix(".tar.bz2")
+
+
+def sysfs_root(snapshots_dir: Path, name: str) -> Path:
+    """The file-system root inside an extracted archive (its single top folder, whose
+    name can differ from the archive's)."""
+    (top,) = [p for p in (snapshots_dir / name).iterdir() if p.is_dir()]
+    return top
+
+
+@pytest.fixture(scope="session")
+def all_snapshots(snapshots_dir: Path) -> list[Snapshot]:
+    snaps = [
+        Snapshot(_stem(p), "sysfs", sysfs_root(snapshots_dir, _stem(p))) for p in _sysfs_archives()
+    ]
+    snaps += [Snapshot(p.stem, "xml", p) for p in _xml_files()]
+    return snaps
+
+
+@pytest.fixture(params=SNAPSHOT_IDS)
+def snapshot(request: pytest.FixtureRequest, snapshots_dir: Path) -> Snapshot:
+    """Parametrised over every snapshot in ../shared/topologies/."""
+    kind, name = str(request.param).split(":", 1)
+    if kind == "sysfs":
+        return Snapshot(name, kind, sysfs_root(snapshots_dir, name))
+    return Snapshot(name, kind, TOPOLOGIES / "xml" / f"{name}.xml")
