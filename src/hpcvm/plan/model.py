@@ -34,6 +34,7 @@ class PlanRequest(Frozen):
     memory_bytes: int
     page_size_bytes: int | None = None  # None: the profile's default
     housekeeping: int | None = None  # cores per used NUMA node; None: profile default
+    guest_nodes: int | None = None  # numa/hpc: guest nodes; None: one per used host node
     passthrough: tuple[str, ...] = ()  # PCI addresses as typed (normalised by plan)
     accel: AccelChoice = "auto"
 
