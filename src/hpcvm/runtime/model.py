@@ -1,0 +1,76 @@
+"""What a running VM is, as the runtime records it.
+
+``Machine`` is persisted as ``<run_dir>/machine.json`` in the VM's own runtime
+directory (0700) so that ``ps``, ``exec``, ``verify`` and ``down`` — separate processes
+— find it again. The plan and boot spec are kept whole: ``verify`` compares the running
+VM with exactly what was planned.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from hpcvm.model import Frozen
+from hpcvm.plan.model import VMPlan
+from hpcvm.render.model import BootSpec
+
+BackendName = Literal["qemu", "libvirt"]
+MACHINE_SCHEMA_VERSION = 1
+
+
+class Machine(Frozen):
+    """One VM started by hpcvm."""
+
+    schema_version: int = MACHINE_SCHEMA_VERSION
+    name: str
+    backend: BackendName
+    run_dir: str  # absolute; holds machine.json, sockets, logs
+    pid: int | None  # QEMU's pid (both backends: libvirt's QEMU too)
+    started_at: float  # time.time() when QEMU was started
+    plan: VMPlan
+    boot: BootSpec
+    image: str  # "builtin:<kernel version>" or the disk image path
+    connect_uri: str | None = None  # libvirt connection URI (libvirt backend)
+    hugetlbfs_dirs: tuple[str, ...] = ()  # where QEMU's hugetlbfs files live (cleanup)
+
+
+class ExecResult(Frozen):
+    """What a command run in the guest returned."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    signal: int | None = None
+    seconds: float = 0.0
+
+
+class Backend(Protocol):
+    """Starts and stops VMs; QEMU (QMP) and libvirt implement it.
+
+    The runtime (runtime/lifecycle.py) drives a backend; a backend knows nothing about
+    the guest agent, state files or the CLI.
+    """
+
+    name: BackendName
+
+    def start(self, machine: Machine) -> Machine:
+        """Start QEMU for ``machine`` (pid unset) and return it with the pid set.
+
+        Raises RuntimeFailure with QEMU's exit code and log tail if it dies early.
+        """
+        ...
+
+    def vcpu_threads(self, machine: Machine) -> dict[int, int]:
+        """vCPU index -> host thread id (from QMP query-cpus-fast)."""
+        ...
+
+    def alive(self, machine: Machine) -> bool: ...
+
+    def pause(self, machine: Machine) -> None: ...
+
+    def resume(self, machine: Machine) -> None: ...
+
+    def stop(self, machine: Machine, *, timeout: float) -> None:
+        """Make QEMU exit (QMP quit / libvirt destroy), kill after ``timeout``, and
+        remove what the backend created (domain definition, sockets)."""
+        ...
