@@ -1,1 +1,6 @@
-"""stats stage of the hpcvm pipeline (see DESIGN.md)."""
+"""Statistics stage of the hpcvm pipeline (see DESIGN.md and METHOD.md): pure functions
+over sequences of floats, no I/O. Results are frozen pydantic models."""
+
+from hpcvm.stats.summary import DEFAULT_CONFIDENCE, Summary, summarize, t_quantile
+
+__all__ = ["DEFAULT_CONFIDENCE", "Summary", "summarize", "t_quantile"]
