@@ -1,0 +1,26 @@
+# C helpers of hpcvm.  `make all` (run by scripts/setup.sh) builds them into
+# src/hpcvm/data/, where the package finds them (hpcvm.bench.noise.noise_binary()).
+#
+# No -march=native, ever: the same binaries run natively and inside guests, and a TCG
+# guest's CPU model lacks the host's newer instructions (QEMU 7.2 TCG has no AVX-512),
+# so a host-tuned binary would die with SIGILL there.  On x86-64 we pin the baseline
+# ISA explicitly so that a CFLAGS from the environment cannot raise it by accident.
+
+CC ?= cc
+CFLAGS ?= -O2
+WARNINGS := -Wall -Wextra -Werror -std=gnu11
+ARCH_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-march=x86-64 -mtune=generic,)
+DATA_DIR := src/hpcvm/data
+
+HELPERS := $(DATA_DIR)/hpcvm-noise
+
+.PHONY: all clean
+
+all: $(HELPERS)
+
+$(DATA_DIR)/hpcvm-noise: csrc/noise.c Makefile
+	@mkdir -p $(DATA_DIR)
+	$(CC) $(CFLAGS) $(ARCH_FLAGS) $(WARNINGS) -pthread -o $@ $<
+
+clean:
+	rm -f $(HELPERS)
