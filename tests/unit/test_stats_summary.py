@@ -61,6 +61,7 @@ def test_large_n_matches_scipy_and_numpy() -> None:
     assert s.ci_high == pytest.approx(high, rel=1e-12)
     # at large n the t quantile is the normal one
     z = sps.norm.ppf(0.985)
+    assert s.stdev is not None
     assert s.half_width == pytest.approx(z * s.stdev / math.sqrt(len(values)), rel=1e-4)
 
 

@@ -8,11 +8,15 @@ culprit instead (usually every sample of a metric failed or a parser let a NaN t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from hpcvm.errors import BenchmarkError, UsageError
+
+Sample = Sequence[float] | npt.NDArray[Any]
+"""What the statistics functions accept: a list/tuple of numbers or a 1-D numpy array."""
 
 
 def check_confidence(confidence: float) -> float:
@@ -24,7 +28,7 @@ def check_confidence(confidence: float) -> float:
     return float(confidence)
 
 
-def finite_sample(values: Sequence[float], what: str) -> npt.NDArray[np.float64]:
+def finite_sample(values: Sample, what: str) -> npt.NDArray[np.float64]:
     """The values as a float64 array; refuse an empty sample or NaN/inf values."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1:

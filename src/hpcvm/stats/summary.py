@@ -9,13 +9,12 @@ beside it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats as sps
 
 from hpcvm.model import Frozen
-from hpcvm.stats._checks import check_confidence, finite_sample
+from hpcvm.stats._checks import Sample, check_confidence, finite_sample
 
 DEFAULT_CONFIDENCE = 0.97
 
@@ -54,7 +53,7 @@ def t_quantile(confidence: float, df: float) -> float:
     return float(sps.t.ppf(0.5 + confidence / 2.0, df))
 
 
-def summarize(values: Sequence[float], confidence: float = DEFAULT_CONFIDENCE) -> Summary:
+def summarize(values: Sample, confidence: float = DEFAULT_CONFIDENCE) -> Summary:
     """Summarise one metric's samples with a Student-t interval of the mean.
 
     Raises BenchmarkError for an empty sample or non-finite values, UsageError for a
