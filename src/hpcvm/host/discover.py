@@ -1,0 +1,418 @@
+"""discover(): one HostTopology from this host, a sysfs snapshot or an hwloc XML file.
+
+hwloc gives the topology (hwloc.py); what it lacks is read from the same root
+(sysfs.py, kvm.py); this module checks the inputs and joins the two, adding a warning
+for everything a person planning a VM should know (offline CPUs, cgroup limits...).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcvm.errors import TopologyError, UsageError
+from hpcvm.host import hwloc, sysfs
+from hpcvm.host.kvm import live_kvm, snapshot_kvm
+from hpcvm.host.model import (
+    PU,
+    Cache,
+    Core,
+    HostTopology,
+    HugePagePool,
+    KvmInfo,
+    NumaNode,
+    Package,
+    PciDevice,
+)
+from hpcvm.host.pci import classify, local_node
+from hpcvm.units import format_cpu_list
+
+LIVE_ROOT = Path("/")
+LOCAL_DISTANCE = 10
+REMOTE_DISTANCE = 20
+_SNAPSHOT_HINT = "give the root of an hwloc-gather-topology snapshot"
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where the topology comes from and which root (if any) holds the rest."""
+
+    label: str  # HostTopology.source
+    root: Path | None  # file-system root for sysfs/proc reads; None for XML/synthetic
+    live: bool
+
+
+def discover(*, sysfs_root: Path | None = None, xml: Path | None = None) -> HostTopology:
+    """Read a host: this machine (no argument), a sysfs snapshot root, or an hwloc XML
+    export. Raises TopologyError (one line, naming the path and the fix) when the input
+    cannot be read, UsageError when both sources are given."""
+    if sysfs_root is not None and xml is not None:
+        raise UsageError("give either --sysfs-root or --topology, not both")
+    if sysfs_root is not None:
+        root = _check_sysfs_root(sysfs_root)
+        text = hwloc.export_xml(fsroot=root)
+        return _build(text, _Source(f"sysfs:{root}", root, live=False))
+    if xml is not None:
+        path = _check_xml(xml)
+        text = hwloc.export_xml(xml=path)
+        return _build(text, _Source(f"xml:{path}", None, live=False))
+    return _build(hwloc.export_xml(), _Source("live", LIVE_ROOT, live=True))
+
+
+def synthetic(description: str) -> HostTopology:
+    """A HostTopology from an hwloc synthetic description, e.g.
+    ``"pack:2 numa:2(memory=64GiB) core:8 pu:2"``: for property tests and benchmarks of
+    the planner on machines of any shape."""
+    text = hwloc.export_xml(synthetic=description)
+    return _build(text, _Source(f"synthetic:{description}", None, live=False))
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _check_sysfs_root(path: Path) -> Path:
+    if not path.exists():
+        raise TopologyError(f"--sysfs-root {path}: no such directory; {_SNAPSHOT_HINT}")
+    if not path.is_dir():
+        raise TopologyError(f"--sysfs-root {path}: not a directory; {_SNAPSHOT_HINT}")
+    if not (path / "sys" / "devices" / "system" / "cpu").is_dir():
+        inner = [p for p in _subdirs(path) if (p / "sys" / "devices" / "system" / "cpu").is_dir()]
+        hint = f"did you mean {inner[0]}?" if len(inner) == 1 else _SNAPSHOT_HINT
+        raise TopologyError(f"--sysfs-root {path}: no sys/devices/system/cpu under it; {hint}")
+    return path.resolve()
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir())
+    except OSError:
+        return []
+
+
+def _check_xml(path: Path) -> Path:
+    hint = "give an hwloc XML export (lstopo-no-graphics --of xml > FILE.xml)"
+    if not path.exists():
+        raise TopologyError(f"--topology {path}: no such file; {hint}")
+    if not path.is_file():
+        raise TopologyError(f"--topology {path}: not a regular file; {hint}")
+    if not os.access(path, os.R_OK):
+        raise TopologyError(f"--topology {path}: not readable; check its permissions")
+    if path.stat().st_size == 0:
+        raise TopologyError(f"--topology {path}: the file is empty; {hint}")
+    return path.resolve()
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+@dataclass
+class _Draft:
+    """Pieces collected while assembling, before they become frozen models."""
+
+    warnings: list[str] = field(default_factory=list)
+
+
+def _build(text: str, source: _Source) -> HostTopology:
+    view = hwloc.parse(text, what=_what(source))
+    draft = _Draft()
+    nodes_hw = sorted(view.nodes, key=lambda n: n.os_index)
+    if not nodes_hw:
+        raise TopologyError(f"{_what(source)}: hwloc found no NUMA node in it")
+    memory_only = {n.os_index for n in nodes_hw if _is_memory_only(n)}
+    normal = [n for n in nodes_hw if n.os_index not in memory_only] or nodes_hw
+    pu_node = _pu_nodes(view, normal, nodes_hw)
+    offline = sorted(view.complete_cpuset - set(view.pus))
+    offline_node = _place_offline(offline, source, normal, draft)
+    allowed = view.allowed_cpuset
+
+    cores_hw = sorted(view.cores, key=lambda c: c.pus[0] if c.pus else -1)
+    cores: list[Core] = []
+    pus: list[PU] = []
+    for hw_core in cores_hw:
+        if not hw_core.pus:
+            continue
+        index = len(cores)
+        node = pu_node[hw_core.pus[0]]
+        cores.append(
+            Core(
+                index=index,
+                os_index=hw_core.os_index,
+                package=hw_core.package,
+                node=node,
+                pus=hw_core.pus,
+            )
+        )
+        for pu in hw_core.pus:
+            pus.append(
+                PU(
+                    os_index=pu,
+                    core=index,
+                    package=hw_core.package,
+                    node=pu_node[pu],
+                    online=True,
+                    allowed=allowed is None or pu in allowed,
+                )
+            )
+    for pu in offline:
+        index = len(cores)
+        node = offline_node[pu]
+        cores.append(Core(index=index, os_index=None, package=-1, node=node, pus=(pu,)))
+        # An offline CPU is in no cpuset hwloc reports; "allowed" stays True so that
+        # only the online CPUs a cgroup bars are reported as disallowed.
+        pus.append(PU(os_index=pu, core=index, package=-1, node=node, online=False))
+    pus.sort(key=lambda p: p.os_index)
+
+    cpu = sysfs.cpuinfo(source.root) if source.root is not None else None
+    single = len(nodes_hw) == 1
+    nodes = [_node(n, memory_only, pus, source, draft, single_node=single) for n in nodes_hw]
+    order = [n.os_index for n in nodes]
+    groups = _iommu_groups(source)
+    pci = _pci(view, source, order, memory_only, groups)
+    _warn_cpus(pus, view, order, draft)
+    cpu_model = next((p.cpu_model for p in view.packages if p.cpu_model), "") or (
+        cpu.model if cpu else ""
+    )
+    return HostTopology(
+        source=source.label,
+        hostname=_hostname(view, source),
+        cpu_model=cpu_model,
+        cpu_flags=cpu.flags if cpu else frozenset(),
+        packages=tuple(_packages(view, order)),
+        nodes=tuple(nodes),
+        cores=tuple(cores),
+        pus=tuple(pus),
+        caches=tuple(_caches(view)),
+        distances=_distances(view, order, source, draft),
+        thp=sysfs.thp_mode(source.root) if source.root is not None else None,
+        kvm=_kvm(source, cpu),
+        iommu=_iommu_on(groups, source),
+        iommu_groups=groups or {},
+        hugetlbfs_mounts=sysfs.hugetlbfs_mounts(LIVE_ROOT) if source.live else {},
+        pci=tuple(pci),
+        warnings=tuple(draft.warnings),
+    )
+
+
+def _what(source: _Source) -> str:
+    return "this host" if source.live else source.label
+
+
+def _is_memory_only(node: hwloc.HwNode) -> bool:
+    """No PUs of its own: an empty cpuset, or a hwloc subtype such as GPUMemory or
+    MCDRAM (hwloc attaches such nodes beside the CPU's own node, sharing its cpuset)."""
+    return not node.cpuset or (node.subtype is not None and node.subtype.upper() != "DRAM")
+
+
+def _pu_nodes(
+    view: hwloc.HwlocView, normal: list[hwloc.HwNode], all_nodes: list[hwloc.HwNode]
+) -> dict[int, int]:
+    """Each online PU's node: the lowest normal node whose cpuset holds it."""
+    out: dict[int, int] = {}
+    for pu in view.pus:
+        for candidates in (normal, all_nodes):
+            hit = next((n.os_index for n in candidates if pu in n.cpuset), None)
+            if hit is not None:
+                out[pu] = hit
+                break
+        else:
+            out[pu] = normal[0].os_index
+    return out
+
+
+def _place_offline(
+    offline: list[int], source: _Source, normal: list[hwloc.HwNode], draft: _Draft
+) -> dict[int, int]:
+    """hwloc does not place offline CPUs; the kernel's node cpulists (same root) do.
+    Without them an offline CPU is shown on the only node, or the first with a warning."""
+    placed: dict[int, int] = {}
+    if source.root is not None:
+        for node in normal:
+            for cpu in sysfs.node_cpus(source.root, node.os_index) or []:
+                if cpu in offline:
+                    placed.setdefault(cpu, node.os_index)
+    unplaced = [cpu for cpu in offline if cpu not in placed]
+    for cpu in unplaced:
+        placed[cpu] = normal[0].os_index
+    if unplaced and len(normal) > 1:
+        draft.warnings.append(
+            f"NUMA node of offline CPUs {format_cpu_list(unplaced)} is unknown; "
+            f"they are listed under node {normal[0].os_index}"
+        )
+    return placed
+
+
+def _node(
+    hw: hwloc.HwNode,
+    memory_only: set[int],
+    pus: list[PU],
+    source: _Source,
+    draft: _Draft,
+    *,
+    single_node: bool,
+) -> NumaNode:
+    kind = "memory-only" if hw.os_index in memory_only else "normal"
+    if hw.memory_bytes == 0:
+        draft.warnings.append(
+            f"NUMA node {hw.os_index} has no memory: guest memory cannot be bound to it"
+        )
+    return NumaNode(
+        os_index=hw.os_index,
+        memory_bytes=hw.memory_bytes,
+        pus=tuple(p.os_index for p in pus if p.node == hw.os_index),
+        hugepages=tuple(_pools(hw, source, single_node=single_node)),
+        kind=kind,
+        subtype=hw.subtype,
+    )
+
+
+def _pools(hw: hwloc.HwNode, source: _Source, *, single_node: bool) -> list[HugePagePool]:
+    """Per-node huge page pools: totals and free counts from the root's sysfs when it
+    has them, else totals from hwloc's page_type (free unknown)."""
+    if source.root is not None:
+        pools = sysfs.node_hugepages(source.root, hw.os_index)
+        if not pools and single_node:
+            pools = sysfs.global_hugepages(source.root)
+        if pools:
+            return [
+                HugePagePool(size_bytes=p.size_bytes, total=p.total, free=p.free) for p in pools
+            ]
+    huge = hw.page_types[1:]  # the smallest page_type is the base page size
+    return [HugePagePool(size_bytes=size, total=count, free=None) for size, count in huge]
+
+
+def _packages(view: hwloc.HwlocView, order: list[int]) -> list[Package]:
+    known = set(order)
+    packages = [
+        Package(os_index=p.os_index, nodes=tuple(sorted(p.nodeset & known)), cpu_model=p.cpu_model)
+        for p in view.packages
+    ]
+    return sorted(packages, key=lambda p: p.os_index)
+
+
+def _caches(view: hwloc.HwlocView) -> list[Cache]:
+    caches = [
+        Cache(level=c.level, kind=c.kind, size_bytes=c.size_bytes, pus=c.pus)
+        for c in view.caches
+        if c.pus
+    ]
+    return sorted(caches, key=lambda c: (c.level, c.kind, c.pus[0]))
+
+
+def _distances(
+    view: hwloc.HwlocView, order: list[int], source: _Source, draft: _Draft
+) -> tuple[tuple[int, ...], ...]:
+    """hwloc's NUMA latency matrix in the order of ``order``; else the kernel's from
+    the same root (hwloc drops it on some machines, e.g. KNL); else 10 local / 20
+    remote with a warning."""
+    dist = view.distances
+    if dist is not None and set(order) <= set(dist.indexes):
+        pos = {os_index: i for i, os_index in enumerate(dist.indexes)}
+        return tuple(tuple(dist.values[pos[a]][pos[b]] for b in order) for a in order)
+    if source.root is not None and len(order) > 1:
+        rows = sysfs.node_distances(source.root, order)
+        if rows is not None:
+            return tuple(tuple(row) for row in rows)
+    if len(order) > 1:
+        draft.warnings.append(
+            "no NUMA distance matrix in the source: assuming "
+            f"{LOCAL_DISTANCE} local / {REMOTE_DISTANCE} remote"
+        )
+    return tuple(tuple(LOCAL_DISTANCE if a == b else REMOTE_DISTANCE for b in order) for a in order)
+
+
+def _warn_cpus(pus: list[PU], view: hwloc.HwlocView, order: list[int], draft: _Draft) -> None:
+    offline = [p.os_index for p in pus if not p.online]
+    if offline:
+        draft.warnings.append(
+            f"CPUs {format_cpu_list(offline)} are offline: plans will not use them"
+        )
+    disallowed = [p.os_index for p in pus if not p.allowed]
+    if disallowed:
+        draft.warnings.append(
+            f"CPUs {format_cpu_list(disallowed)} are outside this process's cpuset (cgroup): "
+            "plans will not use them"
+        )
+    if view.allowed_nodeset is not None:
+        barred = sorted(set(order) - view.allowed_nodeset)
+        if barred:
+            draft.warnings.append(
+                f"NUMA nodes {format_cpu_list(barred)} are outside this process's memory "
+                "set (cgroup cpuset.mems): memory bound there will be refused by the kernel"
+            )
+
+
+def _iommu_groups(source: _Source) -> dict[int, tuple[str, ...]] | None:
+    if source.root is None:
+        return None
+    return sysfs.iommu_groups(source.root)
+
+
+def _iommu_on(groups: dict[int, tuple[str, ...]] | None, source: _Source) -> bool | None:
+    """On when groups exist. A live host without the directory has no IOMMU driver;
+    a snapshot without it simply did not record it."""
+    if groups is None:
+        return False if source.live else None
+    return bool(groups)
+
+
+def _pci(
+    view: hwloc.HwlocView,
+    source: _Source,
+    order: list[int],
+    memory_only: set[int],
+    groups: dict[int, tuple[str, ...]] | None,
+) -> list[PciDevice]:
+    """PCI functions that matter, plus bridges in IOMMU groups (the planner must know
+    they do not block passing a group through)."""
+    group_of = {bdf: g for g, members in (groups or {}).items() for bdf in members}
+    normal = [n for n in order if n not in memory_only]
+    out: list[PciDevice] = []
+    for dev in view.pci:
+        kind = classify(dev)
+        node = local_node(dev, normal)
+        driver: str | None = None
+        group = group_of.get(dev.bdf)
+        extra = sysfs.pci_device(source.root, dev.bdf) if source.root is not None else None
+        if extra is not None:
+            node = extra.numa_node if extra.numa_node is not None else node
+            driver = extra.driver
+            group = extra.iommu_group if extra.iommu_group is not None else group
+        if kind == "other" and not (dev.is_bridge and group is not None):
+            continue
+        out.append(
+            PciDevice(
+                bdf=dev.bdf,
+                kind=kind,
+                class_id=dev.class_id,
+                vendor_id=dev.vendor_id,
+                device_id=dev.device_id,
+                name=dev.name,
+                numa_node=node,
+                iommu_group=group,
+                driver=driver,
+                os_devices=tuple(name for name, _ in dev.os_devices),
+                is_bridge=dev.is_bridge,
+            )
+        )
+    return sorted(out, key=lambda d: d.bdf)
+
+
+def _kvm(source: _Source, cpu: sysfs.CpuInfo | None) -> KvmInfo:
+    if source.live:
+        return live_kvm(cpu.flags if cpu else frozenset())
+    what = "a sysfs snapshot" if source.root is not None else "an hwloc XML topology"
+    if source.label.startswith("synthetic:"):
+        what = "a synthetic topology"
+    return snapshot_kvm(cpu.flags if cpu else None, source=what)
+
+
+def _hostname(view: hwloc.HwlocView, source: _Source) -> str:
+    """Live: this host. XML: what the file records. A sysfs snapshot: unknown (hwloc
+    fills HostName from the machine that reads the snapshot, not the one it shows)."""
+    if source.live:
+        return socket.gethostname()
+    if source.root is None:
+        return view.infos.get("HostName", "")
+    return ""
