@@ -64,8 +64,16 @@ def export_xml(
         raise TopologyError(f"{LSTOPO} could not read {what}: {exc}") from exc
     if proc.returncode != 0 or not proc.stdout.strip():
         detail = _first_line(proc.stderr) or f"exit code {proc.returncode}, no output"
-        raise TopologyError(f"hwloc could not read {what}: {detail}")
+        raise TopologyError(f"hwloc could not read {what}: {detail}; {_fix(xml, synthetic)}")
     return proc.stdout
+
+
+def _fix(xml: Path | None, synthetic: str | None) -> str:
+    if xml is not None:
+        return "give an hwloc v2 XML export (lstopo-no-graphics --of xml > FILE.xml)"
+    if synthetic is not None:
+        return 'use hwloc synthetic syntax, e.g. "pack:2 numa:2 core:8 pu:2"'
+    return "check that hwloc works here (lstopo-no-graphics)"
 
 
 def _describe(*, fsroot: Path | None, xml: Path | None, synthetic: str | None) -> str:
@@ -78,9 +86,12 @@ def _describe(*, fsroot: Path | None, xml: Path | None, synthetic: str | None) -
     return "this host"
 
 
+_NOISE = ("without DTD",)  # hwloc's notices that are not the error
+
+
 def _first_line(text: str) -> str:
     for line in text.splitlines():
-        if line.strip():
+        if line.strip() and not any(n in line for n in _NOISE):
             return line.strip()
     return ""
 
