@@ -4,6 +4,13 @@ over sequences of floats, no I/O. Results are frozen pydantic models."""
 from hpcvm.stats.fieller import FiellerSet, fieller_set, welch_df
 from hpcvm.stats.overhead import Overhead, overhead
 from hpcvm.stats.simulate import Coverage, Population, bootstrap_coverage, fieller_coverage
+from hpcvm.stats.stopping import (
+    Replay,
+    StopDecision,
+    fixed_width_stop,
+    relative_half_width,
+    replay_auto,
+)
 from hpcvm.stats.summary import DEFAULT_CONFIDENCE, Summary, summarize, t_quantile
 
 __all__ = [
@@ -12,11 +19,16 @@ __all__ = [
     "FiellerSet",
     "Overhead",
     "Population",
+    "Replay",
+    "StopDecision",
     "Summary",
     "bootstrap_coverage",
     "fieller_coverage",
     "fieller_set",
+    "fixed_width_stop",
     "overhead",
+    "relative_half_width",
+    "replay_auto",
     "summarize",
     "t_quantile",
     "welch_df",
