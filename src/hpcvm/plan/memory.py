@@ -1,0 +1,346 @@
+"""Guest memory: its split over guest nodes, its QEMU backends, and whether the host
+can hold it.
+
+Huge pages cut TLB misses and make guest memory unswappable; binding each guest node's
+memory to its host node keeps every vCPU's memory local. Both need the pages to be
+there before QEMU starts, so the plan checks free pages per node and, when they are
+short, says exactly what to reserve. QEMU's own memory (its heap, device state, page
+tables) comes from ordinary pages of the first used node and is estimated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from hpcvm.errors import InfeasiblePlanError, UsageError
+from hpcvm.host.model import HostTopology, NumaNode
+from hpcvm.plan.model import MemoryRegion
+from hpcvm.plan.notes import Notes
+from hpcvm.plan.profiles import SMALL_PAGE, page_dir_name
+from hpcvm.units import GIB, MIB, format_size
+
+OVERHEAD_BASE = 256 * MIB
+DEFAULT_MOUNTS = {2 * MIB: "/dev/hugepages", GIB: "/dev/hugepages1G"}
+
+
+def qemu_overhead(memory_bytes: int) -> int:
+    """QEMU's own memory beside guest RAM: 256 MiB plus 1% of guest RAM, in whole MiB.
+    An estimate on the safe side for a VM without large device buffers."""
+    return OVERHEAD_BASE + -(-memory_bytes // 100 // MIB) * MIB
+
+
+def split_memory(total: int, page: int, weights: Sequence[int]) -> list[int]:
+    """Split ``total`` bytes in whole pages in proportion to ``weights`` (largest
+    remainder: each part within one page of its exact share, parts summing to total).
+    Raises UsageError naming the smallest size that gives every part a page."""
+    parts = _largest_remainder(total // page, weights)
+    if min(parts) >= 1:
+        return [p * page for p in parts]
+    pages = total // page
+    while min(_largest_remainder(pages, weights)) < 1:
+        pages += 1
+    raise UsageError(
+        f"--memory {format_size(total)} cannot be split in {format_size(page)} pages over "
+        f"{len(weights)} guest nodes in proportion to their vCPUs "
+        f"({', '.join(map(str, weights))}): use --memory {format_size(pages * page)} or more"
+    )
+
+
+def _largest_remainder(pages: int, weights: Sequence[int]) -> list[int]:
+    whole = sum(weights)
+    exact = [pages * w for w in weights]  # each share is exact[i] / whole pages
+    parts = [e // whole for e in exact]
+    left = pages - sum(parts)
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] % whole), i))
+    for i in order[:left]:
+        parts[i] += 1
+    return parts
+
+
+def mem_path(host: HostTopology, page: int) -> str:
+    """Where hugetlbfs of this page size is mounted, or where the runtime mounts it."""
+    return host.hugetlbfs_mounts.get(page) or DEFAULT_MOUNTS[page]
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    regions: tuple[MemoryRegion, ...]
+    hugepages_needed: dict[int, int]
+
+
+def flat_memory(
+    host: HostTopology, total: int, page: int, first_node: int | None, notes: Notes
+) -> MemoryPlan:
+    """One unbound region: anonymous memory, or hugetlbfs for the hugepages profile."""
+    overhead = qemu_overhead(total)
+    normal = [n for n in host.nodes if n.kind == "normal"]
+    _check_host_total(host, total, overhead, page)
+    limit = sum(_node_limit(n, page) for n in normal)
+    if total + overhead > limit:
+        raise _too_big_flat(total, overhead, limit, normal, page)
+    if page == SMALL_PAGE:
+        notes.decide(
+            "memory",
+            f"memory: one {format_size(total)} region of anonymous memory "
+            "(memory-backend-ram), not bound to any host node: the kernel places it",
+        )
+        region = MemoryRegion(
+            id="ram", size_bytes=total, guest_node=None, backend="ram", page_size_bytes=page
+        )
+        return MemoryPlan(regions=(region,), hugepages_needed={})
+    pages = total // page
+    _check_free_flat(host, normal, pages, page, notes)
+    path = mem_path(host, page)
+    needed = {first_node: pages} if first_node is not None else {}
+    notes.decide(
+        "memory",
+        f"memory: one {format_size(total)} region on {format_size(page)} huge pages "
+        f"(hugetlbfs at {path}, {pages} pages), preallocated, not bound to any host node",
+    )
+    if first_node is not None:
+        notes.decide(
+            "hugepages",
+            f"the {pages} pages are counted against host node {first_node}, where the first "
+            "vCPUs run; unbound, the kernel may take them from any node (free pages were "
+            "checked over the whole host)",
+        )
+    region = MemoryRegion(
+        id="ram",
+        size_bytes=total,
+        guest_node=None,
+        backend="file",
+        page_size_bytes=page,
+        mem_path=path,
+        prealloc=True,
+    )
+    return MemoryPlan(regions=(region,), hugepages_needed=needed)
+
+
+def numa_memory(
+    host: HostTopology,
+    total: int,
+    page: int,
+    guest_nodes: Sequence[tuple[int, int]],
+    notes: Notes,
+) -> tuple[MemoryPlan, list[int]]:
+    """One region per guest node, bound to its host node. ``guest_nodes`` is a list of
+    (host node, vCPU count). Returns the plan and each guest node's size."""
+    overhead = qemu_overhead(total)
+    _check_host_total(host, total, overhead, page)
+    sizes = split_memory(total, page, [v for _, v in guest_nodes])
+    per_host = _per_host(guest_nodes, sizes)
+    first = min(per_host)
+    nodes = {n.os_index: n for n in host.nodes}
+
+    def fits(candidate: int) -> bool:
+        parts = _largest_remainder(candidate // page, [v for _, v in guest_nodes])
+        load = _per_host(guest_nodes, [p * page for p in parts])
+        oh = qemu_overhead(candidate)
+        return all(load[h] + (oh if h == first else 0) <= _node_limit(nodes[h], page) for h in load)
+
+    for h, guest_bytes in per_host.items():
+        oh = overhead if h == first else 0
+        if guest_bytes + oh > _node_limit(nodes[h], page):
+            raise _too_big_node(
+                nodes[h], guest_bytes, oh, page, _largest_fitting(fits, total, page)
+            )
+    needed = {h: b // page for h, b in per_host.items()} if page > SMALL_PAGE else {}
+    if needed:
+        _check_free_bound(host, needed, page, notes)
+    notes.decide(
+        "memory",
+        f"QEMU's own memory estimated at {format_size(overhead)} (256M + 1% of guest RAM), "
+        f"from ordinary pages of host node {first}",
+    )
+    regions = _bound_regions(host, guest_nodes, sizes, page, notes)
+    return MemoryPlan(regions=regions, hugepages_needed=needed), sizes
+
+
+def _bound_regions(
+    host: HostTopology,
+    guest_nodes: Sequence[tuple[int, int]],
+    sizes: Sequence[int],
+    page: int,
+    notes: Notes,
+) -> tuple[MemoryRegion, ...]:
+    huge = page > SMALL_PAGE
+    path = mem_path(host, page) if huge else None
+    regions = []
+    for g, ((host_node, _), size) in enumerate(zip(guest_nodes, sizes, strict=True)):
+        regions.append(
+            MemoryRegion(
+                id=f"mem{g}",
+                size_bytes=size,
+                guest_node=g,
+                backend="file" if huge else "ram",
+                page_size_bytes=page,
+                mem_path=path,
+                host_nodes=(host_node,),
+                policy="bind",
+                prealloc=True,
+            )
+        )
+    kind = (
+        f"{format_size(page)} huge pages (hugetlbfs at {path})"
+        if huge
+        else "ordinary 4K pages (memory-backend-ram)"
+    )
+    parts = "; ".join(
+        f"guest node {g} -> host node {h}: {format_size(s)}"
+        + (f" ({s // page} pages)" if huge else "")
+        for g, ((h, _), s) in enumerate(zip(guest_nodes, sizes, strict=True))
+    )
+    notes.decide(
+        "memory",
+        f"memory on {kind}, split in proportion to vCPUs, bound (policy bind) and "
+        f"preallocated per node: {parts}",
+    )
+    return tuple(regions)
+
+
+def _per_host(guest_nodes: Sequence[tuple[int, int]], sizes: Sequence[int]) -> dict[int, int]:
+    load: dict[int, int] = {}
+    for (h, _), size in zip(guest_nodes, sizes, strict=True):
+        load[h] = load.get(h, 0) + size
+    return load
+
+
+def _pools_bytes(node: NumaNode, *, except_size: int | None = None) -> int:
+    return sum(p.total * p.size_bytes for p in node.hugepages if p.size_bytes != except_size)
+
+
+def _node_limit(node: NumaNode, page: int) -> int:
+    """What one node can give a guest: ordinary pages for 4K (memory outside every
+    pool); for huge pages, memory outside the pools of other sizes (the pool of this
+    size can grow)."""
+    return node.memory_bytes - _pools_bytes(node, except_size=None if page == SMALL_PAGE else page)
+
+
+def _largest_fitting(fits: Callable[[int], bool], total: int, page: int) -> int:
+    """The largest multiple of ``page`` (and of 1 MiB) up to ``total`` that fits."""
+    step = max(page, MIB)
+    lo, hi = 0, total // step
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid * step):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * step
+
+
+def _check_host_total(host: HostTopology, total: int, overhead: int, page: int) -> None:
+    have = sum(n.memory_bytes for n in host.nodes if n.kind == "normal")
+    if total + overhead > have:
+
+        def fits(candidate: int) -> bool:
+            return candidate + qemu_overhead(candidate) <= have
+
+        best = _largest_fitting(fits, total, page)
+        raise InfeasiblePlanError(
+            f"--memory {format_size(total)} plus about {format_size(overhead)} of QEMU overhead "
+            f"is more than this host's {format_size(have)} of RAM: "
+            + (f"use --memory {format_size(best)} or less" if best else "the host is too small")
+        )
+
+
+def _too_big_flat(
+    total: int, overhead: int, limit: int, normal: Sequence[NumaNode], page: int
+) -> InfeasiblePlanError:
+    pools = sum(_pools_bytes(n, except_size=None if page == SMALL_PAGE else page) for n in normal)
+    best = _largest_fitting(lambda c: c + qemu_overhead(c) <= limit, total, page)
+    return InfeasiblePlanError(
+        f"--memory {format_size(total)} plus about {format_size(overhead)} of QEMU overhead "
+        f"does not fit the {format_size(limit)} of ordinary memory left outside the host's "
+        f"{format_size(pools)} of huge page pools: use --memory {format_size(best)} or less, "
+        "or shrink the pools"
+    )
+
+
+def _too_big_node(
+    node: NumaNode, guest_bytes: int, overhead: int, page: int, best: int
+) -> InfeasiblePlanError:
+    pools = _pools_bytes(node, except_size=None if page == SMALL_PAGE else page)
+    pools_text = f", {format_size(pools)} of it held in huge page pools" if pools else ""
+    over = f" and about {format_size(overhead)} of QEMU overhead" if overhead else ""
+    fix = f"use --memory {format_size(best)} or less" if best else "use a smaller --memory"
+    return InfeasiblePlanError(
+        f"host node {node.os_index} has {format_size(node.memory_bytes)} of RAM{pools_text}; "
+        f"the plan puts {format_size(guest_bytes)} of guest memory{over} there: {fix}, or "
+        "spread the vCPUs over more nodes"
+    )
+
+
+def _free_pages(node: NumaNode, page: int) -> tuple[int, int, bool]:
+    """(total, free, known) of the node's pool of this size; no pool counts as 0/0."""
+    pool = node.pool(page)
+    if pool is None:
+        return 0, 0, True
+    if pool.free is None:
+        return pool.total, pool.total, False
+    return pool.total, pool.free, True
+
+
+def _check_free_bound(host: HostTopology, needed: dict[int, int], page: int, notes: Notes) -> None:
+    nodes = {n.os_index: n for n in host.nodes}
+    short: list[str] = []
+    seen: list[str] = []
+    for h, want in sorted(needed.items()):
+        total, free, known = _free_pages(nodes[h], page)
+        if not known:
+            _warn_unknown_free(notes, page)
+        seen.append(f"host node {h}: {want} needed, {free} {'free' if known else 'reserved'}")
+        if free < want:
+            path = f"/sys/devices/system/node/node{h}/hugepages/{page_dir_name(page)}/nr_hugepages"
+            short.append(_shortfall_text(f"host node {h}", want, free, total, known, page, path))
+    if short:
+        raise InfeasiblePlanError("; ".join(short) + _boot_hint(page))
+    notes.decide("hugepages", f"{format_size(page)} huge pages per node: " + "; ".join(seen))
+
+
+def _check_free_flat(
+    host: HostTopology, normal: Sequence[NumaNode], want: int, page: int, notes: Notes
+) -> None:
+    total = free = 0
+    known = True
+    for node in normal:
+        t, f, k = _free_pages(node, page)
+        total, free, known = total + t, free + f, known and k
+    if not known:
+        _warn_unknown_free(notes, page)
+    if free < want:
+        path = f"/sys/kernel/mm/hugepages/{page_dir_name(page)}/nr_hugepages"
+        raise InfeasiblePlanError(
+            _shortfall_text("the host", want, free, total, known, page, path) + _boot_hint(page)
+        )
+    notes.decide(
+        "hugepages",
+        f"{format_size(page)} huge pages: the plan takes {want}, the host has {free} "
+        f"{'free' if known else 'reserved'} over all nodes",
+    )
+
+
+def _shortfall_text(
+    where: str, want: int, free: int, total: int, known: bool, page: int, path: str
+) -> str:
+    size = format_size(page)
+    have = f"{free} are free" if known else f"{total} are reserved (free count unknown)"
+    return (
+        f"not enough {'free ' if known else ''}{size} huge pages on {where}: the plan needs "
+        f"{want} ({format_size(want * page)}), {have}; reserve {want - free} more: "
+        f"echo {total + want - free} > {path}"
+    )
+
+
+def _boot_hint(page: int) -> str:
+    if page >= GIB:
+        return " (1G pages are best reserved at boot: hugepagesz=1G hugepages=N)"
+    return ""
+
+
+def _warn_unknown_free(notes: Notes, page: int) -> None:
+    notes.warn(
+        f"free {format_size(page)} huge pages could not be checked (the host description "
+        "gives pool totals only): the plan was checked against the totals"
+    )

@@ -1,0 +1,96 @@
+"""Host and guest tuning that matches the pin set, given as recommendations.
+
+hpcvm does not change a host's boot configuration: these are the lines a person applies
+(and the reason for each), so the vCPU PUs get no timer ticks, RCU callbacks or device
+interrupts, and the guest keeps its own housekeeping on vCPU 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hpcvm.host.model import HostTopology
+from hpcvm.plan.model import Accel
+from hpcvm.plan.notes import Notes
+from hpcvm.plan.profiles import SMALL_PAGE, page_dir_name
+from hpcvm.units import GIB, format_cpu_list
+
+
+def host_tuning(
+    host: HostTopology,
+    vcpu_pus: Sequence[int],
+    housekeeping_pus: Sequence[int],
+    page: int,
+    hugepages_needed: dict[int, int],
+    notes: Notes,
+) -> tuple[str, ...]:
+    cpus = format_cpu_list(list(vcpu_pus))
+    lines = [
+        f"host kernel command line: isolcpus=managed_irq,domain,{cpus} nohz_full={cpus} "
+        f"rcu_nocbs={cpus} irqaffinity={format_cpu_list(list(housekeeping_pus))}",
+        "systemctl disable --now irqbalance  # it would move device interrupts back onto "
+        "the vCPU PUs",
+        f"cpupower -c {cpus} frequency-set -g performance  # no frequency ramp on vCPU PUs",
+    ]
+    if host.thp == "always":
+        lines.append(
+            "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled  # THP 'always' "
+            "lets khugepaged compact memory behind the vCPUs"
+        )
+    lines += _reservations(host, page, hugepages_needed)
+    notes.decide(
+        "tuning",
+        f"host tuning recommended (not applied): keep ticks, RCU callbacks and interrupts "
+        f"off the vCPU PUs {cpus}; interrupts go to the housekeeping PUs "
+        f"{format_cpu_list(list(housekeeping_pus))}",
+    )
+    return tuple(lines)
+
+
+def _reservations(host: HostTopology, page: int, needed: dict[int, int]) -> list[str]:
+    """Commands that leave enough free pages of the plan's size on each node."""
+    if page == SMALL_PAGE:
+        return []
+    nodes = {n.os_index: n for n in host.nodes}
+    lines = []
+    for h, want in sorted(needed.items()):
+        pool = nodes[h].pool(page)
+        total = pool.total if pool else 0
+        free = pool.free if pool and pool.free is not None else total
+        target = max(total, total - free + want)
+        path = f"/sys/devices/system/node/node{h}/hugepages/{page_dir_name(page)}/nr_hugepages"
+        lines.append(f"echo {target} > {path}  # {want} pages for the guest on host node {h}")
+    if page >= GIB and needed:
+        lines.append(
+            f"host kernel command line: hugepagesz=1G hugepages={sum(needed.values())}  "
+            "# 1G pages are reliably reserved only at boot"
+        )
+    return lines
+
+
+def guest_kernel_args(vcpus: int, accel: Accel, notes: Notes) -> tuple[str, ...]:
+    """Guest command line: vCPU 0 does the guest's housekeeping, the rest compute."""
+    args: list[str] = []
+    if vcpus > 1:
+        rest = format_cpu_list(list(range(1, vcpus)))
+        args += [f"nohz_full={rest}", f"rcu_nocbs={rest}", "irqaffinity=0"]
+    if accel == "kvm":
+        args += ["clocksource=kvm-clock", "tsc=reliable"]
+        why = "kvm-clock as clocksource and a TSC the guest need not watch (invariant TSC)"
+    else:
+        args += ["clocksource=tsc"]
+        why = (
+            "under TCG there is no kvm-clock and the emulated TSC is not invariant, so "
+            "tsc=reliable is left out"
+        )
+    notes.decide(
+        "tuning",
+        "guest kernel command line recommended: "
+        + (
+            "vCPU 0 keeps the guest's ticks, RCU and interrupts, the others compute; "
+            if vcpus > 1
+            else "one vCPU: no CPU to isolate; "
+        )
+        + why,
+    )
+    return tuple(args)

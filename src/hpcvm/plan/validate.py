@@ -1,0 +1,114 @@
+"""Checks of a request's form against its profile and the host, before any placement.
+
+These are the user's mistakes (a flag that the profile does not use, a size that is no
+multiple of the page size, a page size the host does not offer), so they raise
+UsageError (exit 2), each naming the flag to change.
+"""
+
+from __future__ import annotations
+
+from hpcvm.errors import UsageError
+from hpcvm.host.model import HostTopology
+from hpcvm.plan.model import PlanRequest, Profile
+from hpcvm.plan.profiles import HUGEPAGE_PROFILES, PAGE_SIZES, SMALL_PAGE, default_page_size
+from hpcvm.units import GIB, MIB, format_size
+
+
+def validate_request(host: HostTopology, request: PlanRequest, profile: Profile) -> int:
+    """Check the request; return the page size the plan uses (bytes)."""
+    _check_counts(request)
+    _check_flags_for_profile(request, profile)
+    page = request.page_size_bytes or default_page_size(profile)
+    _check_page_size(host, request, profile, page)
+    _check_memory_size(request, page)
+    return page
+
+
+def _check_counts(request: PlanRequest) -> None:
+    if request.vcpus < 1:
+        raise UsageError(f"--vcpus must be at least 1, got {request.vcpus}")
+    if request.memory_bytes <= 0:
+        raise UsageError(f"--memory must be positive, got {request.memory_bytes} bytes")
+    if request.memory_bytes % MIB:
+        raise UsageError(
+            f"--memory {request.memory_bytes} bytes is not a whole number of MiB: "
+            "use a size like 2G or 1536M"
+        )
+
+
+def _check_flags_for_profile(request: PlanRequest, profile: Profile) -> None:
+    if request.housekeeping is not None:
+        if not profile.housekeeping:
+            raise UsageError(
+                f"--housekeeping applies to --profile hpc only (got --profile {profile.name})"
+            )
+        if request.housekeeping < 1:
+            raise UsageError(
+                f"--housekeeping must be at least 1 core per NUMA node, got {request.housekeeping}"
+            )
+    if request.guest_nodes is not None:
+        if not profile.vnuma:
+            raise UsageError(
+                "--guest-nodes applies to --profile numa or hpc only "
+                f"(got --profile {profile.name})"
+            )
+        if request.guest_nodes < 1:
+            raise UsageError(f"--guest-nodes must be at least 1, got {request.guest_nodes}")
+        if request.guest_nodes > request.vcpus:
+            raise UsageError(
+                f"--guest-nodes {request.guest_nodes} needs at least as many vCPUs "
+                f"(got --vcpus {request.vcpus}): every guest node holds at least one vCPU"
+            )
+    if request.passthrough and not profile.passthrough:
+        raise UsageError(
+            f"--passthrough applies to --profile hpc only (got --profile {profile.name})"
+        )
+
+
+def _check_page_size(host: HostTopology, request: PlanRequest, profile: Profile, page: int) -> None:
+    if page not in PAGE_SIZES:
+        raise UsageError(f"--page-size {format_size(page)} is not a page size: use 4K, 2M or 1G")
+    if page > SMALL_PAGE and not profile.hugepages:
+        raise UsageError(
+            f"--page-size {format_size(page)} needs huge pages, which --profile {profile.name} "
+            f"does not use: use --profile {'/'.join(HUGEPAGE_PROFILES)} (or --page-size 4K)"
+        )
+    if page == SMALL_PAGE and profile.name == "hugepages":
+        raise UsageError(
+            "--profile hugepages with --page-size 4K is the pinned profile: "
+            "use --profile pinned, or --page-size 2M or 1G"
+        )
+    if page > SMALL_PAGE:
+        offered = host_page_sizes(host)
+        if page not in offered:
+            have = ", ".join(format_size(s) for s in sorted(offered)) or "none"
+            how = "--page-size" if request.page_size_bytes else "the default --page-size"
+            raise UsageError(
+                f"the host offers no {format_size(page)} huge pages ({how}; huge page sizes "
+                f"it reports: {have}): use --page-size "
+                + " or ".join(format_size(s) for s in [*sorted(offered), SMALL_PAGE])
+            )
+
+
+def _check_memory_size(request: PlanRequest, page: int) -> None:
+    if request.memory_bytes % page:
+        lower = request.memory_bytes // page * page
+        upper = lower + page
+        near = f"{format_size(lower)} or {format_size(upper)}" if lower else format_size(upper)
+        raise UsageError(
+            f"--memory {format_size(request.memory_bytes)} is not a multiple of the "
+            f"{format_size(page)} page size: use --memory {near}"
+        )
+
+
+# CPU flags that say the MMU can map a page of this size (x86: pse 2M, pdpe1gb 1G).
+_PAGE_FLAGS = {2 * MIB: "pse", GIB: "pdpe1gb"}
+
+
+def host_page_sizes(host: HostTopology) -> set[int]:
+    """Huge page sizes the host offers: a pool on any node (an empty pool still counts:
+    pages can be reserved), or a CPU flag saying the MMU maps that size (a snapshot
+    without hugepages directories still describes a host that can reserve them)."""
+    sizes = {pool.size_bytes for node in host.nodes for pool in node.hugepages}
+    sizes |= {size for size, flag in _PAGE_FLAGS.items() if flag in host.cpu_flags}
+    return sizes
