@@ -1,1 +1,12 @@
-"""render stage of the hpcvm pipeline (see DESIGN.md)."""
+"""render stage of the hpcvm pipeline (see DESIGN.md): one plan, many target formats.
+
+Pure functions, no I/O: ``qemu_argv``/``qemu_command_line`` for the QEMU backend and
+``hpcvm plan --format qemu``, ``libvirt_xml`` for the libvirt backend and
+``--format libvirt``. A ``BootSpec`` adds what the runtime needs to boot the plan.
+"""
+
+from hpcvm.render.libvirt import libvirt_xml
+from hpcvm.render.model import BootSpec
+from hpcvm.render.qemu import qemu_argv, qemu_command_line
+
+__all__ = ["BootSpec", "libvirt_xml", "qemu_argv", "qemu_command_line"]
