@@ -1,9 +1,92 @@
-"""`hpcvm plan` (being written)."""
+"""`hpcvm plan`: the tuned VM for a host, as tables, JSON, a QEMU line or libvirt XML.
+
+Thin: parse flags into a PlanRequest, read the host, call the pure planner, print.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
+
+from hpcvm.cli.common import console, host_source_options, warn
+from hpcvm.host import discover
+from hpcvm.plan import plan as make_plan
+from hpcvm.plan.model import PROFILE_NAMES, PlanRequest, VMPlan
+from hpcvm.units import parse_size
+
+FORMATS = ("table", "json", "qemu", "libvirt")
+
+
+@click.command("plan")
+@click.option("--profile", type=click.Choice(PROFILE_NAMES), required=True, help="Tuning step.")
+@click.option("--vcpus", type=int, required=True, help="Number of vCPUs.")
+@click.option("--memory", "memory", required=True, help="Guest RAM, e.g. 4G or 1536M.")
+@click.option(
+    "--page-size", default=None, help="4K, 2M or 1G (default: 2M for hugepages/numa/hpc)."
+)
+@click.option("--housekeeping", type=int, default=None, help="hpc: cores per used node for QEMU.")
+@click.option("--guest-nodes", type=int, default=None, help="numa/hpc: number of guest nodes.")
+@click.option("--passthrough", multiple=True, help="hpc: PCI device to pass (repeatable).")
+@click.option("--accel", type=click.Choice(("auto", "kvm", "tcg")), default="auto")
+@click.option("--name", default="hpcvm", show_default=True, help="VM name.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@host_source_options
+def plan_command(
+    profile: str,
+    vcpus: int,
+    memory: str,
+    page_size: str | None,
+    housekeeping: int | None,
+    guest_nodes: int | None,
+    passthrough: tuple[str, ...],
+    accel: str,
+    name: str,
+    fmt: str,
+    sysfs_root: Path | None,
+    topology: Path | None,
+) -> None:
+    """Plan the VM: vNUMA, pinning, huge pages, QEMU's threads, CPU model, clock,
+    passthrough, and the tuning to match; every decision explained."""
+    request = PlanRequest.model_validate(
+        {
+            "name": name,
+            "profile": profile,
+            "vcpus": vcpus,
+            "memory_bytes": parse_size(memory, what="--memory"),
+            "page_size_bytes": parse_size(page_size, what="--page-size") if page_size else None,
+            "housekeeping": housekeeping,
+            "guest_nodes": guest_nodes,
+            "passthrough": passthrough,
+            "accel": accel,
+        }
+    )
+    host = discover(sysfs_root=sysfs_root, xml=topology)
+    vm = make_plan(host, request)
+    if fmt == "table":
+        from hpcvm.cli.plan_view import print_plan
+
+        print_plan(vm, console, host)
+        return
+    click.echo(_machine_output(vm, fmt))
+    if fmt in ("qemu", "libvirt"):
+        for message in vm.warnings:
+            warn(message)
+
+
+def _machine_output(vm: VMPlan, fmt: str) -> str:
+    """JSON, or a renderer's output (imported here: renderers are optional to the CLI)."""
+    if fmt == "json":
+        return vm.model_dump_json(indent=2)
+    if fmt == "qemu":
+        from hpcvm.render.qemu import qemu_command_line
+
+        return qemu_command_line(vm)
+    from hpcvm.render.libvirt import libvirt_xml
+
+    return libvirt_xml(vm)
 
 
 def register(group: click.Group) -> None:
     """Add this module's commands to the CLI group."""
+    group.add_command(plan_command)
