@@ -1,0 +1,108 @@
+"""hugetlbfs mounts and the files guests keep in them.
+
+QEMU's ``memory-backend-file`` with a directory ``mem-path`` creates a temporary file
+there, maps it and unlinks it at once, so a cleanly or uncleanly ended QEMU leaves no
+file. To make that checkable, and to clean up after anything that does leave one,
+each VM gets its own ``hpcvm-<name>-<random>`` directory inside the mount: removing
+that directory removes everything the VM could have left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from hpcvm.errors import RuntimeFailure
+from hpcvm.units import format_size, parse_size
+
+VM_DIR_PREFIX = "hpcvm-"
+_SYS_HUGEPAGES = Path("/sys/kernel/mm/hugepages")
+
+
+def default_page_size() -> int:
+    """The kernel's default huge page size (``Hugepagesize`` in /proc/meminfo)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Hugepagesize:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeFailure("this kernel has no huge pages (no Hugepagesize in /proc/meminfo)")
+
+
+def mounts() -> dict[str, int]:
+    """hugetlbfs mount point -> its page size in bytes, from /proc/mounts."""
+    found: dict[str, int] = {}
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[2] != "hugetlbfs":
+            continue
+        size = default_page_size()
+        for opt in fields[3].split(","):
+            if opt.startswith("pagesize="):
+                size = parse_size(opt.removeprefix("pagesize="), what="hugetlbfs pagesize")
+        found[fields[1].replace("\\040", " ")] = size
+    return found
+
+
+def ensure_mount(path: str, page_size: int) -> None:
+    """Make ``path`` a hugetlbfs mount of ``page_size`` pages, mounting one if needed.
+
+    A mount of another page size at ``path`` is an error: QEMU would silently use the
+    wrong page size.
+    """
+    mounted = mounts()
+    if path in mounted:
+        if mounted[path] != page_size:
+            raise RuntimeFailure(
+                f"{path} is a hugetlbfs mount of {format_size(mounted[path])} pages, "
+                f"the plan needs {format_size(page_size)}: unmount it or mount one elsewhere"
+            )
+        return
+    if not (_SYS_HUGEPAGES / f"hugepages-{page_size // 1024}kB").is_dir():
+        raise RuntimeFailure(
+            f"this kernel has no {format_size(page_size)} huge pages; choose another --page-size"
+        )
+    Path(path).mkdir(parents=True, exist_ok=True)
+    cmd = ["mount", "-t", "hugetlbfs", "-o", f"pagesize={format_size(page_size)}", "none", path]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        raise RuntimeFailure(
+            f"cannot mount hugetlbfs at {path} ({detail[-1] if detail else 'mount failed'}); "
+            f"run as root: {' '.join(cmd)}"
+        )
+
+
+def make_vm_dir(mount: str, name: str) -> Path:
+    """A private directory for one VM's hugetlbfs files inside ``mount``."""
+    return Path(tempfile.mkdtemp(prefix=f"{VM_DIR_PREFIX}{name}-", dir=mount))
+
+
+def remove_vm_dir(directory: Path) -> None:
+    """Delete a VM's hugetlbfs directory and any file in it (frees its pages).
+
+    Refuses directories hpcvm did not make, so a bad record cannot delete other files.
+    """
+    if not directory.name.startswith(VM_DIR_PREFIX):
+        return
+    if not directory.is_dir():
+        return
+    for child in directory.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            child.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        directory.rmdir()
+
+
+def count_files(mount: str) -> int:
+    """Files (not directories) anywhere under a hugetlbfs mount."""
+    return sum(len(files) for _root, _dirs, files in os.walk(mount))
+
+
+def pool_counts(page_size: int) -> tuple[int, int]:
+    """(total, free) huge pages of ``page_size`` on the whole host."""
+    pool = _SYS_HUGEPAGES / f"hugepages-{page_size // 1024}kB"
+    total = int((pool / "nr_hugepages").read_text())
+    free = int((pool / "free_hugepages").read_text())
+    return total, free

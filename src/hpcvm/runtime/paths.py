@@ -1,0 +1,70 @@
+"""Where running VMs live on the host: one private directory per VM.
+
+Separate ``hpcvm`` processes (``up``, ``ps``, ``exec``, ``down``) find a VM only through
+this directory, so its location is computed in one place. The root is
+``$HPCVM_RUNTIME_DIR`` if set (tests use a temporary one), else ``/run/hpcvm`` for root,
+else ``$XDG_RUNTIME_DIR/hpcvm``. Directories are 0700 and sockets 0600: the QMP and agent
+sockets give full control of the guest, so no other user may reach them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from hpcvm.errors import UsageError
+
+ENV_RUNTIME_DIR = "HPCVM_RUNTIME_DIR"
+
+MACHINE_FILE = "machine.json"
+LOCK_FILE = "up.lock"
+QMP_SOCKET = "qmp.sock"
+AGENT_SOCKET = "agent.sock"
+CONSOLE_LOG = "console.log"
+QEMU_LOG = "qemu.log"
+PID_FILE = "qemu.pid"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def runtime_root() -> Path:
+    """The directory holding one subdirectory per VM (not created here)."""
+    explicit = os.environ.get(ENV_RUNTIME_DIR)
+    if explicit:
+        return Path(explicit).absolute()
+    if os.geteuid() == 0:
+        return Path("/run/hpcvm")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "hpcvm"
+    return Path(tempfile.gettempdir()) / f"hpcvm-{os.geteuid()}"
+
+
+def ensure_root() -> Path:
+    """Create the runtime root (0700) if missing and return it."""
+    root = runtime_root()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return root
+
+
+def check_name(name: str) -> str:
+    """Refuse names that would not make a safe directory or socket name."""
+    if not _NAME_RE.match(name):
+        raise UsageError(
+            f"invalid VM name {name!r}: use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def run_dir(name: str) -> Path:
+    """The directory of VM ``name`` (it may not exist)."""
+    return runtime_root() / check_name(name)
+
+
+def make_private(path: Path) -> None:
+    """chmod 0600 a socket or file QEMU created with its own umask."""
+    if path.exists():
+        path.chmod(0o600)

@@ -1,0 +1,197 @@
+"""The QEMU backend: QEMU started directly from the plan's command line, driven over QMP.
+
+QEMU runs as a child detached into its own session (so it outlives ``hpcvm up`` and a
+Ctrl-C in the terminal does not reach it), with its stdout/stderr in ``qemu.log`` in the
+VM's directory. When the plan restricts QEMU's own threads (``emulator_pus``), QEMU
+starts with that affinity already, so none of its threads ever runs on a vCPU's PU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from hpcvm.errors import RuntimeFailure
+from hpcvm.runtime import paths, qmp, state
+from hpcvm.runtime.model import BackendName, Machine
+
+STARTUP_TIMEOUT = 60.0  # QEMU up to its QMP socket; huge page preallocation can be slow
+_POLL = 0.05
+
+
+def log_tail(path: Path, lines: int = 4) -> str:
+    """The last non-empty lines of a log, joined into one line."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(kept) if kept else "(empty log)"
+
+
+class QemuBackend:
+    """Backend protocol implementation for a bare QEMU process (see runtime/model.py)."""
+
+    name: BackendName = "qemu"
+    pins_itself = False  # the runtime pins vCPU and emulator threads (runtime/pinning.py)
+
+    def __init__(self, connect_uri: str | None = None) -> None:
+        # connect_uri is a libvirt notion; accepted so every backend is built alike.
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    # -- start ------------------------------------------------------------------------
+
+    def start(self, machine: Machine) -> Machine:
+        from hpcvm.render.qemu import qemu_argv  # the renderer owns the command line
+
+        run_dir = Path(machine.run_dir)
+        argv = qemu_argv(machine.plan, machine.boot)
+        log_path = run_dir / paths.QEMU_LOG
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=run_dir,
+                start_new_session=True,
+                preexec_fn=_affinity_setter(machine.plan.emulator_pus),
+            )
+        self._children[proc.pid] = proc
+        started = machine.model_copy(update={"pid": proc.pid})
+        try:
+            self._wait_for_qmp(started, proc)
+        except BaseException:
+            _kill(proc)
+            raise
+        for sock in (machine.boot.qmp_socket, machine.boot.agent_socket):
+            if sock:
+                paths.make_private(Path(sock))
+        return started
+
+    def _wait_for_qmp(self, machine: Machine, proc: subprocess.Popen[bytes]) -> None:
+        """Return when QMP answers; fail with QEMU's exit code and log if it dies."""
+        sock = _qmp_socket(machine)
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeFailure(self.death_message(machine))
+            if sock.exists():
+                try:
+                    qmp.execute(sock, "query-status", timeout=5.0)
+                    return
+                except RuntimeFailure:
+                    if proc.poll() is not None:
+                        raise RuntimeFailure(self.death_message(machine)) from None
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(
+                    f"QEMU did not open its QMP socket within {STARTUP_TIMEOUT:.0f} s; "
+                    f"see {Path(machine.run_dir) / paths.QEMU_LOG}"
+                )
+            time.sleep(_POLL)
+
+    def exit_code(self, machine: Machine) -> int | None:
+        """QEMU's exit code when this process started it and it has exited."""
+        proc = self._children.get(machine.pid or -1)
+        return None if proc is None else proc.poll()
+
+    def death_message(self, machine: Machine) -> str:
+        """One line for a QEMU that died: exit code (when known) and its log's tail."""
+        code = self.exit_code(machine)
+        how = f"exited with code {code}" if code is not None else "exited"
+        if code is not None and code < 0:
+            how = f"was killed by signal {-code}"
+        log = Path(machine.run_dir) / paths.QEMU_LOG
+        return f"QEMU (pid {machine.pid}) {how}: {log_tail(log)} (log: {log})"
+
+    # -- queries ----------------------------------------------------------------------
+
+    def vcpu_threads(self, machine: Machine) -> dict[int, int]:
+        cpus = qmp.execute(_qmp_socket(machine), "query-cpus-fast")
+        return {int(c["cpu-index"]): int(c["thread-id"]) for c in cpus}
+
+    def alive(self, machine: Machine) -> bool:
+        return state.machine_process_alive(machine)[0]
+
+    def status(self, machine: Machine) -> Literal["running", "paused"]:
+        """Whether the guest's vCPUs run (QMP query-status)."""
+        result = qmp.execute(_qmp_socket(machine), "query-status", timeout=5.0)
+        return "running" if result.get("running") else "paused"
+
+    def pause(self, machine: Machine) -> None:
+        qmp.execute(_qmp_socket(machine), "stop")
+
+    def resume(self, machine: Machine) -> None:
+        qmp.execute(_qmp_socket(machine), "cont")
+
+    # -- stop -------------------------------------------------------------------------
+
+    def stop(self, machine: Machine, *, timeout: float) -> None:
+        """QMP quit, then SIGKILL after ``timeout``; then remove the sockets."""
+        if self.alive(machine):
+            with contextlib.suppress(RuntimeFailure):
+                qmp.execute(_qmp_socket(machine), "quit", timeout=min(5.0, timeout))
+            if not wait_gone(machine, timeout, self.alive):
+                self.kill(machine)
+        self._forget(machine)
+        for sock in (machine.boot.qmp_socket, machine.boot.agent_socket):
+            if sock:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(sock)
+
+    def kill(self, machine: Machine) -> None:
+        """SIGKILL QEMU (only if the pid is still this VM's QEMU) and wait for it."""
+        if machine.pid is not None and self.alive(machine):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(machine.pid, signal.SIGKILL)
+            if not wait_gone(machine, 30.0, self.alive):
+                raise RuntimeFailure(f"QEMU pid {machine.pid} survived SIGKILL for 30 s")
+        self._forget(machine)
+
+    def _forget(self, machine: Machine) -> None:
+        proc = self._children.pop(machine.pid or -1, None)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5.0)
+
+
+def wait_gone(machine: Machine, timeout: float, alive: Callable[[Machine], bool]) -> bool:
+    """Poll until ``alive(machine)`` is false; True when it went within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while alive(machine):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(_POLL)
+    return True
+
+
+def _qmp_socket(machine: Machine) -> Path:
+    if not machine.boot.qmp_socket:
+        raise RuntimeFailure(f"VM {machine.name} has no QMP socket in its record")
+    return Path(machine.boot.qmp_socket)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30.0)
+
+
+def _affinity_setter(pus: tuple[int, ...]) -> Callable[[], None] | None:
+    """A pre-exec hook giving QEMU the emulator PUs from its first instruction."""
+    if not pus:
+        return None
+    cpus = set(pus)
+
+    def _set() -> None:
+        os.sched_setaffinity(0, cpus)
+
+    return _set

@@ -1,0 +1,213 @@
+"""Machine records on disk, and telling a live VM from a stale record.
+
+A record is ``<run_dir>/machine.json``. It is written atomically (temp file + rename) so
+a reader never sees half a record, and as soon as QEMU has a pid, so that ``down`` can
+clean up after an ``up`` that was interrupted. While ``up`` is starting a VM it holds an
+exclusive ``flock`` on ``<run_dir>/up.lock``: other processes then see the VM as
+"starting" instead of mistaking the half-built directory for a stale one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError
+
+from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.runtime import hugetlbfs, paths
+from hpcvm.runtime.model import Machine
+
+EntryState = Literal["running", "paused", "starting", "stale"]
+
+# A pid whose process started this long after the record's start time is a reused pid.
+_PID_START_SLACK = 30.0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One subdirectory of the runtime root, as ``ps`` sees it."""
+
+    name: str
+    run_dir: Path
+    machine: Machine | None  # None when machine.json is missing or unreadable
+    state: EntryState
+    reason: str = ""  # why it is stale
+
+
+def save_machine(machine: Machine) -> None:
+    """Write the record atomically, readable by its owner only."""
+    target = Path(machine.run_dir) / paths.MACHINE_FILE
+    tmp = target.with_suffix(".json.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(machine.model_dump_json(indent=2))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, target)
+
+
+def read_machine(run_dir: Path) -> Machine | None:
+    """The record in ``run_dir``, or None when it is missing or unreadable."""
+    try:
+        text = (run_dir / paths.MACHINE_FILE).read_text()
+    except OSError:
+        return None
+    try:
+        return Machine.model_validate_json(text)
+    except ValidationError:
+        return None
+
+
+def load_machine(name: str) -> Machine:
+    """The record of a VM the user named; one-line error if there is none."""
+    directory = paths.run_dir(name)
+    machine = read_machine(directory)
+    if machine is None:
+        raise UsageError(
+            f"no VM named {name!r} (runtime dir {paths.runtime_root()}); `hpcvm ps` lists them"
+        )
+    return machine
+
+
+# -- processes --------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name, or None if gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise RuntimeFailure("cannot read the boot time from /proc/stat")
+
+
+def process_start_time(pid: int) -> float | None:
+    """Wall-clock start time of ``pid`` (1 s precision), None when it is gone."""
+    fields = _proc_stat(pid)
+    if fields is None:
+        return None
+    ticks = int(fields[19])  # field 22 of stat; fields[] starts at field 3
+    return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def reap_if_child(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is our exited child, so it is not a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (an exited child not yet reaped)."""
+    reap_if_child(pid)
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def is_qemu_process(pid: int) -> bool:
+    """True when ``pid`` runs a QEMU system emulator."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm.startswith("qemu")
+
+
+def machine_process_alive(machine: Machine) -> tuple[bool, str]:
+    """Whether the record's QEMU still runs; if not, why (for ``ps``)."""
+    pid = machine.pid
+    if pid is None:
+        return False, "QEMU was never started"
+    if not pid_alive(pid):
+        return False, f"QEMU pid {pid} is gone"
+    if not is_qemu_process(pid):
+        return False, f"pid {pid} is no longer QEMU"
+    started = process_start_time(pid)
+    if started is not None and started > machine.started_at + _PID_START_SLACK:
+        return False, f"pid {pid} was reused by a newer process"
+    return True, ""
+
+
+# -- the up lock ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def starting_lock(run_dir: Path) -> Iterator[None]:
+    """Hold the directory's up-lock while a VM is being started."""
+    fd = os.open(run_dir / paths.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def is_starting(run_dir: Path) -> bool:
+    """True while another process holds the up-lock of ``run_dir``."""
+    try:
+        fd = os.open(run_dir / paths.LOCK_FILE, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+# -- listing and cleaning ---------------------------------------------------------------
+
+
+def entry_for(run_dir: Path) -> Entry:
+    """Classify one VM directory (running or stale; paused is the backend's to say)."""
+    machine = read_machine(run_dir)
+    if is_starting(run_dir):
+        return Entry(run_dir.name, run_dir, machine, "starting")
+    if machine is None:
+        return Entry(run_dir.name, run_dir, None, "stale", "no readable machine.json")
+    alive, reason = machine_process_alive(machine)
+    if alive:
+        return Entry(run_dir.name, run_dir, machine, "running")
+    return Entry(run_dir.name, run_dir, machine, "stale", reason)
+
+
+def list_entries() -> list[Entry]:
+    """Every VM directory under the runtime root, sorted by name."""
+    root = paths.runtime_root()
+    if not root.is_dir():
+        return []
+    # Hidden directories are ``up``'s half-made ones (see lifecycle._claimed_run_dir).
+    return [entry_for(d) for d in sorted(root.iterdir()) if d.is_dir() and d.name[0] != "."]
+
+
+def remove_run_dir(run_dir: Path, hugetlbfs_dirs: tuple[str, ...] = ()) -> None:
+    """Remove a VM's directory and its private hugetlbfs directories (idempotent)."""
+    for directory in hugetlbfs_dirs:
+        hugetlbfs.remove_vm_dir(Path(directory))
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def clean_stale(entry: Entry) -> None:
+    """Remove what a dead VM left behind."""
+    dirs = entry.machine.hugetlbfs_dirs if entry.machine else ()
+    remove_run_dir(entry.run_dir, dirs)
+
+
+def uptime(machine: Machine, now: float | None = None) -> float:
+    return max(0.0, (now if now is not None else time.time()) - machine.started_at)
