@@ -360,10 +360,8 @@ def _numa_distances(root: ET.Element, view: HwlocView) -> HwDistances | None:
         kind = _int(dist, "kind")
         if kind & 8 and not kind & 4:  # HWLOC_DISTANCES_KIND_MEANS_BANDWIDTH
             continue
-        indexes_el = dist.find("indexes")
-        if indexes_el is None or not indexes_el.text:
-            continue
-        indexes = [int(x) for x in indexes_el.text.split()]
+        # long lists are split over several <indexes> and <u64values> elements
+        indexes = [int(x) for el in dist.findall("indexes") for x in (el.text or "").split()]
         if dist.get("indexing") == "gp":
             indexes = [gp_to_os.get(i, -1) for i in indexes]
         values = [int(v) for el in dist.findall("u64values") for v in (el.text or "").split()]
