@@ -1,0 +1,104 @@
+"""How benchmark processes are started: one argv for the host and for the guest.
+
+Every decision here was checked natively on Debian 12 (Open MPI 4.1.4, PMIx 4.2):
+
+- ``--allow-run-as-root``: hpcvm runs as root (VMs need it) and the guest agent runs
+  commands as root; Open MPI refuses root without it.
+- ``--mca plm isolated``: single-node launcher. The default rsh launcher looks for
+  ``ssh`` in PATH even when every rank is local, and fails under the guest agent's empty
+  environment (``env -i mpirun ...`` fails with "plm_rsh_agent: ssh : rsh"; with
+  ``plm isolated`` it runs).
+- ``--mca pml ob1 --mca btl self,vader``: one node means shared memory (vader) and self
+  only; no probing of UCX/OFI/openib/TCP devices a guest does not have, and the same
+  transport natively and in the guest.
+- ``--map-by core --bind-to core`` (default): one rank per core, pinned, as HPC runs
+  are. In a one-node guest whose N vCPUs are pinned 1:1 to host cores, the guest's
+  cores are those vCPUs, so this pins each rank to one vCPU and thereby one host core;
+  a naive (flat SMP) guest shows N one-core sockets, which binds the same way.
+  ``np`` above the core count is refused by mpirun (no ``--oversubscribe``: an
+  oversubscribed run measures the scheduler, not the machine). ``hwthread`` counts and
+  binds hardware threads instead; ``none`` leaves placement to the kernel.
+- ``--report-bindings``: each rank's binding goes to stderr, kept in the run's log as
+  evidence of where it ran.
+
+Open MPI also needs at least one network interface up, even on one node: with no
+interface at all (``unshare -n`` with ``lo`` down) PMIx's listener fails to start and
+mpirun exits 1. A guest must bring ``lo`` up; with only ``lo`` up it works.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from hpcvm.errors import BenchmarkError, UsageError
+
+Bind = Literal["core", "hwthread", "none"]
+
+ENV = "/usr/bin/env"
+
+_BIND_OPTIONS: dict[str, tuple[str, ...]] = {
+    "core": ("--map-by", "core", "--bind-to", "core"),
+    "hwthread": ("--use-hwthread-cpus", "--map-by", "hwthread", "--bind-to", "hwthread"),
+    "none": ("--map-by", "core", "--bind-to", "none"),
+}
+
+# Debian package that provides each program we start, for the error message's fix.
+_PACKAGES = {"mpirun.openmpi": "openmpi-bin", "mpirun": "openmpi-bin", "hpcc": "hpcc"}
+
+
+def find_program(name: str) -> str:
+    """Absolute path of ``name`` on PATH (the guest shares the host's root, so the same
+    path is valid there); BenchmarkError naming the package to install otherwise."""
+    found = shutil.which(name)
+    if found is None:
+        package = _PACKAGES.get(name)
+        fix = f"install the Debian package {package}" if package else "install it"
+        raise BenchmarkError(f"{name} not found on PATH: {fix} (scripts/setup.sh does)")
+    return str(Path(found).absolute())
+
+
+def mpirun_program() -> str:
+    """The distribution's Open MPI launcher, by its own name so that an installed MPICH
+    owning the ``mpirun`` alternative cannot slip in."""
+    if shutil.which("mpirun.openmpi"):
+        return find_program("mpirun.openmpi")
+    return find_program("mpirun")
+
+
+def mpirun_argv(np: int, argv: Sequence[str], *, bind: Bind = "core") -> list[str]:
+    """``argv`` started as ``np`` MPI ranks on this node (see the module docstring)."""
+    if np < 1:
+        raise UsageError(f"process count must be at least 1, got {np}")
+    if bind not in _BIND_OPTIONS:
+        raise UsageError(f"unknown binding {bind!r}: use one of {', '.join(_BIND_OPTIONS)}")
+    if not argv:
+        raise UsageError("mpirun needs a program to run")
+    return [
+        mpirun_program(),
+        "--allow-run-as-root",
+        "--mca",
+        "plm",
+        "isolated",
+        "--mca",
+        "pml",
+        "ob1",
+        "--mca",
+        "btl",
+        "self,vader",
+        "--report-bindings",
+        "-np",
+        str(np),
+        *_BIND_OPTIONS[bind],
+        *argv,
+    ]
+
+
+def in_workdir(workdir: Path, argv: Sequence[str]) -> list[str]:
+    """``argv`` run from ``workdir``. The change of directory is part of the argv
+    (coreutils ``env -C``) because qemu-guest-agent's guest-exec cannot set one."""
+    if not workdir.is_absolute():
+        raise UsageError(f"work directory must be an absolute path, got {workdir}")
+    return [ENV, "-C", str(workdir), *argv]
