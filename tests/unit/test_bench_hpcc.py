@@ -303,7 +303,7 @@ def test_parse_rejects_nonzero_exit_with_the_error_text(tmp_path: Path) -> None:
 
 
 def test_parse_without_output_file_is_a_failed_run(tmp_path: Path) -> None:
-    with pytest.raises(ParseError, match="no hpccoutf.txt"):
+    with pytest.raises(ParseError, match=r"no hpccoutf\.txt"):
         HpccSuite().parse(tmp_path, "", "", 0)
 
 
