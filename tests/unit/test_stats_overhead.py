@@ -69,6 +69,14 @@ def test_fieller_agrees_with_bootstrap_for_a_clear_denominator() -> None:
     hw = _half(f)
     assert b.ratio_ci_low == pytest.approx(f.ratio_ci_low, abs=0.06 * hw)
     assert b.ratio_ci_high == pytest.approx(f.ratio_ci_high, abs=0.06 * hw)
+    assert b.note == ""
+
+
+def test_small_sample_bootstrap_carries_a_warning_note() -> None:
+    native, vm = _samples(8, 19, (100.0, 4.0), (112.0, 6.0))
+    b = overhead(native, vm, higher_is_better=False, method="bootstrap")
+    assert b.bounded and "prefer method fieller" in b.note
+    assert overhead(native, vm, higher_is_better=False).note == ""
 
 
 def test_fieller_agrees_with_delta_method_at_large_n() -> None:
