@@ -31,10 +31,16 @@ def test_noise_summary_on_constructed_quanta() -> None:
     assert (s.count, s.min_ns, s.threshold_ns) == (1000, 100_000, 1_000)
     assert s.detour_count == 6
     assert s.max_detour_ns == 50_000
-    assert s.lost_fraction == pytest.approx((5 * 5_000 + 50_000) / total, rel=1e-12)
-    # 99.9th percentile of 1000 sorted detours, linear: rank 0.999*999 = 998.001, between
-    # the 999th (5000) and the 1000th (50000) smallest
-    assert s.p999_detour_ns == pytest.approx(5_000 + 0.001 * 45_000, rel=1e-9)
+    # every detour counts towards time lost, as csrc/noise.c computes it
+    assert s.lost_fraction == pytest.approx((total - 1000 * 100_000) / total, rel=1e-12)
+    # nearest rank: the ceil(0.999*1000) = 999th smallest detour is the largest 5 µs one
+    assert s.p999_detour_ns == 5_000
+
+
+def test_nearest_rank_percentile_on_small_samples() -> None:
+    # n = 10: ceil(9.99) = 10th smallest, the maximum; n = 2000: the 1998th smallest
+    assert noise_summary([100 + i for i in range(10)]).p999_detour_ns == 9
+    assert noise_summary([1_000 + i for i in range(2000)]).p999_detour_ns == 1997
 
 
 def test_order_does_not_matter_and_numpy_input_works() -> None:
