@@ -41,12 +41,13 @@ struct worker {
     int cpu;
     uint64_t *durations; /* ns, one per quantum */
     int error;           /* errno of a failed pin, 0 if pinned */
+    uint64_t result;     /* the work's final value, so it cannot be optimised away */
 };
 
 static uint64_t g_iterations;    /* work loop length of one quantum */
 static long g_quanta;            /* quanta per CPU */
 static pthread_barrier_t g_start;
-static volatile uint64_t g_sink; /* keeps the work's result alive */
+static volatile uint64_t g_sink; /* keeps calibration's results alive (main thread only) */
 
 static uint64_t now_ns(void)
 {
@@ -128,7 +129,7 @@ static void *worker_main(void *arg)
         w->durations[i] = t - prev;
         prev = t;
     }
-    g_sink += seed;
+    w->result = seed;
     return NULL;
 }
 
@@ -343,6 +344,8 @@ int main(int argc, char **argv)
     }
     if (failed)
         return 1;
+    for (int k = 0; k < ncpus; k++)
+        g_sink += workers[k].result;
 
     printf("hpcvm-noise version=%d cpus=", NOISE_VERSION);
     for (int k = 0; k < ncpus; k++)

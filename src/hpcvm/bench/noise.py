@@ -5,11 +5,12 @@ than the fastest one on its CPU was interrupted (a "detour"). OS and hypervisor 
 what the reference studies blame for poor scaling of fine-grained codes, so the detours
 are reported per CPU and summarised over all CPUs.
 
-The per-CPU figures come from the C program's own printout. ``hpcvm.stats`` computes the
-same detour statistics from raw durations (``noise_summary``); the raw durations are
-kept (``read_raw``) so the two can be unified later on the Python side — until then the
-definitions must stay identical: detour = duration - min, p99.9 by nearest rank, time
-lost = sum(detours) / sum(durations).
+The per-CPU figures come from the C program's own printout (detour = duration - min,
+p99.9 by nearest rank, time lost = sum of ALL detours / sum of durations). This
+duplicates ``hpcvm.stats.noise_summary`` (from raw durations), whose lost_fraction
+counts only detours above max(1 us, 1% of min): the two "time lost" figures differ by
+the sub-threshold jitter. The raw durations are kept (``read_raw``) so the Python side
+can be unified on ``noise_summary`` later; until then, report which one a figure is.
 
 The binary is built by ``make all`` into ``src/hpcvm/data/hpcvm-noise`` and found
 next to the installed package; ``HPCVM_NOISE_BIN`` overrides the path.

@@ -51,7 +51,8 @@ class Suite(Protocol):
 
     @property
     def output_files(self) -> tuple[str, ...]:
-        """Files (relative to workdir) that ``parse`` reads and a guest run must return."""
+        """Files (relative to workdir) the run writes that ``parse`` reads or that are
+        kept as data (noise's raw durations): a guest run must copy them back."""
         ...
 
     def validate(self, np_values: Sequence[int]) -> None:
