@@ -27,11 +27,12 @@ from hpcvm.host.model import (
     PciDevice,
 )
 from hpcvm.host.pci import classify, local_node
-from hpcvm.units import format_cpu_list
+from hpcvm.units import format_cpu_list, human_size
 
 LIVE_ROOT = Path("/")
 LOCAL_DISTANCE = 10
 REMOTE_DISTANCE = 20
+LAZY_MEMORY_RATIO = 0.9  # node totals below this share of MemTotal get a warning
 _SNAPSHOT_HINT = "give the root of an hwloc-gather-topology snapshot"
 
 
@@ -171,6 +172,7 @@ def _build(text: str, source: _Source) -> HostTopology:
     groups = _iommu_groups(source)
     pci = _pci(view, source, order, memory_only, groups)
     _warn_cpus(pus, view, order, draft)
+    _warn_memory(nodes, source, draft)
     cpu_model = next((p.cpu_model for p in view.packages if p.cpu_model), "") or (
         cpu.model if cpu else ""
     )
@@ -341,6 +343,20 @@ def _warn_cpus(pus: list[PU], view: hwloc.HwlocView, order: list[int], draft: _D
                 f"NUMA nodes {format_cpu_list(barred)} are outside this process's memory "
                 "set (cgroup cpuset.mems): memory bound there will be refused by the kernel"
             )
+
+
+def _warn_memory(nodes: list[NumaNode], source: _Source, draft: _Draft) -> None:
+    """Node totals far below MemTotal: the kernel initialises memory lazily
+    (deferred_init=lazy, as on this project's machine) and node sizes grow with use."""
+    if source.root is None:
+        return
+    total = sysfs.meminfo(source.root).get("MemTotal")
+    in_nodes = sum(n.memory_bytes for n in nodes)
+    if total and in_nodes < LAZY_MEMORY_RATIO * total:
+        draft.warnings.append(
+            f"NUMA nodes report {human_size(in_nodes)} but MemTotal is {human_size(total)}: "
+            "the kernel initialises memory lazily; node sizes shown are what it has so far"
+        )
 
 
 def _iommu_groups(source: _Source) -> dict[int, tuple[str, ...]] | None:

@@ -1,0 +1,102 @@
+"""discover() on this very machine (2 CPUs, one node, paravirtual KVM), checked
+against what the kernel and Python say directly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hpcvm.cli.main import main
+from hpcvm.host import HostTopology, discover
+from hpcvm.units import KIB
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def host() -> HostTopology:
+    return discover()
+
+
+def _meminfo_kb(key: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def test_cpus_match_the_os(host: HostTopology) -> None:
+    assert host.source == "live"
+    assert len([p for p in host.pus if p.online]) == os.cpu_count()
+    assert {p.os_index for p in host.usable_pus()} == os.sched_getaffinity(0)
+
+
+def _node_memtotal_kb(node: int) -> int:
+    text = Path(f"/sys/devices/system/node/node{node}/meminfo").read_text()
+    return int(text.split("MemTotal:")[1].split()[0])
+
+
+def test_one_node_with_the_kernels_node_memory(host: HostTopology) -> None:
+    """Node sizes are the kernel's node MemTotal. This machine boots with
+    deferred_init=lazy: the node total grows as memory is touched, and can be far below
+    /proc/meminfo's MemTotal; discover() then says so in a warning."""
+    online = Path("/sys/devices/system/node/online").read_text().strip()
+    assert [str(n.os_index) for n in host.nodes] == online.split(",")
+    for node in host.nodes:
+        # the node total may grow between the two reads (lazy init): allow 5%
+        expected = _node_memtotal_kb(node.os_index) * KIB
+        assert abs(node.memory_bytes - expected) <= 0.05 * expected
+    in_nodes = sum(n.memory_bytes for n in host.nodes)
+    lazy = in_nodes < 0.9 * _meminfo_kb("MemTotal") * KIB
+    assert lazy == any("lazily" in w for w in host.warnings)
+
+
+def test_huge_page_pools_match_sysfs(host: HostTopology) -> None:
+    for node in host.nodes:
+        base = Path(f"/sys/devices/system/node/node{node.os_index}/hugepages")
+        expected = {
+            int(d.name[len("hugepages-") : -2]) * KIB: int((d / "nr_hugepages").read_text())
+            for d in base.iterdir()
+        }
+        assert {p.size_bytes: p.total for p in node.hugepages} == expected
+        assert all(p.free is not None for p in node.hugepages)
+
+
+def test_kvm_is_paravirtual_and_not_usable(host: HostTopology) -> None:
+    """This machine's /dev/kvm is kvm_pvm: present, but no VT-x, so not usable."""
+    assert Path("/sys/module/kvm_pvm").exists(), "test written for this PVM machine"
+    flags = next(
+        line.split(":", 1)[1].split()
+        for line in Path("/proc/cpuinfo").read_text().splitlines()
+        if line.startswith("flags")
+    )
+    assert host.kvm.device is Path("/dev/kvm").exists()
+    assert host.kvm.hw_virt == ("vmx" in flags or "svm" in flags)
+    assert host.kvm.pvm is True
+    assert host.kvm.usable is False
+    assert "PVM" in host.kvm.reason.upper() and "TCG" in host.kvm.reason
+
+
+def test_thp_and_iommu_from_this_host(host: HostTopology) -> None:
+    enabled = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    assert f"[{host.thp}]" in enabled
+    groups = Path("/sys/kernel/iommu_groups")
+    has_groups = groups.is_dir() and any(groups.iterdir())
+    assert host.iommu is has_groups
+
+
+def test_hugetlbfs_mounts_are_real_mounts(host: HostTopology) -> None:
+    mounts = [
+        line.split()[1]
+        for line in Path("/proc/mounts").read_text().splitlines()
+        if line.split()[2] == "hugetlbfs"
+    ]
+    assert sorted(set(host.hugetlbfs_mounts.values())) == sorted(set(mounts))
+
+
+def test_cli_on_this_host(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["host"]) == 0
+    out = capsys.readouterr().out
+    assert "live" in out and "kvm_pvm" in out
