@@ -146,11 +146,11 @@ def test_noise_runs_on_every_cpu_and_its_summary_matches_its_raw_durations(
     assert report.target_ns == 20_000 and report.quanta == 2000
     raw = read_raw(tmp_path / "noise-raw.txt")
     assert sorted(raw) == cpus == [c.cpu for c in report.cpus]
-    for cpu in report.cpus:
-        durations = np.array(raw[cpu.cpu])
+    for line in report.cpus:
+        durations = np.array(raw[line.cpu], dtype=np.int64)
         assert len(durations) == 2000
-        assert cpu.min_ns == durations.min()
-        assert cpu.max_detour_ns == durations.max() - durations.min()
+        assert line.min_ns == durations.min()
+        assert line.max_detour_ns == durations.max() - durations.min()
 
 
 def test_noise_on_a_cpu_it_may_not_use_is_a_failed_run(tmp_path: Path) -> None:

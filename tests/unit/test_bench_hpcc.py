@@ -23,7 +23,7 @@ from hpcvm.bench.hpcc import (
     process_grid,
     read_summary,
 )
-from hpcvm.bench.metrics import ParseError
+from hpcvm.bench.metrics import MetricValue, ParseError
 from hpcvm.errors import BenchmarkError, UsageError
 from hpcvm.units import GIB, MIB
 
@@ -35,7 +35,7 @@ def fixture(name: str) -> str:
     return (DATA / name).read_text()
 
 
-def by_name(values: list) -> dict:  # type: ignore[type-arg]
+def by_name(values: list[MetricValue]) -> dict[str, MetricValue]:
     return {v.name: v for v in values}
 
 

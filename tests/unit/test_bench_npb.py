@@ -8,6 +8,7 @@ for NPB executables so that discovery and naming can be tested.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,7 @@ def test_c_style_report_without_trailing_dot() -> None:
         (lambda t: "", "no output"),
     ],
 )
-def test_broken_reports_are_failed_runs(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_broken_reports_are_failed_runs(mutate: Callable[[str], str], message: str) -> None:
     with pytest.raises(ParseError, match=message):
         parse_report(mutate(fixture("cg.A.4-npb3.3.txt")))
 
