@@ -24,6 +24,7 @@ from hpcvm.bench.noise import (
     report_metrics,
 )
 from hpcvm.errors import BenchmarkError, UsageError
+from hpcvm.stats.noise import noise_summary
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "noise"
 
@@ -60,6 +61,20 @@ def test_printout_matches_statistics_recomputed_from_raw_durations() -> None:
         assert cpu.p999_detour_ns == want["p999_detour_ns"]
         assert cpu.lost_fraction == pytest.approx(want["lost_fraction"], abs=1e-8)
         assert cpu.total_ns == sum(raw[cpu.cpu])
+
+
+def test_printout_agrees_with_stats_noise_summary() -> None:
+    """The C program and hpcvm.stats.noise_summary are two implementations of one
+    definition (see bench/noise.py); this keeps them from drifting apart."""
+    report = parse_report(stdout_fixture())
+    raw = read_raw(DATA / "raw.txt")
+    for cpu in report.cpus:
+        summary = noise_summary(raw[cpu.cpu])
+        assert summary.count == cpu.count
+        assert summary.min_ns == cpu.min_ns
+        assert summary.max_detour_ns == cpu.max_detour_ns
+        assert summary.p999_detour_ns == cpu.p999_detour_ns
+        assert summary.lost_fraction == pytest.approx(cpu.lost_fraction, abs=1e-8)
 
 
 def test_metrics_summarise_all_cpus_then_each_cpu() -> None:

@@ -6,11 +6,11 @@ what the reference studies blame for poor scaling of fine-grained codes, so the 
 are reported per CPU and summarised over all CPUs.
 
 The per-CPU figures come from the C program's own printout (detour = duration - min,
-p99.9 by nearest rank, time lost = sum of ALL detours / sum of durations). This
-duplicates ``hpcvm.stats.noise_summary`` (from raw durations), whose lost_fraction
-counts only detours above max(1 us, 1% of min): the two "time lost" figures differ by
-the sub-threshold jitter. The raw durations are kept (``read_raw``) so the Python side
-can be unified on ``noise_summary`` later; until then, report which one a figure is.
+p99.9 by nearest rank, time lost = sum of all detours / sum of durations). This
+duplicates ``hpcvm.stats.noise_summary``, which computes the same figures from raw
+durations with the same definitions (a unit test holds the two together); the raw
+durations are kept (``read_raw``) so the Python side can later use ``noise_summary``
+alone.
 
 The binary is built by ``make all`` into ``src/hpcvm/data/hpcvm-noise`` and found
 next to the installed package; ``HPCVM_NOISE_BIN`` overrides the path.
