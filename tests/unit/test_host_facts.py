@@ -168,6 +168,17 @@ def test_memory_only_nodes(snapshots_dir: Path, name: str) -> None:
         assert abs(node.memory_bytes - total_kb * KIB) <= 64 * KIB
 
 
+def test_knl_memory_side_cache_is_not_a_cpu_cache(snapshots_dir: Path) -> None:
+    """hwloc shows KNL's MCDRAM cache (from the snapshot's hwloc-dump-hwdata files) as a
+    memory-side cache; it must not be listed among the CPU caches."""
+    root = snap(snapshots_dir, "64intel64-fakeKNL-SNC4-hybrid")
+    dumped = read(root / "var" / "run" / "hwloc" / "knl_memoryside_cache")
+    mcdram_cache = int(dumped.split("cache_size:")[1].split()[0])
+    host = discover(sysfs_root=root)
+    assert host.caches
+    assert all(c.size_bytes < mcdram_cache for c in host.caches)
+
+
 def test_sparse_numa_numbering(snapshots_dir: Path) -> None:
     root = snap(snapshots_dir, "nvidiagpunumanodes")
     online = parse_cpu_list(read(root / "sys" / "devices" / "system" / "node" / "online"))

@@ -31,17 +31,22 @@ def export_xml(
 ) -> str:
     """hwloc's XML for this host (no argument), a sysfs root, an XML file or a
     synthetic description. Raises TopologyError when lstopo is missing or fails."""
-    env = dict(os.environ)
+    # The user's own HWLOC_* settings (HWLOC_XMLFILE, HWLOC_FSROOT...) would silently
+    # replace the source asked for; only ours apply.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWLOC_")}
     args: list[str] = [LSTOPO]
     if fsroot is not None:
         env["HWLOC_FSROOT"] = str(fsroot)
         # The x86 backend would read CPUID of THIS machine and mix it into the snapshot
-        # (e.g. CPUModel); the snapshot is not this system.
-        env["HWLOC_COMPONENTS"] = "-x86,-opencl,-gl"
+        # (e.g. CPUModel), the pci one its PCI bus: the snapshot is not this system.
+        env["HWLOC_COMPONENTS"] = "-x86,-pci,-opencl,-gl"
         env["HWLOC_THISSYSTEM"] = "0"
-        hwdata = fsroot / "var" / "run" / "hwloc"
-        if hwdata.is_dir():
-            env["HWLOC_DUMPED_HWDATA_DIR"] = str(hwdata)
+        # Hardware data dumped by hwloc-dump-hwdata (KNL memory modes), a path that
+        # hwloc resolves inside the root.
+        for hwdata in ("/var/run/hwloc", "/run/hwloc"):
+            if (fsroot / hwdata.lstrip("/")).is_dir():
+                env["HWLOC_DUMPED_HWDATA_DIR"] = hwdata
+                break
     if fsroot is not None or xml is None:
         # POWER GPU memory nodes are hidden by default; they are what "memory-only"
         # nodes are about, so keep them.
@@ -271,7 +276,8 @@ def _walk(
             view.cores.append(HwCore(None, package, (os_index,)))
             view.pus[os_index] = package
         elif kind in _CACHE_TYPES:
-            view.caches.append(_cache(child, kind))
+            if child.get("subtype") != "MemorySideCache":  # memory's cache, not the CPU's
+                view.caches.append(_cache(child, kind))
             _walk(child, view, package=package, package_model=package_model, nodeset=child_nodeset)
         elif kind in ("PCIDev", "Bridge"):
             _pci(child, view, nodeset)
