@@ -250,11 +250,15 @@ def _too_big_flat(
 ) -> InfeasiblePlanError:
     pools = sum(_pools_bytes(n, except_size=None if page == SMALL_PAGE else page) for n in normal)
     best = _largest_fitting(lambda c: c + qemu_overhead(c) <= limit, total, page)
+    fix = (
+        f"use --memory {format_size(best)} or less, or shrink the pools"
+        if best
+        else ("shrink the pools")
+    )
     return InfeasiblePlanError(
         f"--memory {format_size(total)} plus about {format_size(overhead)} of QEMU overhead "
-        f"does not fit the {format_size(limit)} of ordinary memory left outside the host's "
-        f"{format_size(pools)} of huge page pools: use --memory {format_size(best)} or less, "
-        "or shrink the pools"
+        f"does not fit the {format_size(max(limit, 0))} of memory left outside the host's "
+        f"{format_size(pools)} of huge page pools: {fix}"
     )
 
 

@@ -82,11 +82,15 @@ def too_many_vcpus(
     if offline:
         detail += f"; offline: {format_cpu_list(offline)}"
     asked = f"{vcpus} vCPU{'s' if vcpus != 1 else ''} requested"
-    if not usable:
-        return InfeasiblePlanError(f"{asked} but no PU is usable for vCPUs ({detail})")
+    if usable:
+        fix = f"use --vcpus {usable} or fewer"
+    elif reserved:
+        fix = "every usable core is a housekeeping core: use --profile numa"
+    else:
+        fix = "bring CPUs online or widen the cpuset"
     return InfeasiblePlanError(
         f"{asked} but only {usable} PU{'s are' if usable != 1 else ' is'} usable for vCPUs "
-        f"({detail}): use --vcpus {usable} or fewer"
+        f"({detail}): {fix}"
     )
 
 

@@ -59,7 +59,11 @@ def _reservations(host: HostTopology, page: int, needed: dict[int, int]) -> list
         free = pool.free if pool and pool.free is not None else total
         target = max(total, total - free + want)
         path = f"/sys/devices/system/node/node{h}/hugepages/{page_dir_name(page)}/nr_hugepages"
-        lines.append(f"echo {target} > {path}  # {want} pages for the guest on host node {h}")
+        state = f"{free} of {total} free now" if pool and pool.free is not None else "free unknown"
+        lines.append(
+            f"echo {target} > {path}  # host node {h}: {want} pages for this guest ({state}); "
+            "repeat at boot to keep them"
+        )
     if page >= GIB and needed:
         lines.append(
             f"host kernel command line: hugepagesz=1G hugepages={sum(needed.values())}  "
