@@ -126,44 +126,7 @@ def _build(text: str, source: _Source) -> HostTopology:
     pu_node = _pu_nodes(view, normal, nodes_hw)
     offline = sorted(view.complete_cpuset - set(view.pus))
     offline_node = _place_offline(offline, source, normal, draft)
-    allowed = view.allowed_cpuset
-
-    cores_hw = sorted(view.cores, key=lambda c: c.pus[0] if c.pus else -1)
-    cores: list[Core] = []
-    pus: list[PU] = []
-    for hw_core in cores_hw:
-        if not hw_core.pus:
-            continue
-        index = len(cores)
-        node = pu_node[hw_core.pus[0]]
-        cores.append(
-            Core(
-                index=index,
-                os_index=hw_core.os_index,
-                package=hw_core.package,
-                node=node,
-                pus=hw_core.pus,
-            )
-        )
-        for pu in hw_core.pus:
-            pus.append(
-                PU(
-                    os_index=pu,
-                    core=index,
-                    package=hw_core.package,
-                    node=pu_node[pu],
-                    online=True,
-                    allowed=allowed is None or pu in allowed,
-                )
-            )
-    for pu in offline:
-        index = len(cores)
-        node = offline_node[pu]
-        cores.append(Core(index=index, os_index=None, package=-1, node=node, pus=(pu,)))
-        # An offline CPU is in no cpuset hwloc reports; "allowed" stays True so that
-        # only the online CPUs a cgroup bars are reported as disallowed.
-        pus.append(PU(os_index=pu, core=index, package=-1, node=node, online=False))
-    pus.sort(key=lambda p: p.os_index)
+    cores, pus = _cores_and_pus(view, pu_node, offline_node)
 
     cpu = sysfs.cpuinfo(source.root) if source.root is not None else None
     single = len(nodes_hw) == 1
@@ -195,6 +158,52 @@ def _build(text: str, source: _Source) -> HostTopology:
         pci=tuple(pci),
         warnings=tuple(draft.warnings),
     )
+
+
+def _cores_and_pus(
+    view: hwloc.HwlocView, pu_node: dict[int, int], offline_node: dict[int, int]
+) -> tuple[list[Core], list[PU]]:
+    """Cores ordered by their first PU; each offline CPU (unknown to hwloc's tree)
+    becomes a core of its own, so every PU still sits in exactly one core."""
+    allowed = view.allowed_cpuset
+
+    cores_hw = sorted(view.cores, key=lambda c: c.pus[0] if c.pus else -1)
+    cores: list[Core] = []
+    pus: list[PU] = []
+    for hw_core in cores_hw:
+        if not hw_core.pus:
+            continue
+        index = len(cores)
+        node = pu_node[hw_core.pus[0]]
+        cores.append(
+            Core(
+                index=index,
+                os_index=hw_core.os_index,
+                package=hw_core.package,
+                node=node,
+                pus=hw_core.pus,
+            )
+        )
+        for pu in hw_core.pus:
+            pus.append(
+                PU(
+                    os_index=pu,
+                    core=index,
+                    package=hw_core.package,
+                    node=pu_node[pu],
+                    online=True,
+                    allowed=allowed is None or pu in allowed,
+                )
+            )
+    for pu in sorted(offline_node):
+        index = len(cores)
+        node = offline_node[pu]
+        cores.append(Core(index=index, os_index=None, package=-1, node=node, pus=(pu,)))
+        # An offline CPU is in no cpuset hwloc reports; "allowed" stays True so that
+        # only the online CPUs a cgroup bars are reported as disallowed.
+        pus.append(PU(os_index=pu, core=index, package=-1, node=node, online=False))
+    pus.sort(key=lambda p: p.os_index)
+    return cores, pus
 
 
 def _what(source: _Source) -> str:
