@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_serializer
 
 from hpcvm.model import Frozen
 
@@ -139,6 +139,11 @@ class HostTopology(Frozen):
     hugetlbfs_mounts: dict[int, str] = Field(default_factory=dict)
     pci: tuple[PciDevice, ...] = ()
     warnings: tuple[str, ...] = ()
+
+    @field_serializer("cpu_flags")
+    def _sorted_flags(self, flags: frozenset[str]) -> list[str]:
+        """Sorted, so the JSON of one host is the same on every run (diffable, storable)."""
+        return sorted(flags)
 
     def node(self, os_index: int) -> NumaNode:
         for n in self.nodes:
