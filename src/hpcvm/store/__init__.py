@@ -1,1 +1,33 @@
-"""store stage of the hpcvm pipeline (see DESIGN.md)."""
+"""store stage of the hpcvm pipeline (see DESIGN.md): the SQLite results database.
+
+Read API for reports: ``Store.open(dir)``, ``store.runs()``, ``store.run(id|None)``,
+``store.environments(run_id)``, ``store.samples(run_id)``; schema in ``schema.py``.
+"""
+
+from hpcvm.store.db import DB_NAME, Store, db_path
+from hpcvm.store.records import (
+    EnvironmentRecord,
+    MetricRecord,
+    NewEnvironment,
+    NewSample,
+    RunRecord,
+    RunStatus,
+    SampleKey,
+    SampleRecord,
+)
+from hpcvm.store.schema import SCHEMA_VERSION
+
+__all__ = [
+    "DB_NAME",
+    "SCHEMA_VERSION",
+    "EnvironmentRecord",
+    "MetricRecord",
+    "NewEnvironment",
+    "NewSample",
+    "RunRecord",
+    "RunStatus",
+    "SampleKey",
+    "SampleRecord",
+    "Store",
+    "db_path",
+]

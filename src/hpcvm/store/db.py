@@ -1,0 +1,394 @@
+"""The results database: open or create it, write samples one by one, read them back.
+
+``Store.open(path)`` accepts the results directory or the ``.db`` file. Writes commit at
+once (WAL journal, ``synchronous=FULL``): a sample written is on disk before the next
+run starts, so Ctrl-C, a crash or a power cut loses at most the sample in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from hpcvm import __version__
+from hpcvm.errors import BenchmarkError
+from hpcvm.store.records import (
+    EnvironmentRecord,
+    MetricRecord,
+    NewEnvironment,
+    NewSample,
+    RunRecord,
+    RunStatus,
+    SampleKey,
+    SampleRecord,
+)
+from hpcvm.store.schema import SCHEMA_VERSION, TABLES
+
+DB_NAME = "hpcvm.db"
+NO_NP = 0  # the np column's value for suites that ignore the process count
+
+
+def db_path(path: Path) -> Path:
+    """The database file for a results directory or a path to the file itself."""
+    return path / DB_NAME if path.is_dir() or path.suffix != ".db" else path
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+class Store:
+    """A connection to one results database (not thread-safe; one writer at a time)."""
+
+    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+        self._db = connection
+        self.path = path
+
+    # -- opening ------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: Path | str, *, create: bool = False) -> Store:
+        """Open the database of a results directory (or a ``.db`` file).
+
+        ``create``: make the directory and an empty database if missing. Otherwise a
+        missing database is a BenchmarkError naming the directory. A database from a
+        newer hpcvm (higher schema version) or a file that is not one is refused.
+        """
+        file = db_path(Path(path))
+        if not file.exists():
+            if not create:
+                raise BenchmarkError(
+                    f"no results database {file}: run `hpcvm bench --out {file.parent}` first"
+                )
+            file.parent.mkdir(parents=True, exist_ok=True)
+        connection = sqlite3.connect(file, timeout=30.0, isolation_level=None)
+        try:
+            connection.row_factory = sqlite3.Row
+            connection.execute("PRAGMA foreign_keys = ON")
+            connection.execute("PRAGMA journal_mode = WAL")
+            connection.execute("PRAGMA synchronous = FULL")
+            store = cls(connection, file)
+            store._ensure_schema()
+        except sqlite3.DatabaseError as exc:
+            connection.close()
+            raise BenchmarkError(f"{file} is not a readable hpcvm results database: {exc}") from exc
+        except BaseException:
+            connection.close()
+            raise
+        return store
+
+    def _ensure_schema(self) -> None:
+        tables = {
+            r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if tables and "meta" not in tables:
+            raise BenchmarkError(f"{self.path} is an SQLite file but not an hpcvm results database")
+        if "meta" in tables:
+            found = self.schema_version()
+            if found > SCHEMA_VERSION:
+                raise BenchmarkError(
+                    f"{self.path} has schema version {found}, newer than this hpcvm's "
+                    f"{SCHEMA_VERSION}: upgrade hpcvm to read it"
+                )
+        # executescript commits on its own; IF NOT EXISTS makes it a no-op on a database
+        # of this version.
+        self._db.executescript(TABLES)
+        with self._transaction():
+            self._db.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+            self._db.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('created_by', ?)",
+                (f"hpcvm {__version__}",),
+            )
+
+    def schema_version(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # -- runs ---------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        *,
+        args: dict[str, Any],
+        seed: int,
+        confidence: float,
+        host: dict[str, Any] | None = None,
+        warnings: Sequence[str] = (),
+    ) -> int:
+        """A new run in state ``running``; its id."""
+        with self._transaction():
+            cur = self._db.execute(
+                "INSERT INTO runs (args_json, host_json, seed, confidence, started_at, status, "
+                "warnings_json, hpcvm_version) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
+                (
+                    _dumps(args),
+                    None if host is None else _dumps(host),
+                    seed,
+                    confidence,
+                    time.time(),
+                    _dumps(list(warnings)),
+                    __version__,
+                ),
+            )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def runs(self) -> list[RunRecord]:
+        """Every run, oldest first."""
+        return [_run(r) for r in self._db.execute("SELECT * FROM runs ORDER BY id")]
+
+    def run(self, run_id: int | None = None) -> RunRecord:
+        """One run; the latest when ``run_id`` is None. BenchmarkError if there is none."""
+        if run_id is None:
+            row = self._db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        else:
+            row = self._db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        if row is None:
+            which = "no run" if run_id is None else f"no run {run_id}"
+            raise BenchmarkError(f"{self.path} holds {which}")
+        return _run(row)
+
+    def set_status(
+        self,
+        run_id: int,
+        status: RunStatus,
+        *,
+        stop_reason: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Mark a run running again (resume) or ended (finished, interrupted, failed)."""
+        finished = None if status == "running" else time.time()
+        with self._transaction():
+            self._db.execute(
+                "UPDATE runs SET status=?, finished_at=?, stop_reason=COALESCE(?, stop_reason), "
+                "error=? WHERE id=?",
+                (status, finished, stop_reason, error, run_id),
+            )
+
+    def add_elapsed(self, run_id: int, seconds: float) -> None:
+        with self._transaction():
+            self._db.execute(
+                "UPDATE runs SET elapsed_s = elapsed_s + ? WHERE id=?", (seconds, run_id)
+            )
+
+    def add_warning(self, run_id: int, text: str) -> None:
+        """Append a warning to the run (kept once: a resumed run may repeat it)."""
+        with self._transaction():
+            row = self._db.execute(
+                "SELECT warnings_json FROM runs WHERE id=?", (run_id,)
+            ).fetchone()
+            warnings: list[str] = json.loads(row[0])
+            if text not in warnings:
+                warnings.append(text)
+                self._db.execute(
+                    "UPDATE runs SET warnings_json=? WHERE id=?", (_dumps(warnings), run_id)
+                )
+
+    # -- environments -------------------------------------------------------------------
+
+    def add_environment(self, run_id: int, env: NewEnvironment) -> EnvironmentRecord:
+        """Record an environment of a run; if it is recorded already (a resumed run),
+        keep the first description and return it."""
+        with self._transaction():
+            self._db.execute(
+                "INSERT OR IGNORE INTO environments (run_id, name, kind, profile, plan_json, "
+                "accel, cpu_model, versions_json, vcpus, memory_bytes) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    env.name,
+                    env.kind,
+                    env.profile,
+                    None if env.plan is None else _dumps(env.plan),
+                    env.accel,
+                    env.cpu_model,
+                    _dumps(env.versions),
+                    env.vcpus,
+                    env.memory_bytes,
+                ),
+            )
+        return self.environment(run_id, env.name)
+
+    def environment(self, run_id: int, name: str) -> EnvironmentRecord:
+        row = self._db.execute(
+            "SELECT * FROM environments WHERE run_id=? AND name=?", (run_id, name)
+        ).fetchone()
+        if row is None:
+            raise BenchmarkError(f"run {run_id} has no environment {name!r}")
+        return _environment(row)
+
+    def environments(self, run_id: int) -> list[EnvironmentRecord]:
+        rows = self._db.execute("SELECT * FROM environments WHERE run_id=? ORDER BY id", (run_id,))
+        return [_environment(r) for r in rows]
+
+    # -- samples ------------------------------------------------------------------------
+
+    def add_sample(self, run_id: int, sample: NewSample) -> int:
+        """Write one sample and its metric values in one committed transaction."""
+        env_id = self.environment(run_id, sample.env).id
+        with self._transaction():
+            cur = self._db.execute(
+                "INSERT INTO samples (run_id, env_id, suite, np, repetition, warmup, position, "
+                "ok, error, log_path, workdir, started_at, host_seconds, guest_seconds, "
+                "evidence_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    env_id,
+                    sample.suite,
+                    NO_NP if sample.np is None else sample.np,
+                    sample.repetition,
+                    int(sample.warmup),
+                    sample.position,
+                    int(sample.ok),
+                    sample.error,
+                    sample.log_path,
+                    sample.workdir,
+                    sample.started_at,
+                    sample.host_seconds,
+                    sample.guest_seconds,
+                    _dumps(sample.evidence),
+                ),
+            )
+            sample_id = cur.lastrowid
+            assert sample_id is not None
+            self._db.executemany(
+                "INSERT INTO metric_values (sample_id, metric, unit, higher_is_better, value, "
+                "error) VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (sample_id, m.metric, m.unit, int(m.higher_is_better), m.value, m.error)
+                    for m in sample.metrics
+                ],
+            )
+        return sample_id
+
+    def samples(self, run_id: int, *, include_warmup: bool = True) -> list[SampleRecord]:
+        """Every sample of a run in the order they were taken, with their metrics."""
+        where = "" if include_warmup else " AND s.warmup = 0"
+        rows = self._db.execute(
+            "SELECT s.*, e.name AS env FROM samples s JOIN environments e ON e.id = s.env_id "
+            f"WHERE s.run_id=?{where} ORDER BY s.id",
+            (run_id,),
+        ).fetchall()
+        metrics: dict[int, list[MetricRecord]] = {}
+        for m in self._db.execute(
+            "SELECT m.* FROM metric_values m JOIN samples s ON s.id = m.sample_id "
+            "WHERE s.run_id=? ORDER BY m.sample_id, m.rowid",
+            (run_id,),
+        ):
+            metrics.setdefault(m["sample_id"], []).append(
+                MetricRecord(
+                    metric=m["metric"],
+                    unit=m["unit"],
+                    higher_is_better=bool(m["higher_is_better"]),
+                    value=m["value"],
+                    error=m["error"],
+                )
+            )
+        return [_sample(r, metrics.get(r["id"], [])) for r in rows]
+
+    def completed(self, run_id: int) -> set[SampleKey]:
+        """Keys of the samples a run has finished (ok or failed): what a resume skips."""
+        rows = self._db.execute(
+            "SELECT e.name, s.suite, s.np, s.repetition, s.warmup FROM samples s "
+            "JOIN environments e ON e.id = s.env_id WHERE s.run_id=?",
+            (run_id,),
+        )
+        return {
+            SampleKey(
+                env=r[0],
+                suite=r[1],
+                np=None if r[2] == NO_NP else r[2],
+                repetition=r[3],
+                warmup=bool(r[4]),
+            )
+            for r in rows
+        }
+
+
+def _run(row: sqlite3.Row) -> RunRecord:
+    return RunRecord(
+        id=row["id"],
+        args=json.loads(row["args_json"]),
+        host=None if row["host_json"] is None else json.loads(row["host_json"]),
+        seed=row["seed"],
+        confidence=row["confidence"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        elapsed_s=row["elapsed_s"],
+        status=row["status"],
+        stop_reason=row["stop_reason"],
+        error=row["error"],
+        warnings=tuple(json.loads(row["warnings_json"])),
+        hpcvm_version=row["hpcvm_version"],
+    )
+
+
+def _environment(row: sqlite3.Row) -> EnvironmentRecord:
+    return EnvironmentRecord(
+        id=row["id"],
+        run_id=row["run_id"],
+        name=row["name"],
+        kind=row["kind"],
+        profile=row["profile"],
+        plan=None if row["plan_json"] is None else json.loads(row["plan_json"]),
+        accel=row["accel"],
+        cpu_model=row["cpu_model"],
+        versions=json.loads(row["versions_json"]),
+        vcpus=row["vcpus"],
+        memory_bytes=row["memory_bytes"],
+    )
+
+
+def _sample(row: sqlite3.Row, metrics: list[MetricRecord]) -> SampleRecord:
+    return SampleRecord(
+        id=row["id"],
+        run_id=row["run_id"],
+        env=row["env"],
+        suite=row["suite"],
+        np=None if row["np"] == NO_NP else row["np"],
+        repetition=row["repetition"],
+        warmup=bool(row["warmup"]),
+        position=row["position"],
+        ok=bool(row["ok"]),
+        error=row["error"],
+        log_path=row["log_path"],
+        workdir=row["workdir"],
+        started_at=row["started_at"],
+        host_seconds=row["host_seconds"],
+        guest_seconds=row["guest_seconds"],
+        evidence=json.loads(row["evidence_json"]),
+        metrics=tuple(metrics),
+    )

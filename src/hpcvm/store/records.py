@@ -1,0 +1,109 @@
+"""What the store holds, as typed records (the read API other stages use).
+
+Records are plain data decoded from the database: JSON columns come back as dicts, the
+``np`` of a suite that ignores the process count (noise) is ``None``. Writing uses
+``NewEnvironment`` and ``NewSample``; reading returns the ``*Record`` types with ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from hpcvm.model import Frozen
+
+RunStatus = Literal["running", "finished", "interrupted", "failed"]
+EnvKind = Literal["native", "vm"]
+
+
+class RunRecord(Frozen):
+    """One ``hpcvm bench`` run."""
+
+    id: int
+    args: dict[str, Any]
+    host: dict[str, Any] | None
+    seed: int
+    confidence: float
+    started_at: float
+    finished_at: float | None
+    elapsed_s: float  # time spent measuring, summed over every process that resumed it
+    status: RunStatus
+    stop_reason: str | None  # target, max-reps, max-time, fixed, or None while running
+    error: str | None
+    warnings: tuple[str, ...]
+    hpcvm_version: str
+
+
+class NewEnvironment(Frozen):
+    """An environment as the runner describes it before its first sample."""
+
+    name: str  # "native", "vm:hpc"
+    kind: EnvKind
+    profile: str | None = None
+    plan: dict[str, Any] | None = None  # VMPlan as JSON
+    accel: str  # "native", "kvm", "tcg"
+    cpu_model: str = ""
+    versions: dict[str, str] = Field(default_factory=dict)
+    vcpus: int
+    memory_bytes: int
+
+
+class EnvironmentRecord(NewEnvironment):
+    id: int
+    run_id: int
+
+
+class MetricRecord(Frozen):
+    """One figure of one sample; ``value`` None means that figure failed (``error``)."""
+
+    metric: str
+    unit: str
+    higher_is_better: bool
+    value: float | None
+    error: str | None = None
+
+
+class SampleKey(Frozen):
+    """What identifies a sample within a run (what ``--resume`` skips when present)."""
+
+    env: str
+    suite: str
+    np: int | None
+    repetition: int
+    warmup: bool
+
+
+class NewSample(Frozen):
+    """One finished run of one suite in one environment, as the runner records it."""
+
+    env: str
+    suite: str
+    np: int | None
+    repetition: int
+    warmup: bool
+    position: int  # place of the environment in its block's interleaved order
+    ok: bool
+    error: str | None = None
+    log_path: str | None = None
+    workdir: str | None = None
+    started_at: float
+    host_seconds: float | None = None
+    guest_seconds: float | None = None
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    metrics: tuple[MetricRecord, ...] = ()
+
+    @property
+    def key(self) -> SampleKey:
+        return SampleKey(
+            env=self.env,
+            suite=self.suite,
+            np=self.np,
+            repetition=self.repetition,
+            warmup=self.warmup,
+        )
+
+
+class SampleRecord(NewSample):
+    id: int
+    run_id: int

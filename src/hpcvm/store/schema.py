@@ -1,0 +1,93 @@
+"""The SQLite schema of a results database (``<out>/hpcvm.db``), and its version.
+
+One file per results directory. Tables:
+
+- ``meta``: key/value; ``schema_version`` (this module's SCHEMA_VERSION) and
+  ``created_by`` (the hpcvm version that made the file).
+- ``runs``: one row per ``hpcvm bench`` run: its arguments (JSON, what ``--resume``
+  compares), the host snapshot (HostTopology JSON), seed, confidence, times, status
+  (running, finished, interrupted, failed), which rule stopped it, warnings (JSON list).
+- ``environments``: one row per environment of a run (``native``, ``vm:<profile>``):
+  the plan (VMPlan JSON, NULL natively), accelerator (``native``, ``kvm``, ``tcg``), CPU
+  model, software versions (JSON), vCPUs and memory it offered.
+- ``samples``: one row per run of one suite in one environment: np (0 when the suite
+  ignores it), repetition (block index; warm-ups are repetition 0 with ``warmup`` 1),
+  position in its block's interleaved order, ok or failed with the error, the log and
+  work directory kept, host wall seconds, guest-measured seconds, evidence (JSON:
+  interrupts per second per source natively and in the guest, clock drift, KVM exits).
+- ``metric_values``: the figures of one sample: metric, unit, direction, value (NULL
+  when that figure failed, with ``error``).
+
+Every sample is committed on its own (WAL journal), so an interrupted run keeps every
+sample it finished.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+TABLES = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id            INTEGER PRIMARY KEY,
+    args_json     TEXT    NOT NULL,
+    host_json     TEXT,
+    seed          INTEGER NOT NULL,
+    confidence    REAL    NOT NULL,
+    started_at    REAL    NOT NULL,
+    finished_at   REAL,
+    elapsed_s     REAL    NOT NULL DEFAULT 0,
+    status        TEXT    NOT NULL
+        CHECK (status IN ('running', 'finished', 'interrupted', 'failed')),
+    stop_reason   TEXT,
+    error         TEXT,
+    warnings_json TEXT    NOT NULL DEFAULT '[]',
+    hpcvm_version TEXT    NOT NULL
+);
+CREATE TABLE IF NOT EXISTS environments (
+    id            INTEGER PRIMARY KEY,
+    run_id        INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    name          TEXT    NOT NULL,
+    kind          TEXT    NOT NULL CHECK (kind IN ('native', 'vm')),
+    profile       TEXT,
+    plan_json     TEXT,
+    accel         TEXT    NOT NULL,
+    cpu_model     TEXT    NOT NULL DEFAULT '',
+    versions_json TEXT    NOT NULL DEFAULT '{}',
+    vcpus         INTEGER NOT NULL,
+    memory_bytes  INTEGER NOT NULL,
+    UNIQUE (run_id, name)
+);
+CREATE TABLE IF NOT EXISTS samples (
+    id            INTEGER PRIMARY KEY,
+    run_id        INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    env_id        INTEGER NOT NULL REFERENCES environments(id) ON DELETE CASCADE,
+    suite         TEXT    NOT NULL,
+    np            INTEGER NOT NULL,
+    repetition    INTEGER NOT NULL,
+    warmup        INTEGER NOT NULL CHECK (warmup IN (0, 1)),
+    position      INTEGER NOT NULL,
+    ok            INTEGER NOT NULL CHECK (ok IN (0, 1)),
+    error         TEXT,
+    log_path      TEXT,
+    workdir       TEXT,
+    started_at    REAL    NOT NULL,
+    host_seconds  REAL,
+    guest_seconds REAL,
+    evidence_json TEXT    NOT NULL DEFAULT '{}',
+    UNIQUE (run_id, env_id, suite, np, repetition, warmup)
+);
+CREATE TABLE IF NOT EXISTS metric_values (
+    sample_id        INTEGER NOT NULL REFERENCES samples(id) ON DELETE CASCADE,
+    metric           TEXT    NOT NULL,
+    unit             TEXT    NOT NULL,
+    higher_is_better INTEGER NOT NULL CHECK (higher_is_better IN (0, 1)),
+    value            REAL,
+    error            TEXT,
+    PRIMARY KEY (sample_id, metric)
+);
+CREATE INDEX IF NOT EXISTS samples_by_run ON samples (run_id, env_id, suite, np);
+"""
