@@ -135,3 +135,24 @@ def test_listing_a_device_twice_is_a_usage_error(base: HostTopology) -> None:
     host = _grouped(base, second_is_bridge=None)
     with pytest.raises(UsageError, match="more than once"):
         plan(host, _req(HCA, "43:00.0"))
+
+
+def test_two_devices_on_two_nodes_with_one_vcpu(base: HostTopology) -> None:
+    """Both devices' nodes are preferred, but one vCPU fits one node: the other device's
+    node holds no vCPU, and the plan warns that its DMA crosses the interconnect."""
+    host = _grouped(base, second_is_bridge=None)
+    nic = PciDevice(
+        bdf="0000:81:00.0", kind="ethernet", class_id=0x0200, vendor_id=0x8086,
+        device_id=0x10FB, numa_node=3, iommu_group=GROUP + 1,
+    )  # fmt: skip
+    groups = {**host.iommu_groups, GROUP + 1: (nic.bdf,)}
+    host = host.model_copy(update={"pci": (*host.pci, nic), "iommu_groups": groups})
+    request = _req(HCA, nic.bdf, vcpus=1)
+    p = plan(host, request)
+    check_plan(host, request, p)
+    assert len(p.guest_nodes) == 1
+    homeless = [d for d in p.passthrough if d.guest_node is None]
+    assert len(homeless) == 1 and any(homeless[0].bdf in w for w in p.warnings)
+    both = plan(host, _req(HCA, nic.bdf, vcpus=2))
+    assert [n.host_node for n in both.guest_nodes] == [2, 3]
+    assert all(d.guest_node is not None for d in both.passthrough)

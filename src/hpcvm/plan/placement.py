@@ -109,7 +109,13 @@ def select_pus(
     required = [n for n in dict.fromkeys(prefer_nodes) if n in caps]
     nodes = choose_nodes(caps, vcpus, required, distance)
     shares = even_split(vcpus, [caps[n] for n in nodes])
-    picked = {n: pick_in_node(layout.vcpu_cores[n], s) for n, s in zip(nodes, shares, strict=True)}
+    # a required node can get no vCPU (two devices' nodes, one vCPU): it is not used
+    picked = {
+        n: pick_in_node(layout.vcpu_cores[n], s)
+        for n, s in zip(nodes, shares, strict=True)
+        if s > 0
+    }
+    nodes = tuple(picked)
     per_core = [len(core) for cores in picked.values() for core in cores]
     threads = per_core[0] if len(set(per_core)) == 1 else 1
     pus = {n: _vcpu_order(cores, threads) for n, cores in picked.items()}

@@ -118,13 +118,13 @@ def _select(
     selection = select_pus(host, layout, request.vcpus, prefer, distance, housekeeping)
     if prefer:
         notes.decide(
-            "numa",
+            "nodes",
             f"host nodes {', '.join(map(str, selection.nodes))} chosen, the passthrough "
             f"device's node {prefer[0]} first, then the fewest nodes that hold the vCPUs",
         )
     else:
         notes.decide(
-            "numa",
+            "nodes",
             f"host node(s) {', '.join(map(str, selection.nodes))} chosen: the fewest nodes that "
             f"hold {request.vcpus} vCPUs, vCPUs split as evenly as they fit",
         )
