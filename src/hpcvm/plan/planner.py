@@ -40,7 +40,7 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
     host_of_guest = [g.host_node for g in guest_nodes]
     first_guest = {h: i for i, h in reversed(list(enumerate(host_of_guest)))}
     hk = selection.housekeeping_pus if (selection and profile.housekeeping) else ()
-    _describe_threads(profile, hk, selection, notes)
+    _describe_threads(profile, hk, selection, layout, notes)
     vcpu_pus = tuple(p.host_pu for p in guest.placements if p.host_pu is not None)
     tuning_host: tuple[str, ...] = ()
     tuning_guest: tuple[str, ...] = ()
@@ -205,14 +205,23 @@ def _memory(
 
 
 def _describe_threads(
-    profile: Profile, hk: tuple[int, ...], selection: Selection | None, notes: Notes
+    profile: Profile,
+    hk: tuple[int, ...],
+    selection: Selection | None,
+    layout: CpuLayout,
+    notes: Notes,
 ) -> None:
-    if hk:
+    if hk and selection is not None:
+        per_node = "; ".join(
+            f"host node {n}: PUs {format_cpu_list([p for c in layout.housekeeping[n] for p in c])}"
+            for n in selection.nodes
+        )
+        cores = len(layout.housekeeping[selection.nodes[0]])
         notes.decide(
             "housekeeping",
             f"QEMU's emulator thread and 1 I/O thread on housekeeping PUs "
-            f"{format_cpu_list(list(hk))} (the lowest-numbered core(s) of each used node), "
-            "disjoint from the vCPU PUs",
+            f"{format_cpu_list(list(hk))}, all PUs of the {cores} lowest-numbered core(s) of "
+            f"each used node ({per_node}), disjoint from the vCPU PUs",
         )
     elif selection is not None:
         notes.decide(
