@@ -16,7 +16,7 @@ APT_PACKAGES=(
   qemu-guest-agent busybox-static kmod cpio zstd  # the built-in guest
   numactl
   hpcc openmpi-bin libopenmpi-dev         # benchmarks
-  chromium                                # report: headless browser test of the HTML report
+  chromium qemu-user                      # report tests: headless browser; TCG-emulated samples
 )
 
 missing=()

@@ -1,0 +1,460 @@
+"""The studies' figures from a ReportData, as PNG files (matplotlib, Agg, no display).
+
+- overhead (one per suite): per benchmark and np, grouped bars of each VM's overhead
+  against native with its interval as whiskers and a zero line; an unbounded interval
+  (Fieller) is a hatched bar with a double arrow, never invented bounds;
+- absolute (one per suite): one panel per metric, mean and interval per environment in
+  the metric's unit;
+- interrupts: interrupts per second against overhead, one point per benchmark and
+  environment;
+- noise: detour distribution per environment (survival function, log axes).
+
+Figures are built on ``matplotlib.figure.Figure`` with an Agg canvas, not pyplot, so
+nothing global is touched and no display is needed. Environment colours come from
+``labels.env_colours`` (fixed per name). Tick labels are laid out until they do not
+overlap (rotated 30, 60, then 90 degrees as needed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.transforms import Bbox
+
+from hpcvm.model import Frozen
+from hpcvm.report.labels import env_colours, env_order, label, short_name
+from hpcvm.report.model import NATIVE, InterruptRate, NoiseCurve, ReportData, Row
+
+FigureKind = Literal["overhead", "absolute", "interrupts", "noise", "compare"]
+MAX_GROUPS_PER_PANEL = 12
+DPI = 100
+TCG_NOTE = "TCG: software emulation, not hardware virtualization"
+UNBOUNDED_NOTE = "hatched bar with arrow: interval unbounded (no finite interval exists)"
+
+
+class FigureFile(Frozen):
+    """One figure written to disk; ``path`` is relative to the report directory."""
+
+    kind: FigureKind
+    title: str
+    path: str
+    caption: str
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One bar of an overhead-style figure; ``low``/``high`` None: unbounded interval."""
+
+    value: float
+    low: float | None
+    high: float | None
+
+
+def text(s: str) -> str:
+    """A string matplotlib shows literally (a ``$`` would start mathtext)."""
+    return s.replace("$", r"\$")
+
+
+def new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+# -- tick label layout ------------------------------------------------------------------
+
+
+def tick_label_extents(fig: Figure) -> list[list[Bbox]]:
+    """Per axes and axis, the window extents of the visible, non-empty tick labels
+    (as last drawn: call after ``fig.canvas.draw()``)."""
+    groups = []
+    for ax in fig.axes:
+        for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+            groups.append(
+                [t.get_window_extent() for t in labels if t.get_visible() and t.get_text()]
+            )
+    return groups
+
+
+def overlapping(boxes: Sequence[Bbox]) -> bool:
+    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+def fit_tick_labels(fig: Figure) -> None:
+    """Rotate x tick labels of every axes, step by step, until no two overlap."""
+    for angle in (0, 30, 60, 90):
+        for ax in fig.axes:
+            for t in ax.get_xticklabels():
+                t.set_rotation(angle)
+                t.set_horizontalalignment("center" if angle in (0, 90) else "right")
+                t.set_rotation_mode("anchor" if angle not in (0, 90) else "default")
+        fig.canvas.draw()
+        if not any(overlapping(boxes) for boxes in tick_label_extents(fig)):
+            return
+
+
+# -- overhead bars (shared with compare) ------------------------------------------------
+
+
+def _bar_width(series: int) -> float:
+    return 0.8 / max(series, 1)
+
+
+def draw_bars(
+    ax: Axes,
+    groups: Sequence[str],
+    series: Mapping[str, Sequence[Bar | None]],
+    colours: dict[str, str],
+) -> bool:
+    """Grouped bars with asymmetric whiskers; returns whether any bar is unbounded."""
+    width = _bar_width(len(series))
+    unbounded = False
+    for j, (name, bars) in enumerate(series.items()):
+        offset = (j - (len(series) - 1) / 2) * width
+        for i, bar in enumerate(bars):
+            if bar is None:
+                continue
+            x = i + offset
+            colour = colours[name]
+            if bar.low is None or bar.high is None:
+                unbounded = True
+                ax.bar(x, bar.value, width, facecolor="white", edgecolor=colour, hatch="///")
+                ax.annotate(
+                    "",
+                    xy=(x, 0.98),
+                    xytext=(x, 0.02),
+                    xycoords=("data", "axes fraction"),
+                    textcoords=("data", "axes fraction"),
+                    arrowprops={"arrowstyle": "<->", "color": colour, "lw": 1.0},
+                )
+                continue
+            ax.bar(
+                x,
+                bar.value,
+                width,
+                color=colour,
+                yerr=[[bar.value - bar.low], [bar.high - bar.value]],
+                capsize=2,
+                error_kw={"elinewidth": 1.0, "ecolor": "black"},
+            )
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(groups)), [text(g) for g in groups])
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    ax.grid(axis="y", alpha=0.3)
+    return unbounded
+
+
+def legend_handles(names: Sequence[str], colours: dict[str, str], unbounded: bool) -> list[Artist]:
+    handles: list[Artist] = [Patch(color=colours[n], label=text(n)) for n in names]
+    if unbounded:
+        handles.append(
+            Patch(facecolor="white", edgecolor="black", hatch="///", label="interval unbounded")
+        )
+    return handles
+
+
+def bar_panels(
+    groups: Sequence[str],
+    series: Mapping[str, Sequence[Bar | None]],
+    colours: dict[str, str],
+    title: str,
+    ylabel: str,
+) -> Figure:
+    """Bars split into stacked panels of at most MAX_GROUPS_PER_PANEL groups."""
+    chunks = [
+        range(i, min(i + MAX_GROUPS_PER_PANEL, len(groups)))
+        for i in range(0, len(groups), MAX_GROUPS_PER_PANEL)
+    ]
+    per_group = 0.5 + 0.3 * len(series)
+    width = max(7.0, 1.5 + per_group * min(len(groups), MAX_GROUPS_PER_PANEL))
+    fig = new_figure(width, 1.2 + 3.4 * len(chunks))
+    unbounded = False
+    for k, chunk in enumerate(chunks):
+        ax = fig.add_subplot(len(chunks), 1, k + 1)
+        sub = {name: [bars[i] for i in chunk] for name, bars in series.items()}
+        unbounded |= draw_bars(ax, [groups[i] for i in chunk], sub, colours)
+        ax.set_ylabel(ylabel)
+    fig.suptitle(text(title))
+    fig.legend(
+        handles=legend_handles(list(series), colours, unbounded),
+        loc="outside lower center",
+        ncols=min(len(series) + int(unbounded), 6),
+    )
+    fit_tick_labels(fig)
+    return fig
+
+
+# -- the report's figures -----------------------------------------------------------------
+
+
+def _plotted(rows: Sequence[Row]) -> list[Row]:
+    return [r for r in rows if not r.is_detail]
+
+
+def _group_keys(rows: Sequence[Row]) -> list[tuple[str, int | None]]:
+    return list(dict.fromkeys((r.metric, r.np) for r in rows))
+
+
+def _tcg(rows: Sequence[Row]) -> bool:
+    return any(r.accel == "tcg" for r in rows)
+
+
+def overhead_figure(
+    rows: Sequence[Row], colours: dict[str, str], suite: str, confidence: float
+) -> Figure | None:
+    """Grouped overhead bars of one suite's VM rows; None when no VM row has one."""
+    vm = [r for r in _plotted(rows) if r.env != NATIVE and r.overhead_pct is not None]
+    if not vm:
+        return None
+    keys = _group_keys(vm)
+    envs = env_order(r.env for r in vm)
+    index = {(r.env, r.metric, r.np): r for r in vm}
+    series: dict[str, Sequence[Bar | None]] = {}
+    for env in envs:
+        bars: list[Bar | None] = []
+        for metric, np_ in keys:
+            r = index.get((env, metric, np_))
+            bars.append(
+                None
+                if r is None or r.overhead_pct is None
+                else Bar(r.overhead_pct, r.overhead_ci_low, r.overhead_ci_high)
+            )
+        series[env] = bars
+    title = f"{suite}: overhead against native, {confidence * 100:g}% interval"
+    if _tcg(vm):
+        title += f"\n{TCG_NOTE}"
+    groups = [label(suite, m, n) for m, n in keys]
+    return bar_panels(
+        groups, series, colours, title, "overhead vs native (%)\n(positive: VM slower)"
+    )
+
+
+def _axis_unit(row: Row) -> str:
+    if not row.unit:
+        return "value (no unit)"
+    return "µs" if row.unit == "us" else text(row.unit)
+
+
+def absolute_figure(
+    rows: Sequence[Row], colours: dict[str, str], suite: str, confidence: float
+) -> Figure | None:
+    """One panel per metric of a suite: mean and interval per environment and np."""
+    plotted = _plotted(rows)
+    metrics = list(dict.fromkeys(r.metric for r in plotted))
+    if not metrics:
+        return None
+    envs = env_order(r.env for r in plotted)
+    cols = min(3, len(metrics))
+    nrows = math.ceil(len(metrics) / cols)
+    fig = new_figure(4.3 * cols, 1.0 + 2.9 * nrows)
+    for k, metric in enumerate(metrics):
+        ax = fig.add_subplot(nrows, cols, k + 1)
+        mine = [r for r in plotted if r.metric == metric]
+        nps = list(dict.fromkeys(r.np for r in mine))
+        _absolute_panel(ax, mine, nps, envs, colours)
+        direction = "higher is better" if mine[0].higher_is_better else "lower is better"
+        ax.set_title(text(f"{short_name(suite, metric)} ({direction})"), fontsize=10)
+        ax.set_ylabel(_axis_unit(mine[0]))
+    title = f"{suite}: mean with {confidence * 100:g}% interval per environment"
+    if _tcg(plotted):
+        title += f"\n{TCG_NOTE}"
+    fig.suptitle(text(title))
+    fig.legend(
+        handles=legend_handles(envs, colours, False),
+        loc="outside lower center",
+        ncols=min(len(envs), 6),
+    )
+    fit_tick_labels(fig)
+    return fig
+
+
+def _absolute_panel(
+    ax: Axes,
+    rows: Sequence[Row],
+    nps: Sequence[int | None],
+    envs: Sequence[str],
+    colours: dict[str, str],
+) -> None:
+    width = _bar_width(len(envs))
+    index = {(r.env, r.np): r for r in rows}
+    for j, env in enumerate(envs):
+        offset = (j - (len(envs) - 1) / 2) * width
+        for i, np_ in enumerate(nps):
+            r = index.get((env, np_))
+            if r is None:
+                continue
+            err = None
+            if r.ci_low is not None and r.ci_high is not None:
+                err = [[r.mean - r.ci_low], [r.ci_high - r.mean]]
+            ax.bar(i + offset, r.mean, width, color=colours[env], yerr=err, capsize=2)
+    ax.set_xticks(range(len(nps)), ["all CPUs" if n is None else f"np {n}" for n in nps])
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _interrupt_x(rates: Sequence[InterruptRate]) -> dict[tuple[str, str, int | None], float]:
+    """Interrupts/s per env, suite and np: the guest's own count for a VM (what its
+    kernel handled, comparable with native), the host's natively or when the guest
+    count is missing."""
+    chosen: dict[tuple[str, str, int | None], tuple[int, float]] = {}
+    for r in rates:
+        rank = 0 if r.side == "guest" else 1 if r.side == "host" else 2
+        key = (r.env, r.suite, r.np)
+        if key not in chosen or rank < chosen[key][0]:
+            chosen[key] = (rank, r.total_per_s)
+    return {k: v for k, (_, v) in chosen.items()}
+
+
+MARKERS = "osD^v<>pP*Xh"
+MAX_POINT_LABELS = 30  # beyond this, labels would cover the points
+
+
+def interrupts_figure(data: ReportData, colours: dict[str, str]) -> Figure | None:
+    """Interrupts per second against overhead, one point per benchmark and environment;
+    None without interrupt evidence."""
+    xs = _interrupt_x(data.interrupts)
+    points = []
+    for r in _plotted(data.rows):
+        x = xs.get((r.env, r.suite, r.np))
+        y = 0.0 if r.env == NATIVE else r.overhead_pct
+        if x is not None and y is not None:
+            points.append((r, x, y))
+    if not points:
+        return None
+    suites = list(dict.fromkeys(r.suite for r, _, _ in points))
+    fig = new_figure(8.0, 5.2)
+    ax = fig.add_subplot(1, 1, 1)
+    for r, x, y in points:
+        ax.scatter(
+            x, y, color=colours[r.env], marker=MARKERS[suites.index(r.suite) % len(MARKERS)], s=30
+        )
+        if len(points) <= MAX_POINT_LABELS:
+            ax.annotate(
+                text(label(r.suite, r.metric, r.np)),
+                (x, y),
+                xytext=(4, 3),
+                textcoords="offset points",
+                fontsize=7,
+                color=colours[r.env],
+            )
+    positive = [x for _, x, _ in points if x > 0]
+    if positive and max(positive) / min(positive) > 100 and len(positive) == len(points):
+        ax.set_xscale("log")
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xlabel("interrupts per second (guest count for VMs, host count natively)")
+    ax.set_ylabel("overhead vs native (%)")
+    ax.grid(alpha=0.3)
+    envs = env_order(r.env for r, _, _ in points)
+    handles = legend_handles(envs, colours, False)
+    handles += [
+        ax.scatter([], [], color="black", marker=MARKERS[i % len(MARKERS)], label=text(s))
+        for i, s in enumerate(suites)
+    ]
+    ax.legend(handles=handles, loc="best", fontsize=8)
+    title = "Interrupts per second against overhead (one point per benchmark and environment)"
+    if _tcg(data.rows):
+        title += f"\n{TCG_NOTE}"
+    fig.suptitle(title, fontsize=11)
+    fit_tick_labels(fig)
+    return fig
+
+
+def noise_figure(curves: Sequence[NoiseCurve], colours: dict[str, str], tcg: bool) -> Figure | None:
+    """Survival function of detours per environment on log axes; None without data."""
+    if not curves:
+        return None
+    fig = new_figure(8.0, 5.0)
+    ax = fig.add_subplot(1, 1, 1)
+    for c in sorted(curves, key=lambda c: env_order([x.env for x in curves]).index(c.env)):
+        ax.step(
+            c.detour_us,
+            c.fraction_above,
+            where="post",
+            color=colours[c.env],
+            label=text(f"{c.env} ({c.quanta:,} quanta, {c.samples} runs)"),
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("detour: quantum duration above its CPU's fastest (µs)")
+    ax.set_ylabel("fraction of quanta delayed more than x")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="best", fontsize=8)
+    title = "Noise: detour distribution per environment (fixed work quanta)"
+    if tcg:
+        title += f"\n{TCG_NOTE}"
+    fig.suptitle(title, fontsize=11)
+    fit_tick_labels(fig)
+    return fig
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+def save(fig: Figure, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=DPI)
+
+
+def _slug(s: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in s).strip("-") or "suite"
+
+
+def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> list[FigureFile]:
+    """Write every figure of the report as PNG under ``out_dir/subdir``; the list says
+    what each shows. Figures without data (no VM, no interrupts, no noise) are skipped."""
+    colours = env_colours(data.env_names)
+    conf = data.run.confidence
+    made: list[FigureFile] = []
+
+    def emit(fig: Figure | None, kind: FigureKind, name: str, title: str, caption: str) -> None:
+        if fig is None:
+            return
+        rel = f"{subdir}/{name}.png"
+        save(fig, out_dir / rel)
+        made.append(FigureFile(kind=kind, title=title, path=rel, caption=caption))
+
+    suites = list(dict.fromkeys(r.suite for r in data.rows))
+    for suite in suites:
+        rows = [r for r in data.rows if r.suite == suite]
+        emit(
+            overhead_figure(rows, colours, suite, conf),
+            "overhead",
+            f"overhead-{_slug(suite)}",
+            f"Overhead against native: {suite}",
+            f"Bars: overhead of each VM against native (positive: the VM is slower); "
+            f"whiskers: {conf * 100:g}% interval (Fieller); {UNBOUNDED_NOTE}.",
+        )
+    for suite in suites:
+        rows = [r for r in data.rows if r.suite == suite]
+        emit(
+            absolute_figure(rows, colours, suite, conf),
+            "absolute",
+            f"absolute-{_slug(suite)}",
+            f"Absolute figures: {suite}",
+            f"Mean per environment in the metric's unit; whiskers: {conf * 100:g}% "
+            "Student-t interval of the mean (none with a single sample).",
+        )
+    emit(
+        interrupts_figure(data, colours),
+        "interrupts",
+        "interrupts",
+        "Interrupts per second against overhead",
+        "Mean interrupts per second during the benchmark's samples (sum over sources) "
+        "against its overhead; native points lie on zero overhead.",
+    )
+    emit(
+        noise_figure(data.noise, colours, any(e.accel == "tcg" for e in data.envs)),
+        "noise",
+        "noise-detours",
+        "Noise: detour distribution",
+        "Fraction of fixed work quanta delayed by more than x, over all CPUs and runs.",
+    )
+    return made

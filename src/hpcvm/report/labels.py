@@ -1,0 +1,91 @@
+"""Short benchmark labels and the fixed environment colours every figure shares.
+
+Labels follow the reference studies' figures: a short benchmark name and the process
+count ("HPL 2", "RA MPI 4", "MG 16"), so a bar group reads at a glance. Colours are fixed
+per environment name, not by position, so ``vm:hpc`` has the same colour in every
+figure of a report and in the reports of two runs put side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from hpcvm.plan.model import PROFILE_NAMES
+from hpcvm.report.model import NATIVE
+
+# hpcc summary keys and hpcvm's noise metrics -> the short names used in the studies.
+SHORT_NAMES: dict[str, str] = {
+    "HPL_Tflops": "HPL",
+    "StarDGEMM_Gflops": "DGEMM",
+    "SingleDGEMM_Gflops": "DGEMM single",
+    "StarSTREAM_Triad": "STREAM",
+    "SingleSTREAM_Triad": "STREAM single",
+    "StarRandomAccess_GUPs": "RA",
+    "SingleRandomAccess_GUPs": "RA single",
+    "MPIRandomAccess_GUPs": "RA MPI",
+    "PTRANS_GBs": "PTRANS",
+    "MPIFFT_Gflops": "FFT MPI",
+    "StarFFT_Gflops": "FFT",
+    "SingleFFT_Gflops": "FFT single",
+    "MaxPingPongLatency_usec": "PingPong lat max",
+    "AvgPingPongLatency_usec": "PingPong lat",
+    "MinPingPongBandwidth_GBytes": "PingPong bw",
+    "NaturallyOrderedRingLatency_usec": "Ring lat",
+    "RandomlyOrderedRingLatency_usec": "Ring lat rand",
+    "NaturallyOrderedRingBandwidth_GBytes": "Ring bw",
+    "RandomlyOrderedRingBandwidth_GBytes": "Ring bw rand",
+    "NoiseMaxDetour_usec": "Noise max",
+    "NoiseP999Detour_usec": "Noise p99.9",
+    "NoiseTimeLost_pct": "Noise lost",
+    "NoiseQuantum_usec": "Quantum",
+}
+
+# NPB metrics: the kernel name alone for time (the studies' figures), a suffix otherwise.
+NPB_SUFFIX = {"Time_sec": "", "Mops_total": " Mop/s"}
+
+NATIVE_COLOUR = "#4d4d4d"
+PROFILE_COLOURS = {
+    "vm:naive": "#d62728",
+    "vm:pinned": "#ff7f0e",
+    "vm:hugepages": "#9467bd",
+    "vm:numa": "#2ca02c",
+    "vm:hpc": "#1f77b4",
+}
+OTHER_COLOURS = ("#17becf", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8")
+
+
+def short_name(suite: str, metric: str) -> str:
+    """Short benchmark name of a metric; the metric's own name when none is known."""
+    if suite.startswith("npb:") and metric in NPB_SUFFIX:
+        kernel = suite.removeprefix("npb:").split(".")[0].upper()
+        return kernel + NPB_SUFFIX[metric]
+    return SHORT_NAMES.get(metric, metric)
+
+
+def label(suite: str, metric: str, np: int | None) -> str:
+    """ "RA MPI 4"; the noise suite ignores np, so its labels carry none."""
+    name = short_name(suite, metric)
+    return name if np is None else f"{name} {np}"
+
+
+def env_order(names: Iterable[str]) -> list[str]:
+    """Native first, then the profiles in the study's order, then the rest by name."""
+    rank = {NATIVE: 0, **{f"vm:{p}": i + 1 for i, p in enumerate(PROFILE_NAMES)}}
+    unique = list(dict.fromkeys(names))
+    return sorted(unique, key=lambda n: (rank.get(n, len(rank)), n))
+
+
+def env_colours(names: Iterable[str]) -> dict[str, str]:
+    """The colour of every environment: fixed for native and the five profiles; other
+    names take the remaining colours in name order (cycling past six)."""
+    colours: dict[str, str] = {}
+    others = 0
+    for name in env_order(names):
+        if name == NATIVE:
+            colours[name] = NATIVE_COLOUR
+        elif name in PROFILE_COLOURS:
+            colours[name] = PROFILE_COLOURS[name]
+        else:
+            colours[name] = OTHER_COLOURS[others % len(OTHER_COLOURS)]
+            others += 1
+    return colours

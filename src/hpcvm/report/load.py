@@ -1,0 +1,272 @@
+"""Read one run of a results database into a ReportData (the report's only reader).
+
+Everything the outputs show comes from here: the store's runs, environments and samples
+(``hpcvm.store`` read API), summary rows computed with ``hpcvm.stats``, and the evidence
+each sample kept: interrupts per second per source (sample evidence JSON
+``{"interrupts": {"host"|"guest": {source: rate}}}``), the guest's clock against host
+wall time (the samples' ``host_seconds``/``guest_seconds``), failed samples with their
+logs, and the noise suite's raw per-quantum durations, which the store does not hold: they
+are read from the ``noise-raw.txt`` each noise sample left in its kept work directory.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hpcvm.bench.metrics import ParseError
+from hpcvm.bench.noise import RAW_FILE, read_raw
+from hpcvm.report.describe import host_summary, plan_summary
+from hpcvm.report.detours import detour_curve
+from hpcvm.report.model import (
+    DriftInfo,
+    EnvInfo,
+    FailedSamples,
+    InterruptRate,
+    NoiseCurve,
+    ReportData,
+    ReportWarning,
+    RunInfo,
+)
+from hpcvm.report.rows import summary_rows, tcg_warning
+from hpcvm.stats import DRIFT_LIMIT, clock_drift
+from hpcvm.store import EnvironmentRecord, RunRecord, SampleRecord, Store
+
+NOISE_SUITE = "noise"
+TOP_SOURCES = 3
+
+
+def load_report(results: Path, run_id: int | None = None) -> ReportData:
+    """The report of run ``run_id`` (default: the latest) of the database in ``results``
+    (a results directory or its ``hpcvm.db``). BenchmarkError when there is none."""
+    with Store.open(results) as store:
+        run = store.run(run_id)
+        envs = store.environments(run.id)
+        samples = store.samples(run.id)
+        directory = store.path.parent
+    return build_report(run, envs, samples, directory)
+
+
+def build_report(
+    run: RunRecord,
+    envs: Sequence[EnvironmentRecord],
+    samples: Sequence[SampleRecord],
+    results_dir: Path,
+) -> ReportData:
+    """Assemble the report model from store records (reads only noise raw files)."""
+    measured = [s for s in samples if not s.warmup]
+    noise, notes = _noise_curves(envs, measured)
+    drift = _drift(envs, measured)
+    failures = _failures(measured)
+    data = ReportData(
+        run=_run_info(run, measured, samples, results_dir),
+        host=host_summary(run.host),
+        envs=tuple(_env_info(e) for e in envs),
+        rows=tuple(summary_rows(envs, samples, run.confidence, run.stop_reason)),
+        interrupts=tuple(_interrupts(measured)),
+        drift=tuple(drift),
+        failures=tuple(failures),
+        noise=tuple(noise),
+        notes=tuple(notes),
+    )
+    return data.model_copy(update={"warnings": tuple(_warnings(run, envs, drift, failures))})
+
+
+def _run_info(
+    run: RunRecord,
+    measured: Sequence[SampleRecord],
+    samples: Sequence[SampleRecord],
+    results_dir: Path,
+) -> RunInfo:
+    reps: dict[str, set[int]] = defaultdict(set)
+    for s in measured:
+        reps[s.env].add(s.repetition)
+    return RunInfo(
+        id=run.id,
+        results_dir=str(results_dir),
+        status=run.status,
+        stop_reason=run.stop_reason,
+        confidence=run.confidence,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+        elapsed_s=run.elapsed_s,
+        seed=run.seed,
+        hpcvm_version=run.hpcvm_version,
+        args=run.args,
+        repetitions={env: len(r) for env, r in reps.items()},
+        warmup_discarded=sum(1 for s in samples if s.warmup),
+    )
+
+
+def _env_info(e: EnvironmentRecord) -> EnvInfo:
+    return EnvInfo(
+        name=e.name,
+        kind=e.kind,
+        profile=e.profile,
+        accel=e.accel,
+        cpu_model=e.cpu_model,
+        versions=e.versions,
+        vcpus=e.vcpus,
+        memory_bytes=e.memory_bytes,
+        plan=plan_summary(e.plan),
+    )
+
+
+def _rates(evidence: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """side -> source -> interrupts/s, skipping anything that is not a number."""
+    found = evidence.get("interrupts")
+    if not isinstance(found, dict):
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for side, sources in found.items():
+        if isinstance(sources, dict):
+            out[str(side)] = {
+                str(k): float(v) for k, v in sources.items() if isinstance(v, int | float)
+            }
+    return out
+
+
+def _interrupts(measured: Sequence[SampleRecord]) -> list[InterruptRate]:
+    per: dict[tuple[str, str, int | None, str], list[dict[str, float]]] = defaultdict(list)
+    for s in measured:
+        if s.ok:
+            for side, sources in _rates(s.evidence).items():
+                per[(s.env, s.suite, s.np, side)].append(sources)
+    out = []
+    for (env, suite, np_, side), runs in per.items():
+        means: dict[str, float] = defaultdict(float)
+        for sources in runs:
+            for name, rate in sources.items():
+                means[name] += rate / len(runs)
+        top = sorted(means.items(), key=lambda kv: -kv[1])[:TOP_SOURCES]
+        out.append(
+            InterruptRate(
+                env=env,
+                suite=suite,
+                np=np_,
+                side=side,
+                samples=len(runs),
+                total_per_s=sum(means.values()),
+                top_sources=tuple(top),
+            )
+        )
+    return out
+
+
+def _drift(envs: Sequence[EnvironmentRecord], measured: Sequence[SampleRecord]) -> list[DriftInfo]:
+    out = []
+    for env in envs:
+        checks = [
+            clock_drift(s.host_seconds, s.guest_seconds)
+            for s in measured
+            if s.env == env.name
+            and s.host_seconds is not None
+            and s.guest_seconds is not None
+            and s.host_seconds > 0
+            and s.guest_seconds >= 0
+        ]
+        if env.kind == "vm" and checks:
+            worst = max(checks, key=lambda d: abs(d.relative))
+            out.append(
+                DriftInfo(
+                    env=env.name,
+                    samples=len(checks),
+                    flagged=sum(d.flagged for d in checks),
+                    worst_pct=100.0 * worst.relative,
+                    limit_pct=100.0 * DRIFT_LIMIT,
+                )
+            )
+    return out
+
+
+def _failures(measured: Sequence[SampleRecord]) -> list[FailedSamples]:
+    per: dict[tuple[str, str, int | None], list[SampleRecord]] = defaultdict(list)
+    for s in measured:
+        if not s.ok:
+            per[(s.env, s.suite, s.np)].append(s)
+    return [
+        FailedSamples(
+            env=env,
+            suite=suite,
+            np=np_,
+            count=len(bad),
+            errors=tuple(dict.fromkeys(s.error or "no error recorded" for s in bad)),
+            log_paths=tuple(s.log_path for s in bad if s.log_path),
+        )
+        for (env, suite, np_), bad in per.items()
+    ]
+
+
+def _noise_curves(
+    envs: Sequence[EnvironmentRecord], measured: Sequence[SampleRecord]
+) -> tuple[list[NoiseCurve], list[str]]:
+    curves, notes = [], []
+    for env in envs:
+        runs, missing = [], 0
+        for s in measured:
+            if s.env != env.name or s.suite != NOISE_SUITE or not s.ok:
+                continue
+            raw = Path(s.workdir) / RAW_FILE if s.workdir else None
+            try:
+                if raw is None:
+                    raise ParseError("no work directory recorded")
+                runs.append(read_raw(raw))
+            except ParseError:
+                missing += 1
+        if missing:
+            notes.append(
+                f"{env.name}: raw noise durations of {missing} noise sample(s) are gone "
+                f"(their work directory no longer holds {RAW_FILE}); the detour "
+                "distribution uses the rest"
+            )
+        if runs:
+            curves.append(detour_curve(env.name, runs))
+    return curves, notes
+
+
+def _warnings(
+    run: RunRecord,
+    envs: Sequence[EnvironmentRecord],
+    drift: Sequence[DriftInfo],
+    failures: Sequence[FailedSamples],
+) -> list[ReportWarning]:
+    out = [
+        ReportWarning(kind="tcg", text=tcg_warning(e.name), env=e.name)
+        for e in envs
+        if e.accel == "tcg"
+    ]
+    if run.status != "finished":
+        out.append(
+            ReportWarning(
+                kind="run",
+                text=f"run {run.id} is {run.status}: the report shows the samples finished so far",
+            )
+        )
+    out += [ReportWarning(kind="run", text=w) for w in run.warnings]
+    out += [
+        ReportWarning(
+            kind="drift",
+            env=d.env,
+            text=(
+                f"{d.env}: guest clock drift above {d.limit_pct:g}% in {d.flagged} of "
+                f"{d.samples} samples (worst {d.worst_pct:+.3f}%): guest-timed figures "
+                "are suspect"
+            ),
+        )
+        for d in drift
+        if d.flagged
+    ]
+    for f in failures:
+        where = f" np={f.np}" if f.np is not None else ""
+        logs = f"; logs: {', '.join(f.log_paths)}" if f.log_paths else ""
+        out.append(
+            ReportWarning(
+                kind="failed",
+                env=f.env,
+                text=f"{f.count} failed sample(s) of {f.env} {f.suite}{where}: "
+                f"{' | '.join(f.errors)}{logs}",
+            )
+        )
+    return out

@@ -1,0 +1,196 @@
+"""What a report is drawn from: one run's metadata, its summary rows and its evidence.
+
+The report stage reads the results database once (``load.py``) into this model and every
+output (figures, HTML, Markdown, JSON, comparisons) is a pure function of it, so the
+outputs cannot disagree with each other and tests can build the model from any real run.
+
+``Row`` carries the fields of ``hpcvm results --json`` (one environment x suite x np x
+metric) plus the sample values behind the mean, which ``--compare`` needs for its own
+interval. Native rows have no overhead (``overhead_pct`` None). An overhead with
+``overhead_pct`` set but no interval bounds is *unbounded* (Fieller's set is not an
+interval): figures and tables show it as such and never invent bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from hpcvm.model import Frozen
+
+NATIVE = "native"
+WarningKind = Literal["tcg", "drift", "failed", "run", "summary"]
+
+
+class Row(Frozen):
+    """Summary of one metric in one environment, suite and process count."""
+
+    env: str
+    suite: str
+    metric: str
+    unit: str
+    higher_is_better: bool
+    np: int | None  # None when the suite ignores the process count (noise)
+    n: int
+    mean: float
+    ci_low: float | None
+    ci_high: float | None
+    overhead_pct: float | None = None
+    overhead_ci_low: float | None = None
+    overhead_ci_high: float | None = None
+    significant: bool | None = None
+    overhead_note: str = ""
+    accel: str = ""
+    cpu_model: str = ""
+    stop_reason: str | None = None
+    warnings: tuple[str, ...] = ()
+    failed: int = 0  # failed samples of this env x suite x np (the whole run failed)
+    values: tuple[float, ...] = ()  # the non-warm-up values behind ``mean``
+
+    @property
+    def overhead_bounded(self) -> bool:
+        return self.overhead_ci_low is not None and self.overhead_ci_high is not None
+
+    @property
+    def is_detail(self) -> bool:
+        """Per-CPU detail metrics (``NoiseMaxDetour_usec@cpu1``): tables only, not figures."""
+        return "@" in self.metric
+
+
+class PlanSummary(Frozen):
+    """A VM plan in the few facts a reader checks first."""
+
+    profile: str
+    vcpus: int
+    topology: str  # "1 socket x 2 cores x 1 thread"
+    pinning: str  # "vCPU 0->PU 0, 1->PU 1" or "not pinned"
+    guest_nodes: tuple[str, ...]  # "node 0: vCPUs 0-1, 1 GiB on host node 0"
+    memory_backing: str  # "hugetlbfs 2 MiB pages, bound to host node 0"
+    cpu_model: str
+    clock: str
+    emulator_pus: str  # "" when not restricted
+
+
+class EnvInfo(Frozen):
+    """One environment of the run as the store describes it."""
+
+    name: str
+    kind: str  # "native" or "vm"
+    profile: str | None
+    accel: str  # "native", "kvm", "tcg"
+    cpu_model: str
+    versions: dict[str, str] = Field(default_factory=dict)
+    vcpus: int
+    memory_bytes: int
+    plan: PlanSummary | None = None
+
+
+class HostSummary(Frozen):
+    """The host the run measured, summarised from its HostTopology snapshot."""
+
+    hostname: str
+    cpu_model: str
+    packages: int
+    numa_nodes: int
+    cores: int
+    pus: int
+    memory_bytes: int
+    kvm: str  # KvmInfo.reason
+
+
+class InterruptRate(Frozen):
+    """Interrupts per second during one env x suite x np's samples, one side.
+
+    ``side`` is "host" (native runs, or the host while a VM runs) or "guest".
+    """
+
+    env: str
+    suite: str
+    np: int | None
+    side: str
+    samples: int
+    total_per_s: float  # mean over samples of the sum over sources
+    top_sources: tuple[tuple[str, float], ...] = ()  # highest mean rates first
+
+
+class DriftInfo(Frozen):
+    """Guest clock against host wall time over one environment's samples."""
+
+    env: str
+    samples: int
+    flagged: int  # samples with |drift| above the limit
+    worst_pct: float  # signed drift of the sample with the largest |drift|, in %
+    limit_pct: float
+
+
+class FailedSamples(Frozen):
+    """Failed samples of one env x suite x np, with why and where the logs are."""
+
+    env: str
+    suite: str
+    np: int | None
+    count: int
+    errors: tuple[str, ...]  # distinct messages
+    log_paths: tuple[str, ...]
+
+
+class NoiseCurve(Frozen):
+    """Detour distribution of one environment's noise runs (all CPUs, all samples).
+
+    ``detour_us[i]``, ``fraction_above[i]``: the fraction of all quanta whose detour
+    (duration minus its CPU's fastest quantum in that run) exceeded ``detour_us[i]``.
+    A thinned survival function: enough points to draw, not every quantum.
+    """
+
+    env: str
+    samples: int
+    quanta: int
+    detour_us: tuple[float, ...]
+    fraction_above: tuple[float, ...]
+
+
+class ReportWarning(Frozen):
+    kind: WarningKind
+    text: str
+    env: str | None = None
+
+
+class RunInfo(Frozen):
+    """The run itself: what was asked, how it went and what stopped it."""
+
+    id: int
+    results_dir: str
+    status: str
+    stop_reason: str | None
+    confidence: float
+    started_at: float
+    finished_at: float | None
+    elapsed_s: float
+    seed: int
+    hpcvm_version: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    repetitions: dict[str, int] = Field(default_factory=dict)  # env -> measured blocks
+    warmup_discarded: int = 0
+
+
+class ReportData(Frozen):
+    """Everything one report shows; see the module docstring."""
+
+    run: RunInfo
+    host: HostSummary | None
+    envs: tuple[EnvInfo, ...]
+    rows: tuple[Row, ...]
+    interrupts: tuple[InterruptRate, ...] = ()
+    drift: tuple[DriftInfo, ...] = ()
+    failures: tuple[FailedSamples, ...] = ()
+    noise: tuple[NoiseCurve, ...] = ()
+    warnings: tuple[ReportWarning, ...] = ()
+    notes: tuple[str, ...] = ()  # what the report could not show and why
+
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        return tuple(e.name for e in self.envs)
+
+    def env(self, name: str) -> EnvInfo | None:
+        return next((e for e in self.envs if e.name == name), None)

@@ -1,0 +1,162 @@
+"""A real results database for the report tests, measured on this machine in seconds.
+
+Nothing here is invented: every value is a measurement taken when the fixture runs,
+read with the real suites' parsers and written with the real store API. Three
+environments that really differ:
+
+- ``native``: the program as is;
+- ``native-nice19``: the same under ``nice -n 19`` (on this shared, noisy machine it
+  may or may not be slower; the report must show whatever was measured);
+- ``tcg-user``: under ``qemu-x86_64`` user-mode emulation, i.e. QEMU's TCG engine, the
+  same software emulation the VMs on this machine run under. It is not a VM (no guest
+  kernel, no plan), so it is recorded with kind "vm", accel "tcg" and no plan: a real
+  TCG measurement, which is what the report's TCG warning is about.
+
+Suites: ``noise`` (hpcvm-noise, its raw per-quantum durations kept in each sample's
+work directory) and ``cmd`` (``np`` concurrent ``dd`` copies; the metric is dd's own
+elapsed time, read with the cmd suite's regex), 3 measured repetitions after a warm-up,
+environments interleaved in random order per block. One more sample really fails (dd
+from a missing file) so the report has a failed sample with its log. Interrupts per
+second per source come from /proc/interrupts before and after each sample (host side).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from hpcvm.bench.cmd import CmdSuite
+from hpcvm.bench.metrics import MetricValue, ParseError
+from hpcvm.bench.noise import RAW_FILE, noise_binary, parse_report, report_metrics
+from hpcvm.stats import interleaved_order
+from hpcvm.store import MetricRecord, NewEnvironment, NewSample, Store
+
+PREFIX = {
+    "native": [],
+    "native-nice19": ["nice", "-n", "19"],
+    "tcg-user": ["qemu-x86_64"],
+}
+ENVS = tuple(PREFIX)
+REPS = 3
+DD_PATTERN = r"copied, ([0-9.eE+-]+) s"
+FAIL_SUITE = "cmd:missing-input"
+
+
+def read_interrupts() -> dict[str, int]:
+    """Interrupt counts per source (summed over CPUs) from /proc/interrupts."""
+    counts: dict[str, int] = {}
+    lines = Path("/proc/interrupts").read_text().splitlines()
+    ncpu = len(lines[0].split())
+    for line in lines[1:]:
+        head, _, rest = line.partition(":")
+        fields = rest.split()
+        numbers = [int(f) for f in fields[:ncpu] if f.isdigit()]
+        if numbers:
+            counts[head.strip()] = sum(numbers)
+    return counts
+
+
+def _rates(before: dict[str, int], after: dict[str, int], seconds: float) -> dict[str, float]:
+    return {
+        k: (after[k] - before.get(k, 0)) / seconds for k in after if after[k] > before.get(k, 0)
+    }
+
+
+def _dd_command(env: str, np: int) -> str:
+    """np concurrent dd copies, each under the environment's prefix (inside the shell:
+    qemu-x86_64 does not follow a shell's exec of a child program)."""
+    one = " ".join([*PREFIX[env], "/bin/dd if=/dev/zero of=/dev/null bs=1M count=48"])
+    return "sh -c '" + " & ".join([one] * np) + " & wait'"
+
+
+def _run(
+    argv: Sequence[str], workdir: Path
+) -> tuple[subprocess.CompletedProcess[str], float, dict[str, float]]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    before, start = read_interrupts(), time.monotonic()
+    proc = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - start
+    (workdir / "log.txt").write_text(proc.stdout + proc.stderr)
+    return proc, seconds, _rates(before, read_interrupts(), seconds)
+
+
+def _sample(
+    env: str, suite: str, np: int | None, rep: int, position: int, workdir: Path
+) -> NewSample:
+    if suite == "noise":
+        argv = [*PREFIX[env], str(noise_binary()), "-n", "2000", "-q", "50", "-o", RAW_FILE]
+        parse = lambda out, err, code: report_metrics(parse_report(out))  # noqa: E731
+    else:
+        command = _dd_command(env, np or 1) if suite == "cmd" else "dd if=/nonexistent-hpcvm"
+        cmd = CmdSuite(command, DD_PATTERN, higher_is_better=False, unit="s", metric_name="dd_s")
+        argv = cmd.argv
+        parse = lambda out, err, code: cmd.parse(workdir, out, err, code)  # noqa: E731
+    started = time.time()
+    proc, seconds, rates = _run(argv, workdir)
+    values: list[MetricValue] = []
+    error = None
+    try:
+        values = parse(proc.stdout, proc.stderr, proc.returncode)
+    except ParseError as exc:
+        error = str(exc)
+    return NewSample(
+        env=env,
+        suite=suite,
+        np=np,
+        repetition=rep,
+        warmup=rep == 0,
+        position=position,
+        ok=error is None,
+        error=error,
+        log_path=str(workdir / "log.txt"),
+        workdir=str(workdir),
+        started_at=started,
+        host_seconds=seconds,
+        evidence={"interrupts": {"host": rates}},
+        metrics=tuple(
+            MetricRecord(
+                metric=v.metric.name,
+                unit=v.metric.unit,
+                higher_is_better=v.metric.higher_is_better,
+                value=v.value,
+                error=v.error,
+            )
+            for v in values
+        ),
+    )
+
+
+def measure_database(out: Path, seed: int = 5) -> Path:
+    """Measure the three environments and write ``out/hpcvm.db``; return ``out``."""
+    with Store.open(out, create=True) as store:
+        run_id = store.create_run(
+            args={"env": list(ENVS), "suite": ["noise", "cmd"], "np": [1, 2], "reps": REPS},
+            seed=seed,
+            confidence=0.97,
+        )
+        for env in ENVS:
+            store.add_environment(
+                run_id,
+                NewEnvironment(
+                    name=env,
+                    kind="vm" if env == "tcg-user" else "native",
+                    accel="tcg" if env == "tcg-user" else "native",
+                    cpu_model="this machine's CPU",
+                    versions={"qemu-user": "7.2"} if env == "tcg-user" else {},
+                    vcpus=2,
+                    memory_bytes=1 << 30,
+                ),
+            )
+        started = time.monotonic()
+        for rep in range(REPS + 1):
+            for suite, np in (("noise", None), ("cmd", 1), ("cmd", 2)):
+                for position, env in enumerate(interleaved_order(ENVS, rep, seed)):
+                    workdir = out / "work" / f"{env}-{suite}-{np}-{rep}"
+                    store.add_sample(run_id, _sample(env, suite, np, rep, position, workdir))
+        failing = out / "work" / "failing"
+        store.add_sample(run_id, _sample("native", FAIL_SUITE, 1, 1, 0, failing))
+        store.add_elapsed(run_id, time.monotonic() - started)
+        store.set_status(run_id, "finished", stop_reason="fixed")
+    return out
