@@ -14,6 +14,8 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils              # the hypervisor (KVM or TCG)
   libvirt-daemon-system libvirt-clients libvirt-dev libxml2-utils  # libvirt backend, virt-xml-validate
   qemu-guest-agent busybox-static kmod cpio zstd  # the built-in guest
+  genisoimage                             # --image: the cloud-init NoCloud seed
+  debootstrap syslinux syslinux-common mtools dosfstools fdisk e2fsprogs  # tests: build a Debian disk image
   numactl
   hpcc openmpi-bin libopenmpi-dev         # benchmarks
   chromium qemu-user                      # report tests: headless browser; TCG-emulated samples
