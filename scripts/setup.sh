@@ -43,3 +43,14 @@ echo "setup: hpcvm installed in .venv ($(.venv/bin/hpcvm --version))"
 if [ -f Makefile ]; then
   make -s all
 fi
+
+# Huge pages for the tuned profiles (hugepages, numa, hpc back guest RAM with 2M pages).
+# Only ever raises the pool; set HPCVM_HUGEPAGES=0 to skip.
+want=${HPCVM_HUGEPAGES:-1280}
+have=$(cat /proc/sys/vm/nr_hugepages)
+if [ "$want" -gt "$have" ]; then
+  echo "$want" | $SUDO tee /proc/sys/vm/nr_hugepages >/dev/null
+  echo "setup: reserved 2M huge pages: $have -> $(cat /proc/sys/vm/nr_hugepages) (HPCVM_HUGEPAGES=$want)"
+else
+  echo "setup: $have 2M huge pages reserved (>= $want wanted)"
+fi

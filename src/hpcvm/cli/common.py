@@ -12,7 +12,7 @@ from rich.console import Console
 F = TypeVar("F", bound=Callable[..., Any])
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def host_source_options(func: F) -> F:
