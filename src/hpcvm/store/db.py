@@ -187,6 +187,7 @@ class Store:
         status: RunStatus,
         *,
         stop_reason: str | None = None,
+        stop_detail: str | None = None,
         error: str | None = None,
     ) -> None:
         """Mark a run running again (resume) or ended (finished, interrupted, failed)."""
@@ -194,8 +195,8 @@ class Store:
         with self._transaction():
             self._db.execute(
                 "UPDATE runs SET status=?, finished_at=?, stop_reason=COALESCE(?, stop_reason), "
-                "error=? WHERE id=?",
-                (status, finished, stop_reason, error, run_id),
+                "stop_detail=COALESCE(?, stop_detail), error=? WHERE id=?",
+                (status, finished, stop_reason, stop_detail, error, run_id),
             )
 
     def add_elapsed(self, run_id: int, seconds: float) -> None:
@@ -350,6 +351,7 @@ def _run(row: sqlite3.Row) -> RunRecord:
         elapsed_s=row["elapsed_s"],
         status=row["status"],
         stop_reason=row["stop_reason"],
+        stop_detail=row["stop_detail"],
         error=row["error"],
         warnings=tuple(json.loads(row["warnings_json"])),
         hpcvm_version=row["hpcvm_version"],

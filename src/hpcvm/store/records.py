@@ -29,7 +29,8 @@ class RunRecord(Frozen):
     finished_at: float | None
     elapsed_s: float  # time spent measuring, summed over every process that resumed it
     status: RunStatus
-    stop_reason: str | None  # target, max-reps, max-time, fixed, or None while running
+    stop_reason: str | None  # target, max-reps, max-time, fixed, all-failed; None while running
+    stop_detail: str | None  # e.g. the widest interval when it stopped
     error: str | None
     warnings: tuple[str, ...]
     hpcvm_version: str

@@ -6,7 +6,8 @@ One file per results directory. Tables:
   ``created_by`` (the hpcvm version that made the file).
 - ``runs``: one row per ``hpcvm bench`` run: its arguments (JSON, what ``--resume``
   compares), the host snapshot (HostTopology JSON), seed, confidence, times, status
-  (running, finished, interrupted, failed), which rule stopped it, warnings (JSON list).
+  (running, finished, interrupted, failed), which rule stopped it and the figures
+  behind that (``stop_detail``), warnings (JSON list).
 - ``environments``: one row per environment of a run (``native``, ``vm:<profile>``):
   the plan (VMPlan JSON, NULL natively), accelerator (``native``, ``kvm``, ``tcg``), CPU
   model, software versions (JSON), vCPUs and memory it offered.
@@ -43,6 +44,7 @@ CREATE TABLE IF NOT EXISTS runs (
     status        TEXT    NOT NULL
         CHECK (status IN ('running', 'finished', 'interrupted', 'failed')),
     stop_reason   TEXT,
+    stop_detail   TEXT,
     error         TEXT,
     warnings_json TEXT    NOT NULL DEFAULT '[]',
     hpcvm_version TEXT    NOT NULL

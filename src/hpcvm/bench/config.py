@@ -1,0 +1,87 @@
+"""What one ``hpcvm bench`` run was asked to do, as recorded in its database.
+
+``identity()`` is the part that defines the measurement (environments, suites and their
+settings, process counts, VM shape): a ``--resume`` must match it, or the resumed
+samples would not belong with the recorded ones. The stopping settings (reps, target,
+caps, timeout) may change on resume: asking an interrupted run for more repetitions is
+a reasonable thing to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpcvm.bench.suites import SuiteOptions
+from hpcvm.errors import UsageError
+from hpcvm.model import Frozen
+from hpcvm.runtime.model import BackendName
+from hpcvm.stats import DEFAULT_CONFIDENCE
+from hpcvm.units import GIB
+
+DEFAULT_MAX_REPS = 50  # the reference studies' fixed count: auto should need fewer
+DEFAULT_MAX_TIME = 30 * 60.0
+DEFAULT_TIMEOUT = 3600.0
+DEFAULT_VM_MEMORY = GIB
+
+
+class BenchConfig(Frozen):
+    """Every setting of a bench run (see the CLI's help for each)."""
+
+    envs: tuple[str, ...]
+    suites: tuple[str, ...]
+    np: tuple[int, ...] = (1,)
+    reps: int | None = None  # None: auto
+    min_reps: int = 3
+    max_reps: int = DEFAULT_MAX_REPS
+    max_time: float | None = DEFAULT_MAX_TIME  # seconds of measuring; None: no cap
+    target: float = 0.01
+    confidence: float = DEFAULT_CONFIDENCE
+    seed: int | None = None  # None: drawn at random and recorded
+    timeout: float = DEFAULT_TIMEOUT  # per sample
+    vm_vcpus: int | None = None  # None: max(np)
+    vm_memory: int = DEFAULT_VM_MEMORY
+    vm_guest_nodes: int | None = None
+    vm_backend: BackendName = "qemu"
+    suite_options: SuiteOptions = SuiteOptions()
+
+    def check(self) -> BenchConfig:
+        """Refuse settings that cannot make a run (one-line UsageError)."""
+        if not self.envs:
+            raise UsageError("give at least one --env (native, vm:naive, vm:hpc, ...)")
+        if len(set(self.envs)) != len(self.envs):
+            raise UsageError("an environment is listed twice: give each --env once")
+        if not self.suites:
+            raise UsageError("give at least one --suite (hpcc, noise, npb, cmd) or --cmd")
+        if not self.np or min(self.np) < 1:
+            raise UsageError("--np takes positive process counts, e.g. --np 1,2")
+        if self.reps is not None and self.reps < 1:
+            raise UsageError(f"--reps must be auto or a positive number, not {self.reps}")
+        if self.min_reps < 2:
+            raise UsageError("at least 2 repetitions are needed for an interval")
+        if self.max_reps < self.min_reps:
+            raise UsageError(f"--max-reps {self.max_reps} is below the minimum {self.min_reps}")
+        if not 0.0 < self.target < 1.0:
+            raise UsageError(f"--target must be a fraction in (0, 1), e.g. 1%, not {self.target}")
+        if not 0.0 < self.confidence < 1.0:
+            raise UsageError(f"--confidence must be in (0, 1), e.g. 0.97, not {self.confidence}")
+        if self.timeout <= 0 or (self.max_time is not None and self.max_time <= 0):
+            raise UsageError("--timeout and --max-time must be positive durations")
+        if self.vm_vcpus is not None and self.vm_vcpus < 1:
+            raise UsageError(f"--vm-vcpus must be positive, not {self.vm_vcpus}")
+        return self
+
+    @property
+    def vcpus(self) -> int:
+        """vCPUs of every VM environment: --vm-vcpus, else the largest np."""
+        return self.vm_vcpus if self.vm_vcpus is not None else max(self.np)
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the recorded one."""
+        return self.model_dump(
+            mode="json",
+            include={"envs", "suites", "np", "vm_vcpus", "vm_memory", "vm_guest_nodes"},
+        ) | {"suite_options": self.suite_options.model_dump(mode="json")}
+
+    def record(self) -> dict[str, Any]:
+        """Everything, for the database."""
+        return self.model_dump(mode="json")

@@ -1,0 +1,268 @@
+"""Summaries of a run, recomputed from its database with hpcvm.stats.
+
+One ``ResultRow`` per environment x suite x np x metric: the mean of the non-warm-up
+values with its Student-t interval at the run's confidence, and for a VM its overhead
+against native on the same suite, np and metric (ratio of means; Fieller interval by
+default, BCa bootstrap on request). The overhead fields are ``None`` for native itself,
+where there is no native value to compare with, and where no finite interval exists
+(fewer than 2 values on a side, or Fieller's set unbounded): ``overhead_note`` then says
+why, and ``significant`` is False, because nothing can be claimed. A metric that failed
+in every sample of an environment still gets a row (``n`` 0, ``mean`` None), so a
+reader sees what is missing instead of a shorter table.
+
+Every row carries the conditions: accelerator, CPU model, which rule stopped the run,
+and its warnings (TCG emulation, failed samples, clock drift, the run's own warnings).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from hpcvm.errors import BenchmarkError
+from hpcvm.model import Frozen
+from hpcvm.stats import overhead, summarize
+from hpcvm.stats.overhead import Method
+from hpcvm.store import EnvironmentRecord, RunRecord, SampleRecord, Store
+
+NATIVE = "native"
+TCG_ROW_WARNING = (
+    "TCG: measured under software emulation; the overhead shows emulation, not hardware "
+    "virtualization"
+)
+
+Cell = tuple[str, str, int | None]  # env, suite, np
+_ENV_PREFIX = re.compile(r"^(native|vm:[A-Za-z]+): ")  # a warning about one environment
+
+
+class ResultRow(Frozen):
+    """Summary of one metric in one environment, suite and process count."""
+
+    run_id: int
+    env: str
+    suite: str
+    metric: str
+    unit: str
+    higher_is_better: bool
+    np: int | None  # None when the suite ignores the process count (noise)
+    detail: bool  # a per-CPU detail metric (``...@cpu1``), not a headline figure
+    n: int  # values summarised (ok samples with this metric)
+    failed: int  # samples of this cell that failed, or that lack this metric
+    mean: float | None
+    stdev: float | None
+    ci_low: float | None
+    ci_high: float | None
+    half_width: float | None
+    confidence: float
+    overhead_pct: float | None = None
+    overhead_ci_low: float | None = None
+    overhead_ci_high: float | None = None
+    significant: bool | None = None  # None for native
+    overhead_method: str | None = None
+    overhead_note: str = ""
+    interrupts_per_s: float | None = None  # mean total rate: in the guest for a VM
+    host_interrupts_per_s: float | None = None  # mean total rate on the host
+    drift_flagged: int = 0  # samples whose guest clock drifted beyond the limit
+    drift_unresolved: int = 0  # samples too short to resolve the limit
+    accel: str = ""
+    cpu_model: str = ""
+    stop_reason: str | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def summaries(
+    store: Store, run_id: int | None = None, *, method: Method = "fieller"
+) -> list[ResultRow]:
+    """Rows of run ``run_id`` (default: the latest) of an open store."""
+    run = store.run(run_id)
+    return summarize_run(run, store.environments(run.id), store.samples(run.id), method=method)
+
+
+def summarize_run(
+    run: RunRecord,
+    envs: Sequence[EnvironmentRecord],
+    samples: Sequence[SampleRecord],
+    *,
+    method: Method = "fieller",
+) -> list[ResultRow]:
+    """Rows from store records (pure: no I/O)."""
+    measured = [s for s in samples if not s.warmup]
+    values, meta, order = _collect(measured)
+    by_cell: dict[Cell, list[SampleRecord]] = defaultdict(list)
+    for s in measured:
+        by_cell[(s.env, s.suite, s.np)].append(s)
+    env_by_name = {e.name: e for e in envs}
+    rows: list[ResultRow] = []
+    for suite, np_, metric in order:
+        for env in envs:
+            cell = (env.name, suite, np_)
+            if cell not in by_cell:
+                continue
+            rows.append(
+                _row(
+                    run, env_by_name[env.name], cell, metric, meta[metric], values, by_cell, method
+                )
+            )
+    return rows
+
+
+def _collect(
+    measured: Sequence[SampleRecord],
+) -> tuple[
+    dict[Cell, dict[str, list[float]]],
+    dict[str, tuple[str, bool]],
+    list[tuple[str, int | None, str]],
+]:
+    """Values per cell and metric, each metric's unit and direction, and the order in
+    which (suite, np, metric) first appeared."""
+    values: dict[Cell, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    meta: dict[str, tuple[str, bool]] = {}
+    order: dict[tuple[str, int | None, str], None] = {}
+    for s in measured:
+        for m in s.metrics:
+            meta.setdefault(m.metric, (m.unit, m.higher_is_better))
+            order.setdefault((s.suite, s.np, m.metric), None)
+            if s.ok and m.value is not None:
+                values[(s.env, s.suite, s.np)][m.metric].append(m.value)
+    ordered = sorted(order, key=lambda k: (_first(order, k[0]), k[1] or 0))
+    return values, meta, ordered
+
+
+def _first(order: dict[tuple[str, int | None, str], None], suite: str) -> int:
+    return next(i for i, k in enumerate(order) if k[0] == suite)
+
+
+def _mean(items: Sequence[float]) -> float | None:
+    return sum(items) / len(items) if items else None
+
+
+def _row(
+    run: RunRecord,
+    env: EnvironmentRecord,
+    cell: Cell,
+    metric: str,
+    meta: tuple[str, bool],
+    values: dict[Cell, dict[str, list[float]]],
+    by_cell: dict[Cell, list[SampleRecord]],
+    method: Method,
+) -> ResultRow:
+    env_name, suite, np_ = cell
+    unit, higher = meta
+    vals = values.get(cell, {}).get(metric, [])
+    samples = by_cell[cell]
+    ok = [s for s in samples if s.ok]
+    fields: dict[str, Any] = {
+        "run_id": run.id,
+        "env": env_name,
+        "suite": suite,
+        "metric": metric,
+        "unit": unit,
+        "higher_is_better": higher,
+        "np": np_,
+        "detail": "@" in metric,
+        "n": len(vals),
+        "failed": len(samples) - len(vals),
+        "confidence": run.confidence,
+        "accel": env.accel,
+        "cpu_model": env.cpu_model,
+        "stop_reason": run.stop_reason,
+        "interrupts_per_s": _mean(_totals(ok, "guest" if env.kind == "vm" else "host")),
+        "host_interrupts_per_s": _mean(_totals(ok, "host")),
+        "drift_flagged": sum(1 for s in ok if _clock(s).get("flagged") is True),
+        "drift_unresolved": sum(1 for s in ok if _clock(s).get("resolved") is False),
+    }
+    fields |= _summary_fields(vals, run.confidence)
+    native_vals = values.get((NATIVE, suite, np_), {}).get(metric, [])
+    if env_name != NATIVE:
+        fields |= _overhead_fields(native_vals, vals, higher, run.confidence, method, cell)
+    fields["warnings"] = tuple(_warnings(run, env, fields))
+    return ResultRow.model_validate(fields)
+
+
+def _totals(samples: Sequence[SampleRecord], side: str) -> list[float]:
+    """Total interrupt rates of one side (host or guest) over the samples that have it."""
+    out = []
+    for sample in samples:
+        totals = sample.evidence.get("interrupts_total", {})
+        value = totals.get(side) if isinstance(totals, dict) else None
+        if isinstance(value, int | float):
+            out.append(float(value))
+    return out
+
+
+def _clock(sample: SampleRecord) -> dict[str, Any]:
+    found = sample.evidence.get("clock")
+    return found if isinstance(found, dict) else {}
+
+
+def _summary_fields(vals: list[float], confidence: float) -> dict[str, Any]:
+    if not vals:
+        return {"mean": None, "stdev": None, "ci_low": None, "ci_high": None, "half_width": None}
+    s = summarize(vals, confidence)
+    return {
+        "mean": s.mean,
+        "stdev": s.stdev,
+        "ci_low": s.ci_low,
+        "ci_high": s.ci_high,
+        "half_width": s.half_width,
+    }
+
+
+def _overhead_fields(
+    native: list[float],
+    vm: list[float],
+    higher: bool,
+    confidence: float,
+    method: Method,
+    cell: Cell,
+) -> dict[str, Any]:
+    base: dict[str, Any] = {"significant": False, "overhead_method": method}
+    if not native:
+        return base | {"overhead_note": "no native value to compare with"}
+    if not vm:
+        return base | {"overhead_note": "no value in this environment"}
+    try:
+        o = overhead(native, vm, higher_is_better=higher, confidence=confidence, method=method)
+    except BenchmarkError as exc:
+        return base | {"overhead_note": exc.message}
+    if not o.bounded:
+        return base | {"overhead_note": o.note}
+    return base | {
+        "overhead_pct": o.overhead_pct,
+        "overhead_ci_low": o.overhead_ci_low,
+        "overhead_ci_high": o.overhead_ci_high,
+        "significant": o.significant,
+        "overhead_note": o.note,
+    }
+
+
+def _warnings(run: RunRecord, env: EnvironmentRecord, fields: dict[str, Any]) -> list[str]:
+    """The run's general warnings and this environment's own, then this row's."""
+    out: list[str] = []
+    for text in run.warnings:
+        owner = _ENV_PREFIX.match(text)
+        if owner is None or owner.group(1) == env.name:
+            out.append(text)
+    if env.accel == "tcg" and not any(w.startswith("TCG") for w in out):
+        out.insert(0, TCG_ROW_WARNING)
+    if fields["failed"]:
+        out.append(f"{fields['failed']} sample(s) failed or lack this metric; see their logs")
+    if fields["drift_flagged"]:
+        out.append(
+            f"guest clock drift beyond 0.1% in {fields['drift_flagged']} sample(s): "
+            "guest-timed figures are suspect"
+        )
+    if run.status != "finished":
+        out.append(f"run {run.id} is {run.status}: these are the samples finished so far")
+    return out
+
+
+def noise_by_env(rows: Sequence[ResultRow]) -> dict[str, dict[str, float | None]]:
+    """Per environment, the noise suite's headline figures (for tables)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for r in rows:
+        if r.suite == "noise" and not r.detail:
+            out.setdefault(r.env, {})[r.metric] = r.mean
+    return out

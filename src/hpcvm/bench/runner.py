@@ -1,0 +1,339 @@
+"""The measurement loop: warm-ups, interleaved repetition blocks, stopping, one sample at
+a time into the store.
+
+Order (METHOD.md): in repetition block k the environments run in the order
+``stats.interleaved_order(envs, k, seed)``; each environment, when its turn comes, is
+resumed (every other VM is paused) and runs one sample of every (suite, np) cell. The
+first time a process visits an environment it first runs one warm-up sample of each
+cell, recorded with the warm-up flag and never summarised (a resumed run boots fresh
+VMs, so it warms up again, in the block where it resumes). After each block, a fixed
+``--reps N`` stops at N; ``auto`` asks ``stats.fixed_width_stop`` about every
+(environment, suite, np, metric) and records which rule stopped it.
+
+Every sample, failed or not, is written at once with its log; a sample already in the
+store (a resumed run) is skipped, so a resume recomputes the same schedule from the
+seed and runs only what is missing.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from hpcvm.bench.config import BenchConfig
+from hpcvm.bench.environments import CLEAN_ENV, Environment, RunOutput
+from hpcvm.bench.metrics import MetricValue
+from hpcvm.bench.suite import Suite
+from hpcvm.errors import HpcvmError
+from hpcvm.model import Frozen
+from hpcvm.stats import fixed_width_stop, interleaved_order
+from hpcvm.store import MetricRecord, NewSample, SampleKey, Store
+
+LOGS = "logs"
+WORK = "work"
+
+
+class ProgressSink(Protocol):
+    """Told before each sample starts; ``total`` is an estimate under ``auto``."""
+
+    def update(self, done: int, total: int, label: str) -> None: ...
+
+
+class _Quiet:
+    def update(self, done: int, total: int, label: str) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One suite at one process count (``np`` None: the suite ignores it)."""
+
+    suite: Suite
+    np: int | None
+
+    @property
+    def label(self) -> str:
+        return self.suite.name if self.np is None else f"{self.suite.name} np={self.np}"
+
+
+class Outcome(Frozen):
+    """How the loop ended."""
+
+    stop_reason: str  # fixed, target, max-reps, max-time, all-failed
+    detail: str
+    blocks: int
+    samples_run: int  # by this process
+
+
+def cells_for(suites: Sequence[Suite], np_values: Sequence[int]) -> list[Cell]:
+    cells: list[Cell] = []
+    for suite in suites:
+        if suite.uses_np:
+            cells += [Cell(suite, n) for n in np_values]
+        else:
+            cells.append(Cell(suite, None))
+    return cells
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of an environment or suite name (``vm:hpc`` -> ``vm-hpc``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
+
+
+class Runner:
+    """Runs one bench run's schedule against started environments (see module doc)."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        run_id: int,
+        seed: int,
+        config: BenchConfig,
+        envs: Mapping[str, Environment],
+        suites: Sequence[Suite],
+        out_dir: Path,
+        sizing_memory: int,
+        progress: ProgressSink | None = None,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.seed = seed
+        self.config = config
+        self.envs = dict(envs)
+        self.cells = cells_for(suites, config.np)
+        self.primary = {s.name: {m.name for m in s.metrics} for s in suites}
+        self.out_dir = out_dir.absolute()
+        self.sizing_memory = sizing_memory
+        self.progress: ProgressSink = progress or _Quiet()
+        self._active: str | None = None
+        self._warmed: set[str] = set()
+        self._done = store.completed(run_id)
+        self._ran = 0
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        block = 0
+        while True:
+            self._block(block)
+            outcome = self._decide(block + 1)
+            if outcome is not None:
+                return outcome
+            block += 1
+
+    def _block(self, block: int) -> None:
+        order = interleaved_order(list(self.envs), block, self.seed)
+        for position, name in enumerate(order):
+            pending = [c for c in self.cells if self._key(name, c, block, False) not in self._done]
+            if not pending:
+                continue
+            self._switch_to(name)
+            if name not in self._warmed:
+                for cell in self.cells:
+                    if self._key(name, cell, block, True) not in self._done:
+                        self._sample(name, cell, block, position, warmup=True)
+                self._warmed.add(name)
+            for cell in pending:
+                self._sample(name, cell, block, position, warmup=False)
+
+    def _switch_to(self, name: str) -> None:
+        """Pause every other environment, then resume this one (never two running)."""
+        if self._active == name:
+            return
+        for other, env in self.envs.items():
+            if other != name:
+                self._guarded(other, env.deactivate, "pause")
+        self._guarded(name, self.envs[name].activate, "resume")
+        self._active = name
+
+    def _guarded(self, name: str, action: object, what: str) -> None:
+        """A VM that cannot be paused or resumed (it died) is a warning; its samples
+        then fail one by one with the reason, and the run goes on."""
+        try:
+            action()  # type: ignore[operator]
+        except HpcvmError as exc:
+            self.store.add_warning(self.run_id, f"{name}: {what} failed: {exc}")
+
+    def _key(self, env: str, cell: Cell, block: int, warmup: bool) -> SampleKey:
+        return SampleKey(
+            env=env, suite=cell.suite.name, np=cell.np, repetition=block, warmup=warmup
+        )
+
+    # -- stopping -----------------------------------------------------------------------
+
+    def _total_estimate(self, blocks: int) -> int:
+        per_block = len(self.cells) * len(self.envs)
+        return per_block * (blocks + 1)
+
+    def _decide(self, reps: int) -> Outcome | None:
+        cfg = self.config
+        if cfg.reps is not None:
+            if reps >= cfg.reps:
+                return Outcome(
+                    stop_reason="fixed",
+                    detail=f"fixed --reps {cfg.reps}",
+                    blocks=reps,
+                    samples_run=self._ran,
+                )
+            return None
+        values = self.values_by_metric()
+        elapsed = self.store.run(self.run_id).elapsed_s
+        if not values:
+            if reps >= cfg.min_reps:
+                return Outcome(
+                    stop_reason="all-failed",
+                    detail=f"no successful sample after {reps} repetitions",
+                    blocks=reps,
+                    samples_run=self._ran,
+                )
+            return None
+        decision = fixed_width_stop(
+            values,
+            target=cfg.target,
+            confidence=cfg.confidence,
+            n_min=cfg.min_reps,
+            n_max=cfg.max_reps,
+            elapsed=elapsed,
+            max_time=cfg.max_time,
+            reps=reps,
+        )
+        if not decision.stop:
+            return None
+        width = decision.worst_relative_half_width
+        detail = (
+            f"after {reps} repetitions: widest interval {decision.worst_metric} "
+            f"±{width * 100:.3g}% of its mean (target {cfg.target * 100:g}%)"
+        )
+        return Outcome(
+            stop_reason=decision.reason, detail=detail, blocks=reps, samples_run=self._ran
+        )
+
+    def values_by_metric(self) -> dict[str, list[float]]:
+        """Values of every suite's main metrics per (env, suite, np) from the store, in
+        the order taken: what the stopping rule judges (per-CPU details are left out)."""
+        values: dict[str, list[float]] = {}
+        for s in self.store.samples(self.run_id, include_warmup=False):
+            if not s.ok or s.env not in self.envs:
+                continue
+            wanted = self.primary.get(s.suite, set())
+            for m in s.metrics:
+                if m.value is not None and m.metric in wanted:
+                    np_text = "-" if s.np is None else str(s.np)
+                    values.setdefault(f"{s.env} {s.suite} np={np_text} {m.metric}", []).append(
+                        m.value
+                    )
+        return values
+
+    # -- one sample ---------------------------------------------------------------------
+
+    def _paths(self, env: str, cell: Cell, block: int, warmup: bool) -> tuple[Path, Path]:
+        np_part = "" if cell.np is None else f"-np{cell.np}"
+        stem = f"{slug(cell.suite.name)}{np_part}-r{block}{'-warmup' if warmup else ''}"
+        return (
+            self.out_dir / WORK / slug(env) / stem,
+            self.out_dir / LOGS / slug(env) / f"{stem}.log",
+        )
+
+    def _sample(
+        self, env_name: str, cell: Cell, block: int, position: int, *, warmup: bool
+    ) -> None:
+        done = len(self._done)
+        total = max(
+            self._total_estimate(max(block + 1, self.config.reps or self.config.min_reps)), done + 1
+        )
+        kind = "warm-up" if warmup else f"rep {block + 1}"
+        self.progress.update(done, total, f"{env_name} {cell.label} ({kind})")
+        env = self.envs[env_name]
+        workdir, log = self._paths(env_name, cell, block, warmup)
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir(parents=True)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        clock = time.monotonic()
+        argv: list[str] = []
+        output: RunOutput | None = None
+        values: list[MetricValue] = []
+        error: str | None = None
+        try:
+            argv = cell.suite.prepare(workdir, cell.np or 1, self.sizing_memory)
+            output = env.run(argv, workdir, self.config.timeout, outputs=cell.suite.output_files)
+            if output.timed_out:
+                error = f"timed out after {self.config.timeout:g} s"
+            else:
+                values = cell.suite.parse(workdir, output.stdout, output.stderr, output.exit_code)
+        except HpcvmError as exc:
+            error = exc.message
+        _write_log(log, env_name, cell, block, warmup, workdir, argv, output, error)
+        sample = NewSample(
+            env=env_name,
+            suite=cell.suite.name,
+            np=cell.np,
+            repetition=block,
+            warmup=warmup,
+            position=position,
+            ok=error is None,
+            error=error,
+            log_path=str(log),
+            workdir=str(workdir),
+            started_at=started,
+            host_seconds=None if output is None else output.host_seconds,
+            guest_seconds=None if output is None else output.guest_seconds,
+            evidence={} if output is None else output.evidence,
+            metrics=tuple(_record(v) for v in values),
+        )
+        self.store.add_sample(self.run_id, sample)
+        self.store.add_elapsed(self.run_id, time.monotonic() - clock)
+        self._done.add(sample.key)
+        self._ran += 1
+
+
+def _record(value: MetricValue) -> MetricRecord:
+    return MetricRecord(
+        metric=value.metric.name,
+        unit=value.metric.unit,
+        higher_is_better=value.metric.higher_is_better,
+        value=value.value,
+        error=value.error,
+    )
+
+
+def _write_log(
+    path: Path,
+    env: str,
+    cell: Cell,
+    block: int,
+    warmup: bool,
+    workdir: Path,
+    argv: Sequence[str],
+    output: RunOutput | None,
+    error: str | None,
+) -> None:
+    """Everything a person needs to see what this sample did and why it failed."""
+    lines = [
+        f"env: {env}",
+        f"suite: {cell.suite.name}",
+        f"np: {'-' if cell.np is None else cell.np}",
+        f"repetition: {block}{' (warm-up)' if warmup else ''}",
+        f"workdir: {workdir}",
+        f"argv: {shlex.join(argv) if argv else '-'}",
+        f"environment: clean ({shlex.join(CLEAN_ENV)} ...), natively and in a guest",
+    ]
+    if output is not None:
+        guest = "-" if output.guest_seconds is None else f"{output.guest_seconds:.6f}"
+        lines += [
+            f"exit code: {output.exit_code}{' (timed out)' if output.timed_out else ''}",
+            f"host seconds: {output.host_seconds:.6f}",
+            f"guest seconds: {guest}",
+        ]
+    lines.append(f"result: {'ok' if error is None else 'FAILED: ' + error}")
+    text = "\n".join(lines) + "\n"
+    if output is not None:
+        text += f"--- stdout ---\n{output.stdout}\n--- stderr ---\n{output.stderr}\n"
+    path.write_text(text)

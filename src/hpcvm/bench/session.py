@@ -1,0 +1,303 @@
+"""One ``hpcvm bench`` run from start to end: check, start, measure, always clean up.
+
+``prepare`` refuses everything it can before anything starts (unknown suite or
+environment, a bad regex, a missing NPB directory, an impossible np, an infeasible VM
+plan, an ``--out`` holding another run). ``execute`` then opens the database, boots
+each VM once (left paused), runs the loop (runner.py) and, however it ends (done,
+Ctrl-C, SIGTERM, an error), brings every VM down and marks the run finished,
+interrupted or failed. Finished samples are already on disk by then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcvm.bench.config import BenchConfig
+from hpcvm.bench.environments import (
+    Environment,
+    NativeEnvironment,
+    VmEnvironment,
+    parse_env_name,
+    plan_vm,
+)
+from hpcvm.bench.runner import Outcome, ProgressSink, Runner
+from hpcvm.bench.suite import Suite
+from hpcvm.bench.suites import build_suites, validate_suites
+from hpcvm.errors import HpcvmError, UsageError
+from hpcvm.host.model import HostTopology
+from hpcvm.store import NewEnvironment, RunRecord, Store, db_path
+
+Warn = Callable[[str], None]
+
+TCG_WARNING = (
+    "TCG: the VMs run under QEMU's software emulation, not hardware virtualization; "
+    "their overhead shows emulation and says nothing about KVM"
+)
+
+
+@dataclass
+class Prepared:
+    """Everything checked and built, nothing started."""
+
+    config: BenchConfig
+    out_dir: Path
+    host: HostTopology
+    envs: dict[str, Environment]
+    suites: list[Suite]
+    seed: int
+    warnings: list[str] = field(default_factory=list)
+    resume: RunRecord | None = None
+
+
+def recorded_config(out_dir: Path) -> BenchConfig:
+    """The configuration of the latest run in ``out_dir`` (``--resume`` with no other
+    arguments continues it as it was)."""
+    with Store.open(out_dir) as store:
+        run = store.run()
+    return BenchConfig.model_validate(run.args["config"])
+
+
+def _resume_target(config: BenchConfig, out_dir: Path, resume: bool) -> RunRecord | None:
+    """The run to continue, or None for a new run; refuse an --out that holds another."""
+    if not db_path(out_dir).exists():
+        if resume:
+            raise UsageError(f"--resume: {out_dir} holds no results database to continue")
+        return None
+    with Store.open(out_dir) as store:
+        runs = store.runs()
+    if not runs:
+        return None
+    run = runs[-1]
+    if not resume:
+        raise UsageError(
+            f"{out_dir} already holds the results of run {run.id} ({run.status}): continue it "
+            "with --resume or choose another --out"
+        )
+    recorded = BenchConfig.model_validate(run.args["config"])
+    if recorded.identity() != config.identity():
+        changed = sorted(
+            k for k in config.identity() if config.identity()[k] != recorded.identity().get(k)
+        )
+        raise UsageError(
+            f"--resume: the run in {out_dir} was made with different {', '.join(changed)}; "
+            "repeat its arguments (or give only --resume --out) or choose another --out"
+        )
+    if config.seed is not None and config.seed != run.seed:
+        raise UsageError(
+            f"--resume: the run in {out_dir} used --seed {run.seed}, not {config.seed}"
+        )
+    return run
+
+
+def prepare(
+    config: BenchConfig,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    host: HostTopology | None = None,
+    warn: Warn | None = None,
+) -> Prepared:
+    """Check the request against this host; build (not start) environments and suites."""
+    from hpcvm.host import discover
+
+    config.check()
+    out_dir = out_dir.absolute()
+    profiles = {name: parse_env_name(name) for name in config.envs}
+    suites = build_suites(config.suites, config.suite_options)
+    validate_suites(suites, config.np)
+    previous = _resume_target(config, out_dir, resume)
+    host = host if host is not None else discover()
+    warnings: list[str] = []
+    envs: dict[str, Environment] = {}
+    seed = previous.seed if previous is not None else _seed(config)
+    for name, profile in profiles.items():
+        if profile is None:
+            envs[name] = NativeEnvironment(host)
+            continue
+        plan, notes = plan_vm(
+            profile,
+            vcpus=config.vcpus,
+            memory_bytes=config.vm_memory,
+            guest_nodes=config.vm_guest_nodes,
+            host=host,
+            warn=warn,
+        )
+        warnings += notes
+        envs[name] = VmEnvironment(
+            plan, vm_name=f"bench{os.getpid()}-{profile}", backend=config.vm_backend
+        )
+    _check_np(config, suites, envs)
+    if any(isinstance(e, VmEnvironment) and e.plan.accel == "tcg" for e in envs.values()):
+        warnings.insert(0, TCG_WARNING)
+    return Prepared(
+        config=config,
+        out_dir=out_dir,
+        host=host,
+        envs=envs,
+        suites=suites,
+        seed=seed,
+        warnings=warnings,
+        resume=previous,
+    )
+
+
+def _seed(config: BenchConfig) -> int:
+    return config.seed if config.seed is not None else secrets.randbelow(2**31)
+
+
+def _check_np(config: BenchConfig, suites: list[Suite], envs: dict[str, Environment]) -> None:
+    if not any(s.uses_np for s in suites):
+        return
+    wanted = max(config.np)
+    for name, env in envs.items():
+        if wanted > env.vcpus:
+            where = "usable PUs on this host" if env.kind == "native" else "vCPUs (--vm-vcpus)"
+            raise UsageError(
+                f"--np {wanted} is impossible in {name}: it has {env.vcpus} {where}; "
+                f"use --np {env.vcpus} or fewer"
+            )
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a batch system ending the job) ends the run like Ctrl-C does."""
+
+    def _raise(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Let VM teardown finish: a second Ctrl-C waits until every VM is down."""
+    pending: list[int] = []
+    try:
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in handlers:
+            signal.signal(s, lambda signum, _frame: pending.append(signum))
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    if pending:
+        raise KeyboardInterrupt
+
+
+def _start_and_record(prep: Prepared, store: Store, run_id: int, warn: Warn | None) -> None:
+    """Boot every VM (each is left paused) and record every environment."""
+    for name, env in prep.envs.items():
+        env.start()
+        described = env.describe()
+        recorded = store.add_environment(run_id, described)
+        _compare(recorded.model_dump(include={"accel", "cpu_model"}), described, store, run_id)
+        if warn is not None and isinstance(env, VmEnvironment):
+            warn(f"{name}: up ({described.accel}, {described.vcpus} vCPUs)")
+
+
+def _compare(recorded: dict[str, object], now: NewEnvironment, store: Store, run_id: int) -> None:
+    for key, value in recorded.items():
+        if getattr(now, key) != value:
+            store.add_warning(
+                run_id,
+                f"{now.name}: {key} changed on resume ({value!r} before, "
+                f"{getattr(now, key)!r} now): its samples mix two setups",
+            )
+
+
+def execute(
+    prep: Prepared,
+    *,
+    progress: ProgressSink | None = None,
+    warn: Warn | None = None,
+) -> tuple[int, Outcome | None]:
+    """Run (or continue) the prepared run; return its id and how the loop ended
+    (``None`` when a resumed run had already finished). Always brings the VMs down."""
+    store = Store.open(prep.out_dir, create=True)
+    try:
+        if prep.resume is not None:
+            run_id = prep.resume.id
+            if prep.resume.status == "finished":
+                return run_id, None
+            store.set_status(run_id, "running")
+            for text in prep.warnings:
+                store.add_warning(run_id, text)
+        else:
+            run_id = store.create_run(
+                args={"config": prep.config.model_copy(update={"seed": prep.seed}).record()},
+                seed=prep.seed,
+                confidence=prep.config.confidence,
+                host=prep.host.model_dump(mode="json"),
+                warnings=prep.warnings,
+            )
+        return run_id, _measure(prep, store, run_id, progress, warn)
+    finally:
+        store.close()
+
+
+def _measure(
+    prep: Prepared,
+    store: Store,
+    run_id: int,
+    progress: ProgressSink | None,
+    warn: Warn | None,
+) -> Outcome:
+    try:
+        with _sigterm_as_interrupt():
+            _start_and_record(prep, store, run_id, warn)
+            runner = Runner(
+                store=store,
+                run_id=run_id,
+                seed=prep.seed,
+                config=prep.config,
+                envs=prep.envs,
+                suites=prep.suites,
+                out_dir=prep.out_dir,
+                sizing_memory=min(e.memory_bytes for e in prep.envs.values()),
+                progress=progress,
+            )
+            outcome = runner.run()
+    except KeyboardInterrupt:
+        with _signals_deferred():
+            _close_all(prep, store, run_id)
+            store.set_status(run_id, "interrupted")
+        raise
+    except BaseException as exc:
+        with _signals_deferred():
+            _close_all(prep, store, run_id)
+            message = exc.message if isinstance(exc, HpcvmError) else f"{type(exc).__name__}: {exc}"
+            store.set_status(run_id, "failed", error=message)
+        raise
+    with _signals_deferred():
+        _close_all(prep, store, run_id)
+        store.set_status(
+            run_id, "finished", stop_reason=outcome.stop_reason, stop_detail=outcome.detail
+        )
+    return outcome
+
+
+def _close_all(prep: Prepared, store: Store, run_id: int) -> None:
+    """Every VM down, whatever state it is in; a failure to stop one is recorded."""
+    for name, env in prep.envs.items():
+        try:
+            env.close()
+        except HpcvmError as exc:
+            store.add_warning(run_id, f"{name}: bringing the VM down failed: {exc}")

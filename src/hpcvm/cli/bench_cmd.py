@@ -1,0 +1,280 @@
+"""`hpcvm bench` and `hpcvm results`: measure native against VMs, and read the results.
+
+Thin: options become a BenchConfig; bench/session.py checks and runs it, bench/results.py
+summarises the database, cli/bench_view.py prints the tables.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import click
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from hpcvm.bench.config import DEFAULT_MAX_REPS, DEFAULT_VM_MEMORY, BenchConfig
+from hpcvm.bench.environments import valid_env_names
+from hpcvm.bench.export import rows_csv, rows_json, write_atomic, write_exports
+from hpcvm.bench.results import summaries
+from hpcvm.bench.session import execute, prepare, recorded_config
+from hpcvm.bench.suites import SuiteOptions, suite_names
+from hpcvm.cli.bench_view import print_report
+from hpcvm.cli.common import console, err_console
+from hpcvm.errors import UsageError
+from hpcvm.runtime.model import BackendName
+from hpcvm.stats.overhead import Method
+from hpcvm.store import Store
+from hpcvm.units import format_size, parse_size
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h)?\s*$")
+_SIZES = {"quick": ("small", 5000), "small": ("small", 20000), "medium": ("medium", 20000)}
+
+
+def warn(message: str) -> None:
+    """A warning on stderr in one line, never wrapped (it may be long: it names paths)."""
+    click.echo(f"hpcvm: warning: {message}", err=True)
+
+
+def parse_duration(text: str, what: str) -> float | None:
+    """``90s``, ``30m``, ``2h``, ``1800`` (seconds) -> seconds; ``none`` -> no cap."""
+    if text.strip().lower() in ("none", "off"):
+        return None
+    match = _DURATION.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise UsageError(f"malformed {what} {text!r}: use e.g. 90s, 30m or 2h")
+    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2) or "s"]
+
+
+def parse_target(text: str) -> float:
+    """``1%`` or ``0.01`` -> 0.01."""
+    try:
+        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise UsageError(f"malformed --target {text!r}: use e.g. 1% or 0.01") from None
+
+
+def parse_np(values: tuple[str, ...]) -> tuple[int, ...]:
+    out: list[int] = []
+    for text in values:
+        for part in text.split(","):
+            if not part.strip().isdigit() or int(part) < 1:
+                raise UsageError(f"malformed --np {text!r}: use positive counts, e.g. --np 1,2")
+            out.append(int(part))
+    return tuple(dict.fromkeys(out)) or (1,)
+
+
+def parse_reps(text: str) -> int | None:
+    if text == "auto":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"malformed --reps {text!r}: use auto or a positive number")
+    return int(text)
+
+
+def _size(text: str) -> tuple[str | float, int]:
+    if text in _SIZES:
+        return _SIZES[text]
+    try:
+        return float(text), 20000
+    except ValueError:
+        raise UsageError(
+            f"unknown --size {text!r}: use {', '.join(_SIZES)} or a memory fraction like 0.05"
+        ) from None
+
+
+def _suite_options(kw: dict[str, Any]) -> SuiteOptions:
+    hpcc_size, quanta = _size(kw["size"])
+    if kw["metric"] is not None and kw["cmd"] is None:
+        raise UsageError("--metric needs --cmd 'COMMAND ARGS'")
+    npb_dir = kw["npb_dir"]
+    return SuiteOptions(
+        bind=kw["bind"],
+        hpcc_size=hpcc_size,
+        noise_quanta=kw["noise_quanta"] or quanta,
+        noise_quantum_us=kw["noise_quantum_us"],
+        npb_dir=Path(npb_dir).absolute() if npb_dir else None,
+        npb_kernels=tuple(k for k in (kw["npb_kernels"] or "").split(",") if k),
+        cmd=kw["cmd"],
+        metric=kw["metric"],
+        higher_is_better=kw["higher_is_better"],
+        unit=kw["unit"],
+        metric_name=kw["metric_name"],
+        cmd_cwd=Path.cwd() if kw["cmd"] else None,
+        cmd_mpi=kw["cmd_mpi"],
+    )
+
+
+def _config(kw: dict[str, Any]) -> BenchConfig:
+    suites = list(kw["suite"])
+    if kw["cmd"] is not None and "cmd" not in suites:
+        suites.append("cmd")
+    memory = kw["vm_memory"]
+    return BenchConfig(
+        envs=tuple(kw["env"]),
+        suites=tuple(suites),
+        np=parse_np(kw["np"]),
+        reps=parse_reps(kw["reps"]),
+        max_reps=kw["max_reps"],
+        max_time=parse_duration(kw["max_time"], "--max-time"),
+        target=parse_target(kw["target"]),
+        confidence=kw["confidence"],
+        seed=kw["seed"],
+        timeout=parse_duration(kw["timeout"], "--timeout") or 1e9,
+        vm_vcpus=kw["vm_vcpus"],
+        vm_memory=parse_size(memory, what="--vm-memory") if memory else DEFAULT_VM_MEMORY,
+        vm_guest_nodes=kw["vm_guest_nodes"],
+        vm_backend=cast(BackendName, kw["vm_backend"]),
+        suite_options=_suite_options(kw),
+    ).check()
+
+
+def _stopping_overrides(config: BenchConfig, kw: dict[str, Any]) -> BenchConfig:
+    """With only --resume --out, the recorded run's settings; stopping flags given
+    explicitly on the command line still apply."""
+    source = click.get_current_context()
+    update: dict[str, Any] = {}
+    for flag, key, parse in (
+        ("reps", "reps", parse_reps),
+        ("max_reps", "max_reps", int),
+        ("max_time", "max_time", lambda t: parse_duration(t, "--max-time")),
+        ("target", "target", parse_target),
+        ("timeout", "timeout", lambda t: parse_duration(t, "--timeout") or 1e9),
+    ):
+        if source.get_parameter_source(flag) == click.core.ParameterSource.COMMANDLINE:
+            update[key] = parse(kw[flag])
+    return config.model_copy(update=update).check()
+
+
+class _Bar:
+    """A rich progress bar with ETA on stderr; plain lines when stderr is no TTY."""
+
+    def __init__(self) -> None:
+        self.tty = err_console.is_terminal
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=True,
+        )
+        self.task: TaskID | None = None
+
+    def __enter__(self) -> _Bar:
+        if self.tty:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tty:
+            self.progress.stop()
+
+    def update(self, done: int, total: int, label: str) -> None:
+        if not self.tty:
+            click.echo(f"hpcvm: [{done + 1}/~{total}] {label}", err=True)
+            return
+        if self.task is None:
+            self.task = self.progress.add_task(label, total=total, completed=done)
+        self.progress.update(self.task, description=label, total=total, completed=done)
+
+
+@click.command("bench")
+@click.option(
+    "--env", multiple=True, help=f"Environment (repeatable): {', '.join(valid_env_names())}."
+)
+@click.option("--suite", multiple=True, help=f"Suite (repeatable): {', '.join(suite_names())}.")
+@click.option("--np", multiple=True, help="MPI process counts, e.g. 1,2 (default 1).")
+@click.option("--reps", default="auto", show_default=True, help="auto or a fixed number.")
+@click.option("--confidence", type=float, default=0.97, show_default=True)
+@click.option("--target", default="1%", show_default=True, help="auto: interval half-width.")
+@click.option("--max-time", default="30m", show_default=True, help="auto: time cap (or none).")
+@click.option("--max-reps", type=int, default=DEFAULT_MAX_REPS, show_default=True)
+@click.option("--seed", type=int, default=None, help="Seed of the interleaving (recorded).")
+@click.option("--resume", is_flag=True, help="Continue the interrupted run in --out.")
+@click.option("--timeout", default="1h", show_default=True, help="Per sample.")
+@click.option("--vm-vcpus", type=int, default=None, help="vCPUs per VM (default: max np).")
+@click.option(
+    "--vm-memory", default=None, help=f"Memory per VM ({format_size(DEFAULT_VM_MEMORY)})."
+)
+@click.option("--vm-guest-nodes", type=int, default=None, help="numa/hpc: guest nodes.")
+@click.option("--vm-backend", type=click.Choice(["qemu", "libvirt"]), default="qemu")
+@click.option(
+    "--size", default="small", show_default=True, help="quick, small, medium or a fraction."
+)
+@click.option("--noise-quanta", type=int, default=None, help="Noise: quanta per CPU.")
+@click.option("--noise-quantum-us", type=int, default=50, show_default=True)
+@click.option("--npb-dir", default=None, help="NPB bin directory (for --suite npb).")
+@click.option("--npb-kernels", default=None, help="NPB kernels, e.g. cg,ep.")
+@click.option("--cmd", default=None, help="A command to benchmark (suite cmd).")
+@click.option("--metric", default=None, help="Regex with one group around the number.")
+@click.option("--lower-is-better", "higher_is_better", flag_value=False, default=None)
+@click.option("--higher-is-better", "higher_is_better", flag_value=True)
+@click.option("--unit", default="", help="Unit of the --cmd metric.")
+@click.option("--metric-name", default="value", show_default=True)
+@click.option("--cmd-mpi", is_flag=True, help="Run --cmd under mpirun with --np ranks.")
+@click.option("--bind", type=click.Choice(["core", "hwthread", "none"]), default="core")
+@click.option("--interval", type=click.Choice(["fieller", "bootstrap"]), default="fieller")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Results directory.")
+def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
+    """Run benchmarks natively and in VMs, interleaved, into OUT/hpcvm.db; print tables."""
+    if resume and not kw["env"]:
+        config = _stopping_overrides(recorded_config(out), kw)
+    else:
+        config = _config(kw)
+    prep = prepare(config, out, resume=resume, warn=warn)
+    for text in prep.warnings:
+        warn(text)
+    with _Bar() as bar:
+        run_id, outcome = execute(prep, progress=bar, warn=warn)
+    if outcome is None:
+        warn(f"run {run_id} in {out} had already finished; showing its results")
+    with Store.open(prep.out_dir) as store:
+        run = store.run(run_id)
+        rows = summaries(store, run_id, method=cast(Method, interval))
+        print_report(console, run, store.environments(run_id), rows)
+        files = write_exports(prep.out_dir, rows, store.samples(run_id))
+    click.echo(
+        f"hpcvm: results in {store.path}; exports: {', '.join(f.name for f in files)}", err=True
+    )
+    return 0
+
+
+@click.command("results")
+@click.argument("results_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the summaries as JSON.")
+@click.option("--csv", "csv_file", type=click.Path(path_type=Path), default=None)
+@click.option("--run", "run_id", type=int, default=None, help="Run id (default: latest).")
+@click.option("--interval", type=click.Choice(["fieller", "bootstrap"]), default="fieller")
+def results_cmd(
+    results_dir: Path, as_json: bool, csv_file: Path | None, run_id: int | None, interval: str
+) -> int:
+    """Recompute the summaries of a results directory from its database."""
+    with Store.open(results_dir) as store:
+        run = store.run(run_id)
+        rows = summaries(store, run.id, method=cast(Method, interval))
+        envs = store.environments(run.id)
+    if csv_file is not None:
+        write_atomic(csv_file, rows_csv(rows))
+    if as_json:
+        sys.stdout.write(json.dumps(rows_json(rows), indent=2) + "\n")
+    elif csv_file is None:
+        print_report(console, run, envs, rows)
+    return 0
+
+
+def register(group: click.Group) -> None:
+    """Add this module's commands to the CLI group."""
+    for command in (bench_cmd, results_cmd):
+        group.add_command(command)

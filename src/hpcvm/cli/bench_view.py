@@ -1,0 +1,165 @@
+"""Terminal tables of a bench run: the conditions, then one table per metric.
+
+Each metric's table lists env, np, n, mean ± half-width with the interval, overhead %
+with its interval and a significance mark, interrupts per second (the guest's own for a
+VM, the host's natively) and the environment's noise (from the noise suite: time lost
+and the longest detour). The conditions come first and the TCG warning both first and
+last, so nobody reads the figures without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from hpcvm.bench.results import ResultRow, noise_by_env
+from hpcvm.store import EnvironmentRecord, RunRecord
+
+SIGNIFICANT = "*"
+WIDE = 160
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f}%"
+
+
+def _interval(low: float | None, high: float | None, pct: bool = False) -> str:
+    if low is None or high is None:
+        return "-"
+    if pct:
+        return f"[{low:+.2f}%, {high:+.2f}%]"
+    return f"[{low:.4g}, {high:.4g}]"
+
+
+def _noise(figures: dict[str, float | None] | None) -> str:
+    if not figures:
+        return "-"
+    lost = figures.get("NoiseTimeLost_pct")
+    detour = figures.get("NoiseMaxDetour_usec")
+    return f"lost {_num(lost, 3)}%, max {_num(detour, 3)} us"
+
+
+def conditions(
+    run: RunRecord, envs: Sequence[EnvironmentRecord], rows: Sequence[ResultRow]
+) -> RenderableType:
+    """Accelerator, CPU model, confidence, n and stopping rule, in a small table."""
+    table = Table(title=f"run {run.id}: conditions", box=None, header_style="bold")
+    for col in ("env", "accel", "CPU model", "vCPUs", "memory", "n (reps)"):
+        table.add_column(col)
+    for e in envs:
+        ns = [r.n for r in rows if r.env == e.name and not r.detail]
+        table.add_row(
+            e.name,
+            e.accel,
+            e.cpu_model or "-",
+            str(e.vcpus),
+            f"{e.memory_bytes / 2**30:.1f} GiB",
+            f"{min(ns)}-{max(ns)}" if ns and min(ns) != max(ns) else str(ns[0] if ns else 0),
+        )
+    stop = run.stop_reason or "-"
+    if run.stop_detail:
+        stop += f" ({run.stop_detail})"
+    lines = Text(
+        f"confidence {run.confidence:g}; stopped by: {stop}; status {run.status}; "
+        f"seed {run.seed}; measured {run.elapsed_s:.0f} s"
+    )
+    return Group(table, lines)
+
+
+def warnings_block(run: RunRecord, envs: Sequence[EnvironmentRecord]) -> RenderableType:
+    texts = list(run.warnings)
+    if any(e.accel == "tcg" for e in envs) and not any(w.startswith("TCG") for w in texts):
+        texts.insert(0, "TCG: numbers show emulation, not hardware virtualization")
+    out = Text()
+    for w in texts:
+        style = "bold red" if w.startswith("TCG") else "yellow"
+        out.append(f"WARNING: {w}\n", style=style)
+    return out
+
+
+def _mean_cell(r: ResultRow) -> str:
+    if r.mean is None:
+        return "-"
+    if r.half_width is None:
+        return f"{r.mean:.4g}"
+    return f"{r.mean:.4g} ± {r.half_width:.2g} {_interval(r.ci_low, r.ci_high)}"
+
+
+def _overhead_cell(r: ResultRow) -> str:
+    if r.env == "native":
+        return "baseline"
+    if r.overhead_pct is None:
+        return "unbounded" if r.n and r.overhead_note.startswith("interval") else "-"
+    return f"{_pct(r.overhead_pct)} {_interval(r.overhead_ci_low, r.overhead_ci_high, pct=True)}"
+
+
+def metric_tables(rows: Sequence[ResultRow]) -> list[Table]:
+    """One table per (suite, metric), rows per env and np (per-CPU details left out)."""
+    noise = noise_by_env(rows)
+    groups: dict[tuple[str, str], list[ResultRow]] = {}
+    for r in rows:
+        if not r.detail:
+            groups.setdefault((r.suite, r.metric), []).append(r)
+    tables = []
+    for (suite, metric), members in groups.items():
+        first = members[0]
+        direction = "higher" if first.higher_is_better else "lower"
+        unit = f" ({first.unit})" if first.unit else ""
+        table = Table(
+            title=Text(f"{suite}: {metric}{unit}, {direction} is better"),
+            box=box.SIMPLE_HEAD,
+            header_style="bold",
+            title_justify="left",
+            title_style="bold",
+        )
+        table.add_column("env", no_wrap=True)
+        table.add_column("np", justify="right")
+        table.add_column("n", justify="right")
+        table.add_column("mean ± half-width [interval]")
+        table.add_column("overhead [interval]")
+        table.add_column("sig")
+        table.add_column("irq/s", justify="right")
+        table.add_column("noise")
+        for r in members:
+            table.add_row(
+                r.env,
+                "-" if r.np is None else str(r.np),
+                f"{r.n}" + (f"+{r.failed} failed" if r.failed else ""),
+                _mean_cell(r),
+                _overhead_cell(r),
+                SIGNIFICANT if r.significant else "",
+                _num(r.interrupts_per_s, 3),
+                _noise(noise.get(r.env)),
+            )
+        tables.append(table)
+    return tables
+
+
+def print_report(
+    console: Console,
+    run: RunRecord,
+    envs: Sequence[EnvironmentRecord],
+    rows: Sequence[ResultRow],
+) -> None:
+    """Warnings, conditions, the tables, and the warnings again. Into a file or pipe the
+    tables are printed 160 columns wide rather than wrapped into unreadable cells."""
+    if not console.is_terminal and console.width < WIDE:
+        console = Console(file=console.file, width=WIDE, highlight=False)
+    console.print(warnings_block(run, envs))
+    console.print(conditions(run, envs, rows))
+    for table in metric_tables(rows):
+        console.print(table)
+    console.print(
+        f"{SIGNIFICANT} significant: the overhead's {run.confidence:g} interval excludes 0; "
+        "overhead > 0 means the VM is worse; irq/s is the guest's own rate for a VM",
+        highlight=False,
+    )
+    console.print(warnings_block(run, envs))
