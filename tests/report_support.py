@@ -17,7 +17,8 @@ work directory) and ``cmd`` (``np`` concurrent ``dd`` copies; the metric is dd's
 elapsed time, read with the cmd suite's regex), 3 measured repetitions after a warm-up,
 environments interleaved in random order per block. One more sample really fails (dd
 from a missing file) so the report has a failed sample with its log. Interrupts per
-second per source come from /proc/interrupts before and after each sample (host side).
+second per source come from /proc/interrupts before and after each sample (host side),
+with the bench's own evidence functions and in its evidence layout.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpcvm.bench.cmd import CmdSuite
+from hpcvm.bench.evidence import interrupt_rates, read_interrupts, total_rate
 from hpcvm.bench.metrics import MetricValue, ParseError
 from hpcvm.bench.noise import RAW_FILE, noise_binary, parse_report, report_metrics
 from hpcvm.stats import interleaved_order
@@ -42,26 +44,6 @@ ENVS = tuple(PREFIX)
 REPS = 3
 DD_PATTERN = r"copied, ([0-9.eE+-]+) s"
 FAIL_SUITE = "cmd:missing-input"
-
-
-def read_interrupts() -> dict[str, int]:
-    """Interrupt counts per source (summed over CPUs) from /proc/interrupts."""
-    counts: dict[str, int] = {}
-    lines = Path("/proc/interrupts").read_text().splitlines()
-    ncpu = len(lines[0].split())
-    for line in lines[1:]:
-        head, _, rest = line.partition(":")
-        fields = rest.split()
-        numbers = [int(f) for f in fields[:ncpu] if f.isdigit()]
-        if numbers:
-            counts[head.strip()] = sum(numbers)
-    return counts
-
-
-def _rates(before: dict[str, int], after: dict[str, int], seconds: float) -> dict[str, float]:
-    return {
-        k: (after[k] - before.get(k, 0)) / seconds for k in after if after[k] > before.get(k, 0)
-    }
 
 
 def _dd_command(env: str, np: int) -> str:
@@ -79,7 +61,7 @@ def _run(
     proc = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - start
     (workdir / "log.txt").write_text(proc.stdout + proc.stderr)
-    return proc, seconds, _rates(before, read_interrupts(), seconds)
+    return proc, seconds, interrupt_rates(before, read_interrupts(), seconds)
 
 
 def _sample(
@@ -114,7 +96,7 @@ def _sample(
         workdir=str(workdir),
         started_at=started,
         host_seconds=seconds,
-        evidence={"interrupts": {"host": rates}},
+        evidence={"interrupts": {"host": rates}, "interrupts_total": {"host": total_rate(rates)}},
         metrics=tuple(
             MetricRecord(
                 metric=v.metric.name,

@@ -18,6 +18,7 @@ overlap (rotated 30, 60, then 90 degrees as needed).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,9 @@ from matplotlib.patches import Patch
 from matplotlib.transforms import Bbox
 
 from hpcvm.model import Frozen
+from hpcvm.report.compare import Comparison
 from hpcvm.report.labels import env_colours, env_order, label, short_name
-from hpcvm.report.model import NATIVE, InterruptRate, NoiseCurve, ReportData, Row
+from hpcvm.report.model import NATIVE, NoiseCurve, ReportData, Row
 
 FigureKind = Literal["overhead", "absolute", "interrupts", "noise", "compare"]
 MAX_GROUPS_PER_PANEL = 12
@@ -197,7 +199,8 @@ def bar_panels(
 
 
 def _plotted(rows: Sequence[Row]) -> list[Row]:
-    return [r for r in rows if not r.is_detail]
+    """Headline rows with a value (per-CPU details and all-failed rows are tables only)."""
+    return [r for r in rows if not r.is_detail and r.mean is not None]
 
 
 def _group_keys(rows: Sequence[Row]) -> list[tuple[str, int | None]]:
@@ -290,7 +293,7 @@ def _absolute_panel(
         offset = (j - (len(envs) - 1) / 2) * width
         for i, np_ in enumerate(nps):
             r = index.get((env, np_))
-            if r is None:
+            if r is None or r.mean is None:
                 continue
             err = None
             if r.ci_low is not None and r.ci_high is not None:
@@ -300,19 +303,6 @@ def _absolute_panel(
     ax.grid(axis="y", alpha=0.3)
 
 
-def _interrupt_x(rates: Sequence[InterruptRate]) -> dict[tuple[str, str, int | None], float]:
-    """Interrupts/s per env, suite and np: the guest's own count for a VM (what its
-    kernel handled, comparable with native), the host's natively or when the guest
-    count is missing."""
-    chosen: dict[tuple[str, str, int | None], tuple[int, float]] = {}
-    for r in rates:
-        rank = 0 if r.side == "guest" else 1 if r.side == "host" else 2
-        key = (r.env, r.suite, r.np)
-        if key not in chosen or rank < chosen[key][0]:
-            chosen[key] = (rank, r.total_per_s)
-    return {k: v for k, (_, v) in chosen.items()}
-
-
 MARKERS = "osD^v<>pP*Xh"
 MAX_POINT_LABELS = 30  # beyond this, labels would cover the points
 
@@ -320,10 +310,9 @@ MAX_POINT_LABELS = 30  # beyond this, labels would cover the points
 def interrupts_figure(data: ReportData, colours: dict[str, str]) -> Figure | None:
     """Interrupts per second against overhead, one point per benchmark and environment;
     None without interrupt evidence."""
-    xs = _interrupt_x(data.interrupts)
     points = []
     for r in _plotted(data.rows):
-        x = xs.get((r.env, r.suite, r.np))
+        x = r.interrupts_per_s if r.interrupts_per_s is not None else r.host_interrupts_per_s
         y = 0.0 if r.env == NATIVE else r.overhead_pct
         if x is not None and y is not None:
             points.append((r, x, y))
@@ -349,7 +338,10 @@ def interrupts_figure(data: ReportData, colours: dict[str, str]) -> Figure | Non
     if positive and max(positive) / min(positive) > 100 and len(positive) == len(points):
         ax.set_xscale("log")
     ax.axhline(0.0, color="black", linewidth=0.8)
-    ax.set_xlabel("interrupts per second (guest count for VMs, host count natively)")
+    ax.set_xlabel(
+        "interrupts per second (guest count for VMs, host count natively or when the "
+        "guest count is missing)"
+    )
     ax.set_ylabel("overhead vs native (%)")
     ax.grid(alpha=0.3)
     envs = env_order(r.env for r, _, _ in points)
@@ -399,8 +391,15 @@ def noise_figure(curves: Sequence[NoiseCurve], colours: dict[str, str], tcg: boo
 
 
 def save(fig: Figure, path: Path) -> None:
+    """Write the PNG under a temporary name, then rename it into place (never a
+    half-written figure)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=DPI)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, format="png", dpi=DPI)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _slug(s: str) -> str:
@@ -457,4 +456,54 @@ def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> 
         "Noise: detour distribution",
         "Fraction of fixed work quanta delayed by more than x, over all CPUs and runs.",
     )
+    return made
+
+
+def compare_figure(c: Comparison, suite: str, colours: dict[str, str]) -> Figure | None:
+    """Change from run A to run B per benchmark and environment, with whiskers."""
+    rows = [
+        r for r in c.rows if r.suite == suite and "@" not in r.metric and r.change_pct is not None
+    ]
+    if not rows:
+        return None
+    keys = list(dict.fromkeys((r.metric, r.np) for r in rows))
+    index = {(r.env, r.metric, r.np): r for r in rows}
+    series: dict[str, list[Bar | None]] = {}
+    for env in env_order(r.env for r in rows):
+        bars: list[Bar | None] = []
+        for metric, np_ in keys:
+            r = index.get((env, metric, np_))
+            bars.append(
+                None
+                if r is None or r.change_pct is None
+                else Bar(r.change_pct, r.change_ci_low, r.change_ci_high)
+            )
+        series[env] = bars
+    title = f"{suite}: run B against run A, {c.confidence * 100:g}% interval"
+    groups = [label(suite, m, n) for m, n in keys]
+    return bar_panels(groups, series, colours, title, "change B vs A (%)\n(positive: B worse)")
+
+
+def render_compare_figures(
+    c: Comparison, out_dir: Path, subdir: str = "figures"
+) -> list[FigureFile]:
+    """One change figure per suite present in both runs, as PNG under ``out_dir/subdir``."""
+    colours = env_colours([*c.a.env_names, *c.b.env_names])
+    made = []
+    for suite in dict.fromkeys(r.suite for r in c.rows):
+        fig = compare_figure(c, suite, colours)
+        if fig is None:
+            continue
+        rel = f"{subdir}/compare-{_slug(suite)}.png"
+        save(fig, out_dir / rel)
+        made.append(
+            FigureFile(
+                kind="compare",
+                title=f"Run B against run A: {suite}",
+                path=rel,
+                caption="Bars: change of each benchmark from run A to run B (positive: B is "
+                f"worse); whiskers: {c.confidence * 100:g}% Fieller interval of the ratio "
+                f"of means; {UNBOUNDED_NOTE}.",
+            )
+        )
     return made

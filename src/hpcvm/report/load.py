@@ -1,12 +1,14 @@
 """Read one run of a results database into a ReportData (the report's only reader).
 
 Everything the outputs show comes from here: the store's runs, environments and samples
-(``hpcvm.store`` read API), summary rows computed with ``hpcvm.stats``, and the evidence
-each sample kept: interrupts per second per source (sample evidence JSON
-``{"interrupts": {"host"|"guest": {source: rate}}}``), the guest's clock against host
-wall time (the samples' ``host_seconds``/``guest_seconds``), failed samples with their
-logs, and the noise suite's raw per-quantum durations, which the store does not hold: they
-are read from the ``noise-raw.txt`` each noise sample left in its kept work directory.
+(``hpcvm.store`` read API); the summary rows of ``hpcvm results`` (bench/results.py,
+computed with ``hpcvm.stats``); and the evidence each sample kept (bench/evidence.py):
+interrupts per second per source (``evidence["interrupts"][host|guest]``), the guest
+clock check (``evidence["clock"]``), failed samples with their logs, and the noise
+suite's raw per-quantum durations. The store does not hold those durations: they are
+read from the ``noise-raw.txt`` each noise sample left in its kept work directory (a VM
+run copies it back to the host), so a report of moved or pruned results draws no
+detour distribution and says why.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from hpcvm.report.model import (
     RunInfo,
 )
 from hpcvm.report.rows import summary_rows, tcg_warning
-from hpcvm.stats import DRIFT_LIMIT, clock_drift
+from hpcvm.stats import DRIFT_LIMIT
 from hpcvm.store import EnvironmentRecord, RunRecord, SampleRecord, Store
 
 NOISE_SUITE = "noise"
@@ -64,7 +66,7 @@ def build_report(
         run=_run_info(run, measured, samples, results_dir),
         host=host_summary(run.host),
         envs=tuple(_env_info(e) for e in envs),
-        rows=tuple(summary_rows(envs, samples, run.confidence, run.stop_reason)),
+        rows=tuple(summary_rows(run, envs, samples)),
         interrupts=tuple(_interrupts(measured)),
         drift=tuple(drift),
         failures=tuple(failures),
@@ -155,29 +157,32 @@ def _interrupts(measured: Sequence[SampleRecord]) -> list[InterruptRate]:
     return out
 
 
+def _clock(sample: SampleRecord) -> dict[str, Any] | None:
+    found = sample.evidence.get("clock")
+    return found if isinstance(found, dict) else None
+
+
 def _drift(envs: Sequence[EnvironmentRecord], measured: Sequence[SampleRecord]) -> list[DriftInfo]:
+    """Per VM environment, the bench's clock checks (``evidence["clock"]``)."""
     out = []
     for env in envs:
-        checks = [
-            clock_drift(s.host_seconds, s.guest_seconds)
-            for s in measured
-            if s.env == env.name
-            and s.host_seconds is not None
-            and s.guest_seconds is not None
-            and s.host_seconds > 0
-            and s.guest_seconds >= 0
-        ]
-        if env.kind == "vm" and checks:
-            worst = max(checks, key=lambda d: abs(d.relative))
-            out.append(
-                DriftInfo(
-                    env=env.name,
-                    samples=len(checks),
-                    flagged=sum(d.flagged for d in checks),
-                    worst_pct=100.0 * worst.relative,
-                    limit_pct=100.0 * DRIFT_LIMIT,
-                )
+        clocks = [c for s in measured if s.env == env.name and (c := _clock(s)) is not None]
+        checks = [c for c in clocks if isinstance(c.get("relative"), int | float)]
+        if env.kind != "vm" or not clocks:
+            continue
+        worst = max((float(c["relative"]) for c in checks), key=abs, default=0.0)
+        limit = next((float(c["limit"]) for c in checks if "limit" in c), DRIFT_LIMIT)
+        out.append(
+            DriftInfo(
+                env=env.name,
+                samples=len(checks),
+                flagged=sum(1 for c in checks if c.get("flagged") is True),
+                unresolved=sum(1 for c in checks if c.get("resolved") is False),
+                worst_pct=100.0 * worst,
+                limit_pct=100.0 * limit,
+                missing=len(clocks) - len(checks),
             )
+        )
     return out
 
 
@@ -257,6 +262,16 @@ def _warnings(
         )
         for d in drift
         if d.flagged
+    ]
+    out += [
+        ReportWarning(
+            kind="drift",
+            env=d.env,
+            text=f"{d.env}: the guest clock could not be read in {d.missing} sample(s): "
+            "no timekeeping check for them",
+        )
+        for d in drift
+        if d.missing
     ]
     for f in failures:
         where = f" np={f.np}" if f.np is not None else ""

@@ -24,7 +24,13 @@ WarningKind = Literal["tcg", "drift", "failed", "run", "summary"]
 
 
 class Row(Frozen):
-    """Summary of one metric in one environment, suite and process count."""
+    """Summary of one metric in one environment, suite and process count.
+
+    The fields of ``hpcvm results --json`` (``hpcvm.bench.results.ResultRow``), with two
+    differences: ``overhead_pct`` also holds the point estimate (ratio of means) when no
+    finite interval exists, so a figure can draw it as unbounded; ``values`` keeps the
+    samples behind ``mean`` for ``--compare``.
+    """
 
     env: str
     suite: str
@@ -32,20 +38,26 @@ class Row(Frozen):
     unit: str
     higher_is_better: bool
     np: int | None  # None when the suite ignores the process count (noise)
+    detail: bool = False  # a per-CPU detail metric: tables only, not figures
     n: int
-    mean: float
+    failed: int = 0  # samples of this cell that failed or lack this metric
+    mean: float | None  # None when every sample failed
+    stdev: float | None = None
     ci_low: float | None
     ci_high: float | None
     overhead_pct: float | None = None
     overhead_ci_low: float | None = None
     overhead_ci_high: float | None = None
-    significant: bool | None = None
+    significant: bool | None = None  # None for native
     overhead_note: str = ""
+    interrupts_per_s: float | None = None  # mean total rate: in the guest for a VM
+    host_interrupts_per_s: float | None = None
+    drift_flagged: int = 0
+    drift_unresolved: int = 0
     accel: str = ""
     cpu_model: str = ""
     stop_reason: str | None = None
     warnings: tuple[str, ...] = ()
-    failed: int = 0  # failed samples of this env x suite x np (the whole run failed)
     values: tuple[float, ...] = ()  # the non-warm-up values behind ``mean``
 
     @property
@@ -54,8 +66,7 @@ class Row(Frozen):
 
     @property
     def is_detail(self) -> bool:
-        """Per-CPU detail metrics (``NoiseMaxDetour_usec@cpu1``): tables only, not figures."""
-        return "@" in self.metric
+        return self.detail or "@" in self.metric
 
 
 class PlanSummary(Frozen):
@@ -115,13 +126,16 @@ class InterruptRate(Frozen):
 
 
 class DriftInfo(Frozen):
-    """Guest clock against host wall time over one environment's samples."""
+    """Guest clock against host time over one environment's samples (the bench's
+    ``clock`` evidence: change of guest-minus-host offset between two agent reads)."""
 
     env: str
-    samples: int
-    flagged: int  # samples with |drift| above the limit
+    samples: int  # samples with a clock check
+    flagged: int  # drift beyond the limit plus its uncertainty
+    unresolved: int  # samples too short for the check to see a drift of the limit
     worst_pct: float  # signed drift of the sample with the largest |drift|, in %
     limit_pct: float
+    missing: int = 0  # samples whose guest clock could not be read
 
 
 class FailedSamples(Frozen):

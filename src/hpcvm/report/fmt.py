@@ -1,0 +1,140 @@
+"""Text forms of the report's numbers, shared by the HTML, Markdown and terminal outputs
+so a figure reads the same everywhere (pure)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+from hpcvm.report.compare import CompareRow
+from hpcvm.report.labels import label
+from hpcvm.report.model import NATIVE, ReportData, Row
+
+STOP_REASONS = {
+    "target": "every metric's interval reached the target width (--reps auto)",
+    "max-reps": "the repetition cap was reached before the target width (--reps auto)",
+    "max-time": "the time cap (--max-time) was reached before the target width",
+    "fixed": "the fixed number of repetitions asked (--reps N) was done",
+}
+
+TABLE_HEADER = (
+    "benchmark",
+    "metric",
+    "np",
+    "env",
+    "n",
+    "mean [interval]",
+    "unit",
+    "overhead % [interval]",
+    "significant",
+    "failed",
+)
+
+
+def num(x: float | None) -> str:
+    """4 significant digits; plain for ordinary magnitudes, exponent otherwise."""
+    if x is None:
+        return "-"
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.4g}"
+
+
+def mean_text(r: Row) -> str:
+    if r.mean is None:
+        return f"no value ({r.failed} failed)"
+    if r.ci_low is None or r.ci_high is None:
+        return f"{num(r.mean)} (n=1: no interval)"
+    return f"{num(r.mean)} [{num(r.ci_low)}, {num(r.ci_high)}]"
+
+
+def pct(x: float) -> str:
+    return f"{x:+.3g}" if abs(x) < 1000 else f"{x:+.0f}"
+
+
+def overhead_text(r: Row) -> str:
+    if r.env == NATIVE:
+        return "baseline"
+    if r.overhead_pct is None:
+        return f"- ({r.overhead_note})" if r.overhead_note else "-"
+    if r.overhead_ci_low is None or r.overhead_ci_high is None:
+        return f"{pct(r.overhead_pct)}% [unbounded]"
+    return f"{pct(r.overhead_pct)}% [{pct(r.overhead_ci_low)}, {pct(r.overhead_ci_high)}]"
+
+
+def significant_text(r: Row) -> str:
+    if r.significant is None:
+        return "-"
+    return "yes" if r.significant else "no"
+
+
+def np_text(np: int | None) -> str:
+    return "-" if np is None else str(np)
+
+
+def row_cells(r: Row) -> tuple[str, ...]:
+    """The cells of one row of the results table, in TABLE_HEADER's order."""
+    return (
+        label(r.suite, r.metric, r.np),
+        r.metric,
+        np_text(r.np),
+        r.env,
+        str(r.n),
+        mean_text(r),
+        r.unit or "-",
+        overhead_text(r),
+        significant_text(r),
+        str(r.failed),
+    )
+
+
+def stop_text(reason: str | None) -> str:
+    if reason is None:
+        return "not recorded (the run did not end normally)"
+    return f"{reason}: {STOP_REASONS.get(reason, 'as recorded by hpcvm bench')}"
+
+
+def when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def method_lines(data: ReportData) -> list[str]:
+    """The method in sentences: what the intervals are and how many runs stand behind them."""
+    run = data.run
+    level = f"{run.confidence * 100:g}%"
+    reps = ", ".join(f"{env}: {n}" for env, n in run.repetitions.items()) or "none"
+    return [
+        f"Intervals: {level} Student-t interval of the mean; overhead is a ratio of means "
+        f"(VM/native for lower-is-better metrics, native/VM otherwise) with a {level} "
+        "Fieller interval (Welch degrees of freedom); significant when it excludes zero.",
+        f"Repetitions measured per environment: {reps}; warm-up runs discarded: "
+        f"{run.warmup_discarded}.",
+        f"What stopped the repetitions: {stop_text(run.stop_reason)}.",
+        "Environments ran one at a time, interleaved in a fresh random order in every "
+        f"repetition block (seed {run.seed}).",
+        f"Run {run.id}: {run.status}; started {when(run.started_at)}, finished "
+        f"{when(run.finished_at)}, measuring time {duration(run.elapsed_s)}; "
+        f"hpcvm {run.hpcvm_version}.",
+    ]
+
+
+def change_text(r: CompareRow) -> str:
+    if r.change_pct is None:
+        return "-"
+    if r.change_ci_low is None or r.change_ci_high is None:
+        return f"{pct(r.change_pct)}% [unbounded]"
+    return f"{pct(r.change_pct)}% [{pct(r.change_ci_low)}, {pct(r.change_ci_high)}]"
+
+
+def compare_significance(r: CompareRow) -> str:
+    if not r.significant or r.change_pct is None:
+        return "no"
+    return "yes: B worse" if r.change_pct > 0 else "yes: B better"
