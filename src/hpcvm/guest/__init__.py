@@ -1,1 +1,15 @@
-"""guest stage of the hpcvm pipeline (see DESIGN.md)."""
+"""guest stage of the hpcvm pipeline (see DESIGN.md): the built-in guest image.
+
+``ensure_guest()`` returns the cached kernel + initramfs (building it when its inputs
+changed); the runtime boots it with the host's root shared over virtio-9p.
+"""
+
+from hpcvm.guest.image import (
+    GuestImage,
+    build_guest,
+    cached_guest,
+    default_cache_dir,
+    ensure_guest,
+)
+
+__all__ = ["GuestImage", "build_guest", "cached_guest", "default_cache_dir", "ensure_guest"]

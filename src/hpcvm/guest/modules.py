@@ -1,0 +1,122 @@
+"""Which kernel modules the built-in guest loads, and in what order.
+
+The initramfs has no modprobe and no udev: its /init loads a fixed list with busybox
+``insmod``, so dependencies must be resolved when the image is built. They come from the
+kernel's own ``modules.dep`` (written by ``depmod``), never from a list kept by hand,
+so a kernel that splits or merges modules still gets a correct order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcvm.errors import RuntimeFailure
+
+# What the guest needs, in the order a person would load them; dependencies are added
+# before the module that needs them. virtio-pci carries every device; 9p shares the
+# host root; virtio_console carries the guest agent; overlay makes the root writable;
+# virtio_blk is for user disk images. NUMA and hugetlbfs are built into distribution
+# kernels (checked by kernel.check_config), so no module is needed for them.
+GUEST_MODULES: tuple[str, ...] = (
+    "virtio_ring",
+    "virtio",
+    "virtio_pci_modern_dev",
+    "virtio_pci_legacy_dev",
+    "virtio_pci",
+    "netfs",
+    "fscache",
+    "9pnet",
+    "9pnet_virtio",
+    "9p",
+    "virtio_console",
+    "overlay",
+    "virtio_blk",
+)
+
+_SUFFIXES = (".ko", ".ko.xz", ".ko.gz", ".ko.zst")
+
+
+def module_name(path: str) -> str:
+    """``kernel/fs/9p/9p.ko.xz`` -> ``9p``; dashes and underscores are the same to the
+    kernel, so names are normalised to underscores."""
+    base = path.rsplit("/", 1)[-1]
+    for suffix in _SUFFIXES:
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    return base.replace("-", "_")
+
+
+@dataclass(frozen=True)
+class ModuleIndex:
+    """``modules.dep`` and ``modules.builtin`` of one kernel, keyed by module name."""
+
+    paths: dict[str, str]  # name -> path relative to the modules directory
+    depends: dict[str, tuple[str, ...]]  # name -> names it needs
+    builtin: frozenset[str]
+
+    @classmethod
+    def parse(cls, dep_text: str, builtin_text: str = "") -> ModuleIndex:
+        """Read the text of ``modules.dep`` (``path: dep-path dep-path ...``)."""
+        paths: dict[str, str] = {}
+        depends: dict[str, tuple[str, ...]] = {}
+        for lineno, line in enumerate(dep_text.splitlines(), 1):
+            if not line.strip():
+                continue
+            target, sep, rest = line.partition(":")
+            if not sep:
+                raise RuntimeFailure(f"modules.dep line {lineno} has no ':': {line[:80]!r}")
+            name = module_name(target.strip())
+            paths[name] = target.strip()
+            depends[name] = tuple(module_name(p) for p in rest.split())
+        builtin = frozenset(module_name(p) for p in builtin_text.split())
+        return cls(paths, depends, builtin)
+
+    @classmethod
+    def load(cls, modules_dir: Path) -> ModuleIndex:
+        """Read ``modules.dep`` (and ``modules.builtin`` if present) from a
+        ``/lib/modules/<release>`` directory."""
+        dep = modules_dir / "modules.dep"
+        builtin = modules_dir / "modules.builtin"
+        try:
+            dep_text = dep.read_text()
+        except OSError as exc:
+            raise RuntimeFailure(
+                f"cannot read {dep} ({exc.strerror}): run `depmod -b ROOT RELEASE` first"
+            ) from exc
+        builtin_text = builtin.read_text() if builtin.is_file() else ""
+        return cls.parse(dep_text, builtin_text)
+
+    def load_order(self, wanted: tuple[str, ...] | list[str]) -> list[str]:
+        """Module names to insmod, each after everything it depends on.
+
+        Built-in modules are skipped (they are already in the kernel). A wanted module
+        the kernel has neither as a module nor built in is an error: the guest would
+        fail at boot, later and less clearly.
+        """
+        order: list[str] = []
+        done: set[str] = set()
+
+        def visit(name: str, chain: tuple[str, ...]) -> None:
+            if name in done:
+                return
+            if name in chain:
+                raise RuntimeFailure(f"modules.dep has a cycle: {' -> '.join((*chain, name))}")
+            for dep in self.depends[name]:
+                if dep not in self.paths:
+                    raise RuntimeFailure(f"modules.dep: {name} needs {dep}, which is not listed")
+                visit(dep, (*chain, name))
+            done.add(name)
+            order.append(name)
+
+        for raw in wanted:
+            name = raw.replace("-", "_")
+            if name in self.paths:
+                visit(name, ())
+            elif name not in self.builtin:
+                raise RuntimeFailure(
+                    f"this kernel has no module {name} (neither in modules.dep nor built in); "
+                    "use a distribution kernel or pass one that has it with --kernel"
+                )
+        return order
