@@ -1,0 +1,380 @@
+"""A small synchronous client for qemu-guest-agent over its unix socket.
+
+The protocol is QMP-like JSON, one object per line, but with no greeting and no
+events, and the channel may hold stale replies: from a client that left before reading
+its answer, or from commands written while the guest was still booting (the
+virtio-serial port queues them until qemu-ga opens it). So every connection starts
+with ``guest-sync`` carrying a random id, and replies are read until that id comes
+back; only then is the channel known to be in step.
+
+QEMU's chardev socket serves one client at a time: connect, do the work, close.
+Every failure is a RuntimeFailure with a one-line message.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import random
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from hpcvm.errors import RuntimeFailure
+from hpcvm.runtime.model import ExecResult
+
+_SYNC_ATTEMPT = 1.0  # seconds to wait for one guest-sync reply while the guest boots
+_CONNECT_RETRY = 0.1
+_POLL_FIRST = 0.01  # guest-exec-status polling: short commands answer in ~0.1 s
+_POLL_MAX = 0.25
+_READ_CHUNK = 48 * 1024  # guest-file-read count
+
+
+class _Closed(Exception):
+    """The agent's socket closed (QEMU exited or the guest went away)."""
+
+
+class AgentGone(RuntimeFailure):
+    """The connection to the agent dropped in the middle of a request."""
+
+
+class AgentCommandError(RuntimeFailure):
+    """The agent answered a command with an error; ``desc`` is its description."""
+
+    def __init__(self, message: str, desc: str) -> None:
+        super().__init__(message)
+        self.desc = desc
+
+
+class GuestAgent:
+    """One VM's guest agent at ``path`` (the QEMU chardev socket).
+
+    ``timeout`` bounds each request's reply (and connecting); ``console_log`` is named
+    in errors so a user knows where to look when the guest never answers.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        timeout: float = 30.0,
+        console_log: str | Path | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self.console_log = str(console_log) if console_log else None
+        self._sock: socket.socket | None = None
+        self._buf = b""
+
+    # -- connection ---------------------------------------------------------------------
+
+    def __enter__(self) -> GuestAgent:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the connection (idempotent); the next request reconnects."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        self._sock = None
+        self._buf = b""
+
+    def _open(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(str(self.path))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _connected(self) -> socket.socket:
+        """The connection, opened and synced if needed."""
+        if self._sock is None:
+            try:
+                self._sock = self._open()
+            except OSError as exc:
+                raise RuntimeFailure(
+                    f"cannot connect to the guest agent at {self.path}: "
+                    f"{exc.strerror or type(exc).__name__}; is the VM running?"
+                ) from exc
+            try:
+                if not self._sync(time.monotonic() + self.timeout):
+                    raise RuntimeFailure(self._silent(f"within {self.timeout:g} s"))
+            except _Closed as exc:
+                self.close()
+                raise AgentGone(
+                    f"the guest agent at {self.path} closed the connection; is the VM running?"
+                ) from exc
+            except BaseException:
+                self.close()
+                raise
+        return self._sock
+
+    def _silent(self, when: str) -> str:
+        where = (
+            f"see the console log {self.console_log}"
+            if self.console_log
+            else ("see the VM's console log")
+        )
+        return f"the guest agent at {self.path} did not answer {when}; {where}"
+
+    # -- wire ---------------------------------------------------------------------------
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.sendall(json.dumps(message).encode() + b"\n")
+        except OSError as exc:
+            raise _Closed from exc
+
+    def _receive(self, until: float) -> dict[str, Any] | None:
+        """The next JSON object, or None when ``until`` (monotonic) passes first."""
+        assert self._sock is not None
+        while b"\n" not in self._buf:
+            left = until - time.monotonic()
+            if left <= 0:
+                return None
+            self._sock.settimeout(left)
+            try:
+                chunk = self._sock.recv(1 << 20)
+            except TimeoutError:
+                return None
+            except OSError as exc:
+                raise _Closed from exc
+            if not chunk:
+                raise _Closed
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        try:
+            value = json.loads(line.strip(b"\xff \r\t"))
+        except ValueError:
+            return {}  # noise from a half-written command; callers skip it
+        return value if isinstance(value, dict) else {}
+
+    def _sync(self, until: float) -> bool:
+        """Send guest-sync with a fresh id and read until it comes back; False when
+        ``until`` passes (the guest may still be booting: the caller may retry)."""
+        ident = random.randrange(1, 2**31)
+        # 0xFF first: qemu-ga discards any half-read command it holds.
+        assert self._sock is not None
+        try:
+            self._sock.sendall(b"\xff")
+        except OSError as exc:
+            raise _Closed from exc
+        self._send({"execute": "guest-sync", "arguments": {"id": ident}})
+        while (reply := self._receive(until)) is not None:
+            if reply.get("return") == ident:
+                return True
+        return False
+
+    def call(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
+        """Run one agent command and return its ``return`` value.
+
+        RuntimeFailure when the agent reports an error, does not answer within the
+        timeout, or the connection drops.
+        """
+        self._connected()
+        message: dict[str, Any] = {"execute": command}
+        if arguments:
+            message["arguments"] = arguments
+        try:
+            self._send(message)
+            reply = self._receive(time.monotonic() + self.timeout)
+        except _Closed as exc:
+            self.close()
+            raise AgentGone(
+                f"the guest agent connection closed during {command}: the VM stopped?"
+            ) from exc
+        if reply is None:
+            self.close()
+            raise RuntimeFailure(self._silent(f"to {command} within {self.timeout:g} s"))
+        if "error" in reply:
+            desc = _error_desc(reply["error"])
+            raise AgentCommandError(f"the guest agent refused {command}: {desc}", desc)
+        return reply.get("return")
+
+    # -- readiness ----------------------------------------------------------------------
+
+    def wait_ready(self, deadline: float, is_alive: Callable[[], bool] = lambda: True) -> float:
+        """Wait until the agent answers ``guest-sync``; the seconds it took.
+
+        ``deadline`` is a ``time.monotonic()`` instant. Connecting and syncing are
+        retried until then; ``is_alive`` (is QEMU still running?) is checked between
+        attempts so a VM that died is reported at once, not at the deadline.
+        """
+        begin = time.monotonic()
+        while True:
+            if not is_alive():
+                self.close()
+                raise RuntimeFailure(self._silent("before the VM stopped"))
+            now = time.monotonic()
+            if now >= deadline:
+                self.close()
+                raise RuntimeFailure(self._silent(f"within {deadline - begin:.0f} s"))
+            if self._sock is None:
+                try:
+                    self._sock = self._open()
+                except OSError:
+                    time.sleep(min(_CONNECT_RETRY, max(0.0, deadline - now)))
+                    continue
+            try:
+                if self._sync(min(deadline, time.monotonic() + _SYNC_ATTEMPT)):
+                    return time.monotonic() - begin
+            except _Closed:
+                self.close()
+                time.sleep(_CONNECT_RETRY)
+
+    def ping(self) -> None:
+        self.call("guest-ping")
+
+    def osinfo(self) -> dict[str, Any]:
+        """guest-get-osinfo: kernel release, machine, distribution name and version."""
+        info = self.call("guest-get-osinfo")
+        return dict(info) if isinstance(info, dict) else {}
+
+    # -- commands -----------------------------------------------------------------------
+
+    def exec(
+        self,
+        argv: list[str],
+        timeout: float | None = None,
+        *,
+        input: bytes | None = None,
+        env: list[str] | None = None,
+    ) -> ExecResult:
+        """Run ``argv`` in the guest (no shell; PATH is searched) and wait for it.
+
+        stdout and stderr are decoded as UTF-8 (invalid bytes replaced). A process
+        killed by a signal gets exit code 128 + signal, as a shell reports it. After
+        ``timeout`` seconds the process is sent SIGKILL (guest-exec has no kill, so a
+        ``kill`` runs in the guest) and RuntimeFailure says it "timed out". qemu-ga
+        keeps at most 16 MiB of each stream.
+        """
+        if not argv:
+            raise RuntimeFailure("nothing to run in the guest: empty command")
+        args: dict[str, Any] = {"path": argv[0], "arg": list(argv[1:]), "capture-output": True}
+        if input is not None:
+            args["input-data"] = base64.b64encode(input).decode()
+        if env is not None:
+            args["env"] = env
+        begin = time.monotonic()
+        try:
+            try:
+                started = self.call("guest-exec", args)
+            except AgentCommandError as exc:
+                desc = exc.desc.removeprefix("Guest agent command failed, error was ").strip("'")
+                raise AgentCommandError(
+                    f"cannot run {argv[0]!r} in the guest: {desc}", desc
+                ) from exc
+            pid = int(started["pid"])
+            status = self._wait_exit(pid, argv, begin, timeout)
+        except AgentGone as exc:
+            raise AgentGone(
+                f"the VM stopped while running {argv[0]!r} (the guest agent went away)"
+            ) from exc
+        return _result(status, time.monotonic() - begin)
+
+    def _wait_exit(
+        self, pid: int, argv: list[str], begin: float, timeout: float | None
+    ) -> dict[str, Any]:
+        delay = _POLL_FIRST
+        while True:
+            status = self.call("guest-exec-status", {"pid": pid})
+            if isinstance(status, dict) and status.get("exited"):
+                return status
+            if timeout is not None and time.monotonic() - begin > timeout:
+                killed = self._kill(pid)
+                raise RuntimeFailure(
+                    f"{argv[0]!r} timed out after {timeout:g} s in the guest (pid {pid}); "
+                    + ("it was killed" if killed else "it may still be running there")
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX)
+
+    def _kill(self, pid: int) -> bool:
+        """SIGKILL a guest process; True when it is gone (its status collected)."""
+        try:
+            self.call("guest-exec", {"path": "kill", "arg": ["-KILL", str(pid)]})
+            until = time.monotonic() + 5.0
+            while time.monotonic() < until:
+                status = self.call("guest-exec-status", {"pid": pid})
+                if isinstance(status, dict) and status.get("exited"):
+                    return True
+                time.sleep(0.05)
+        except RuntimeFailure:
+            pass
+        return False
+
+    def read_file(self, path: str, *, limit: int = 64 << 20) -> bytes:
+        """The bytes of a guest file (guest-file-open/read/close), up to ``limit``."""
+        handle = self.call("guest-file-open", {"path": path, "mode": "r"})
+        data = bytearray()
+        try:
+            while len(data) < limit:
+                chunk = self.call("guest-file-read", {"handle": handle, "count": _READ_CHUNK})
+                data += base64.b64decode(chunk.get("buf-b64", ""))
+                if chunk.get("eof") or not chunk.get("count"):
+                    break
+        finally:
+            with contextlib.suppress(RuntimeFailure):
+                self.call("guest-file-close", {"handle": handle})
+        return bytes(data[:limit])
+
+    def shutdown(self, mode: str = "powerdown", *, wait: float = 3.0) -> None:
+        """Ask the guest to power off (or ``halt``/``reboot``).
+
+        qemu-ga answers only on failure; success shows as the connection closing when
+        QEMU exits. Returns after that, or after ``wait`` seconds of silence; waiting
+        for QEMU itself to exit is the caller's business.
+        """
+        self._connected()
+        try:
+            self._send({"execute": "guest-shutdown", "arguments": {"mode": mode}})
+            until = time.monotonic() + wait
+            while (reply := self._receive(until)) is not None:
+                if "error" in reply:
+                    desc = _error_desc(reply["error"])
+                    raise AgentCommandError(f"the guest refused to shut down: {desc}", desc)
+        except _Closed:
+            pass
+        finally:
+            self.close()
+
+
+def _error_desc(error: object) -> str:
+    if isinstance(error, dict):
+        return str(error.get("desc", error))
+    return str(error)
+
+
+def _text(status: dict[str, Any], key: str) -> str:
+    raw = status.get(key)
+    return base64.b64decode(raw).decode("utf-8", "replace") if raw else ""
+
+
+def _result(status: dict[str, Any], seconds: float) -> ExecResult:
+    signal = status.get("signal")
+    code = status.get("exitcode")
+    if code is None:
+        code = 128 + int(signal) if signal is not None else -1
+    return ExecResult(
+        exit_code=int(code),
+        stdout=_text(status, "out-data"),
+        stderr=_text(status, "err-data"),
+        signal=int(signal) if signal is not None else None,
+        seconds=round(seconds, 6),
+    )
