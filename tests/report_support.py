@@ -27,6 +27,9 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from hpcvm.bench.cmd import CmdSuite
 from hpcvm.bench.evidence import interrupt_rates, read_interrupts, total_rate
@@ -42,6 +45,7 @@ PREFIX = {
 }
 ENVS = tuple(PREFIX)
 REPS = 3
+QUANTA = 2000
 DD_PATTERN = r"copied, ([0-9.eE+-]+) s"
 FAIL_SUITE = "cmd:missing-input"
 
@@ -65,16 +69,23 @@ def _run(
 
 
 def _sample(
-    env: str, suite: str, np: int | None, rep: int, position: int, workdir: Path
+    env: str, suite: str, np: int | None, rep: int, position: int, workdir: Path, quantum_us: int
 ) -> NewSample:
     if suite == "noise":
-        argv = [*PREFIX[env], str(noise_binary()), "-n", "2000", "-q", "50", "-o", RAW_FILE]
-        parse = lambda out, err, code: report_metrics(parse_report(out))  # noqa: E731
+        noise = [str(noise_binary()), "-n", str(QUANTA), "-q", str(quantum_us), "-o", RAW_FILE]
+        argv = [*PREFIX[env], *noise]
+
+        def parse(out: str, err: str, code: int) -> list[MetricValue]:
+            return report_metrics(parse_report(out))
+
     else:
         command = _dd_command(env, np or 1) if suite == "cmd" else "dd if=/nonexistent-hpcvm"
         cmd = CmdSuite(command, DD_PATTERN, higher_is_better=False, unit="s", metric_name="dd_s")
         argv = cmd.argv
-        parse = lambda out, err, code: cmd.parse(workdir, out, err, code)  # noqa: E731
+
+        def parse(out: str, err: str, code: int) -> list[MetricValue]:
+            return cmd.parse(workdir, out, err, code)
+
     started = time.time()
     proc, seconds, rates = _run(argv, workdir)
     values: list[MetricValue] = []
@@ -110,15 +121,29 @@ def _sample(
     )
 
 
-def measure_database(out: Path, seed: int = 5) -> Path:
-    """Measure the three environments and write ``out/hpcvm.db``; return ``out``."""
+Cell = tuple[str, int | None]  # suite, np
+CELLS: tuple[Cell, ...] = (("noise", None), ("cmd", 1), ("cmd", 2))
+
+
+def measure_database(
+    out: Path,
+    *,
+    envs: Sequence[str] = ENVS,
+    cells: Sequence[Cell] = CELLS,
+    quantum_us: int = 50,
+    failing: bool = True,
+    seed: int = 5,
+) -> Path:
+    """Measure ``envs`` x ``cells`` (``REPS`` blocks after a warm-up) and write
+    ``out/hpcvm.db``; return ``out``. ``quantum_us`` is the noise suite's quantum: two
+    databases measured with different quanta really differ in NoiseQuantum_usec."""
     with Store.open(out, create=True) as store:
         run_id = store.create_run(
-            args={"env": list(ENVS), "suite": ["noise", "cmd"], "np": [1, 2], "reps": REPS},
+            args={"env": list(envs), "cells": [list(c) for c in cells], "reps": REPS},
             seed=seed,
             confidence=0.97,
         )
-        for env in ENVS:
+        for env in envs:
             store.add_environment(
                 run_id,
                 NewEnvironment(
@@ -133,12 +158,24 @@ def measure_database(out: Path, seed: int = 5) -> Path:
             )
         started = time.monotonic()
         for rep in range(REPS + 1):
-            for suite, np in (("noise", None), ("cmd", 1), ("cmd", 2)):
-                for position, env in enumerate(interleaved_order(ENVS, rep, seed)):
+            for suite, np in cells:
+                for position, env in enumerate(interleaved_order(envs, rep, seed)):
                     workdir = out / "work" / f"{env}-{suite}-{np}-{rep}"
-                    store.add_sample(run_id, _sample(env, suite, np, rep, position, workdir))
-        failing = out / "work" / "failing"
-        store.add_sample(run_id, _sample("native", FAIL_SUITE, 1, 1, 0, failing))
+                    sample = _sample(env, suite, np, rep, position, workdir, quantum_us)
+                    store.add_sample(run_id, sample)
+        if failing:
+            failed = _sample("native", FAIL_SUITE, 1, 1, 0, out / "work" / "failing", quantum_us)
+            store.add_sample(run_id, failed)
         store.add_elapsed(run_id, time.monotonic() - started)
         store.set_status(run_id, "finished", stop_reason="fixed")
     return out
+
+
+_MEASURED: dict[str, Path] = {}
+
+
+def measured(factory: pytest.TempPathFactory, name: str, **options: Any) -> Path:
+    """A database measured once per test session (shared by every report test module)."""
+    if name not in _MEASURED:
+        _MEASURED[name] = measure_database(factory.mktemp(name), **options)
+    return _MEASURED[name]

@@ -9,9 +9,10 @@
   environment;
 - noise: detour distribution per environment (survival function, log axes).
 
-Figures are built on ``matplotlib.figure.Figure`` with an Agg canvas, not pyplot, so
-nothing global is touched and no display is needed. Environment colours come from
-``labels.env_colours`` (fixed per name). Tick labels are laid out until they do not
+Every bar and point carries its environment's name as ``gid`` (what tests use to check
+colours). Figures are built on ``matplotlib.figure.Figure`` with an Agg canvas, not
+pyplot, so nothing global is touched and no display is needed. Environment colours come
+from ``labels.env_colours`` (fixed per name). Tick labels are laid out until they do not
 overlap (rotated 30, 60, then 90 degrees as needed).
 """
 
@@ -129,7 +130,9 @@ def draw_bars(
             colour = colours[name]
             if bar.low is None or bar.high is None:
                 unbounded = True
-                ax.bar(x, bar.value, width, facecolor="white", edgecolor=colour, hatch="///")
+                ax.bar(
+                    x, bar.value, width, facecolor="white", edgecolor=colour, hatch="///", gid=name
+                )
                 ax.annotate(
                     "",
                     xy=(x, 0.98),
@@ -147,6 +150,7 @@ def draw_bars(
                 yerr=[[bar.value - bar.low], [bar.high - bar.value]],
                 capsize=2,
                 error_kw={"elinewidth": 1.0, "ecolor": "black"},
+                gid=name,
             )
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(groups)), [text(g) for g in groups])
@@ -298,7 +302,7 @@ def _absolute_panel(
             err = None
             if r.ci_low is not None and r.ci_high is not None:
                 err = [[r.mean - r.ci_low], [r.ci_high - r.mean]]
-            ax.bar(i + offset, r.mean, width, color=colours[env], yerr=err, capsize=2)
+            ax.bar(i + offset, r.mean, width, color=colours[env], yerr=err, capsize=2, gid=env)
     ax.set_xticks(range(len(nps)), ["all CPUs" if n is None else f"np {n}" for n in nps])
     ax.grid(axis="y", alpha=0.3)
 
@@ -322,9 +326,8 @@ def interrupts_figure(data: ReportData, colours: dict[str, str]) -> Figure | Non
     fig = new_figure(8.0, 5.2)
     ax = fig.add_subplot(1, 1, 1)
     for r, x, y in points:
-        ax.scatter(
-            x, y, color=colours[r.env], marker=MARKERS[suites.index(r.suite) % len(MARKERS)], s=30
-        )
+        marker = MARKERS[suites.index(r.suite) % len(MARKERS)]
+        ax.scatter(x, y, color=colours[r.env], marker=marker, s=30, gid=r.env)
         if len(points) <= MAX_POINT_LABELS:
             ax.annotate(
                 text(label(r.suite, r.metric, r.np)),

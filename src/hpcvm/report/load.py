@@ -22,6 +22,7 @@ from hpcvm.bench.metrics import ParseError
 from hpcvm.bench.noise import RAW_FILE, read_raw
 from hpcvm.report.describe import host_summary, plan_summary
 from hpcvm.report.detours import detour_curve
+from hpcvm.report.labels import env_order
 from hpcvm.report.model import (
     DriftInfo,
     EnvInfo,
@@ -97,7 +98,7 @@ def _run_info(
         seed=run.seed,
         hpcvm_version=run.hpcvm_version,
         args=run.args,
-        repetitions={env: len(r) for env, r in reps.items()},
+        repetitions={env: len(reps[env]) for env in env_order(reps)},
         warmup_discarded=sum(1 for s in samples if s.warmup),
     )
 

@@ -1,0 +1,117 @@
+"""``hpcvm report`` on the command line: where the files go, what it prints, and bad
+input refused in one line with nothing left behind."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from tests.report_support import measured
+
+from hpcvm.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return measured(tmp_path_factory, "main")
+
+
+def _printed_paths(out: str) -> dict[str, Path]:
+    found = {}
+    for line in out.splitlines():
+        kind, _, path = line.partition(": ")
+        if kind in ("html", "md", "json"):
+            found[kind] = Path(path)
+    return found
+
+
+def test_report_writes_every_format_and_prints_where(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "rep"
+    argv = ["report", str(db), "--out", str(out)]
+    assert main([*argv, "--format", "html", "--format", "md", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    paths = _printed_paths(captured.out)
+    assert paths == {
+        "html": out.absolute() / "report.html",
+        "md": out.absolute() / "report.md",
+        "json": out.absolute() / "report.json",
+    }
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths.values())
+    assert f"PNG files in {out.absolute() / 'figures'}" in captured.out
+    assert "TCG (software emulation)" in captured.err  # the TCG warning, on stderr
+    assert not list(out.rglob(".*.tmp"))
+
+
+def test_default_is_html_in_results_report(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = tmp_path / "results"
+    copy.mkdir()
+    with sqlite3.connect(db / "hpcvm.db") as src, sqlite3.connect(copy / "hpcvm.db") as dst:
+        src.backup(dst)
+    assert main(["report", str(copy)]) == 0
+    assert _printed_paths(capsys.readouterr().out) == {
+        "html": copy.absolute() / "report" / "report.html"
+    }
+
+
+def test_compare_prints_the_count_and_writes_compare_files(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(db), "--compare", str(db), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "0 changed significantly" in out
+    assert _printed_paths(out) == {"html": tmp_path.absolute() / "compare.html"}
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("hpcvm: error: ") and "Traceback" not in err
+    return err
+
+
+def test_missing_results_directory_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "rep"
+    assert main(["report", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert "does not exist" in _one_line_error(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_directory_without_a_database_is_refused_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(tmp_path)]) == 7
+    assert "no results database" in _one_line_error(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_is_not_a_database_is_refused_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "hpcvm.db").write_text("not a database\n")
+    assert main(["report", str(tmp_path)]) == 7
+    assert "not a readable hpcvm results database" in _one_line_error(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hpcvm.db"]
+    assert (tmp_path / "hpcvm.db").read_text() == "not a database\n"
+
+
+def test_out_that_is_a_file_is_refused_before_any_work(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "report.txt"
+    target.write_text("mine\n")
+    assert main(["report", str(db), "--out", str(target)]) == 2
+    assert "not a directory" in _one_line_error(capsys)
+    assert target.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.txt"]
+
+
+def test_unknown_format_is_refused(db: Path, tmp_path: Path) -> None:
+    assert main(["report", str(db), "--format", "pdf", "--out", str(tmp_path / "r")]) == 2
+    assert not (tmp_path / "r").exists()
