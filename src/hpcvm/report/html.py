@@ -148,7 +148,8 @@ def _method(data: ReportData) -> str:
     args = _e(", ".join(f"{k}={v}" for k, v in sorted(data.run.args.items())))
     return (
         f'<section id="method"><h2>Method</h2><ul>{items}</ul>'
-        f"<p>Arguments of the run: <code>{args}</code></p></section>"
+        f"<details><summary>Arguments of the run</summary><code>{args}</code></details>"
+        "</section>"
     )
 
 
@@ -220,11 +221,38 @@ def _evidence(data: ReportData) -> str:
         )
     if data.drift:
         drift_rows = [
-            (d.env, str(d.samples), str(d.flagged), f"{d.worst_pct:+.4f}%", f"{d.limit_pct:g}%")
+            (
+                d.env,
+                str(d.samples),
+                str(d.flagged),
+                str(d.unresolved),
+                str(d.missing),
+                f"{d.worst_pct:+.4f}%",
+                f"{d.limit_pct:g}%",
+            )
             for d in data.drift
         ]
-        parts.append("<h3>Guest clock against host wall time</h3>")
-        parts.append(table(("env", "samples", "above limit", "worst drift", "limit"), drift_rows))
+        parts.append("<h3>Guest clock against host time</h3>")
+        parts.append(
+            "<p>Drift of the guest clock over each sample (change of the guest-minus-host "
+            "offset between two reads through the agent). <em>Too short</em>: the reads' "
+            "round trips are too long for the sample to show a drift of the limit, so its "
+            "drift figure is no evidence either way.</p>"
+        )
+        parts.append(
+            table(
+                (
+                    "env",
+                    "samples",
+                    "beyond limit",
+                    "too short",
+                    "clock unreadable",
+                    "largest drift",
+                    "limit",
+                ),
+                drift_rows,
+            )
+        )
     if data.failures:
         fail_rows = [
             (

@@ -250,7 +250,7 @@ def _warnings(
                 text=f"run {run.id} is {run.status}: the report shows the samples finished so far",
             )
         )
-    out += [ReportWarning(kind="run", text=w) for w in run.warnings]
+    out += [ReportWarning(kind="tcg" if "TCG" in w else "run", text=w) for w in run.warnings]
     out += [
         ReportWarning(
             kind="drift",
