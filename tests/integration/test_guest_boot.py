@@ -1,0 +1,263 @@
+"""The built-in guest booted by a real QEMU under TCG, driven through GuestAgent.
+
+QEMU is started here with a minimal hand-written command line (not the renderer), so
+these tests say whether the image and the agent client work, independently of the
+rest of hpcvm. The image is the real one: ``build_guest()`` with the distribution
+kernel package (downloaded once into hpcvm's cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hpcvm.errors import RuntimeFailure
+from hpcvm.guest import GuestImage, build_guest
+from hpcvm.runtime.agent import GuestAgent
+
+pytestmark = pytest.mark.integration
+
+BOOT_TIMEOUT = 180.0  # shared, loaded machine under TCG; a boot takes ~6 s when idle
+EXIT_TIMEOUT = 60.0
+HOSTNAME = "guesttest"
+
+
+@pytest.fixture(scope="session")
+def guest_image() -> GuestImage:
+    image = build_guest()
+    print(f"\nguest image: {image.size_bytes} bytes, built in {image.build_seconds:.1f} s")
+    return image
+
+
+def qemu_argv(image: GuestImage, tmp: Path, *, agent: bool = True, share: bool = True) -> list[str]:
+    argv = [
+        "qemu-system-x86_64",
+        "-accel", "tcg,thread=multi",
+        "-cpu", "max",
+        "-m", "1G",
+        "-smp", "2",
+        "-nodefaults",
+        "-display", "none",
+        "-no-reboot",
+        "-kernel", str(image.kernel),
+        "-initrd", str(image.initrd),
+        "-append", f"{image.cmdline} hpcvm.hostname={HOSTNAME}",
+        "-serial", f"file:{tmp / 'console.log'}",
+    ]  # fmt: skip
+    if share:
+        argv += [
+            "-fsdev",
+            f"local,id=root,path={image.share_root},security_model=none,readonly=on,"
+            "multidevs=remap",
+            "-device", f"virtio-9p-pci,fsdev=root,mount_tag={image.share_tag}",
+        ]  # fmt: skip
+    if agent:
+        argv += [
+            "-chardev", f"socket,id=qga,path={tmp / 'agent.sock'},server=on,wait=off",
+            "-device", "virtio-serial-pci",
+            "-device", f"virtserialport,chardev=qga,name={image.agent_port_name}",
+        ]  # fmt: skip
+    return argv
+
+
+@dataclass
+class Vm:
+    proc: subprocess.Popen[bytes]
+    tmp: Path
+    started: float
+
+    @property
+    def socket(self) -> Path:
+        return self.tmp / "agent.sock"
+
+    @property
+    def console(self) -> Path:
+        return self.tmp / "console.log"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def agent(self) -> GuestAgent:
+        return GuestAgent(self.socket, timeout=60.0, console_log=self.console)
+
+
+def start_vm(image: GuestImage, tmp: Path, *, agent: bool = True) -> Vm:
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        qemu_argv(image, tmp, agent=agent),
+        stdin=subprocess.DEVNULL,
+        stdout=(tmp / "qemu.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    return Vm(proc, tmp, started)
+
+
+def stop_vm(vm: Vm) -> None:
+    if vm.alive():
+        vm.proc.kill()
+    vm.proc.wait(timeout=EXIT_TIMEOUT)
+    with contextlib.suppress(FileNotFoundError):
+        vm.socket.unlink()
+
+
+def qemu_processes_using(path: Path) -> list[int]:
+    """Live QEMU processes whose command line mentions ``path``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if b"qemu-system" in cmdline and str(path).encode() in cmdline and state != "Z":
+                found.append(int(entry))
+    return found
+
+
+@pytest.fixture(scope="module")
+def vm(guest_image: GuestImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vm]:
+    """One booted guest for the tests of this module; the last test shuts it down."""
+    tmp = tmp_path_factory.mktemp("guestvm")
+    machine = start_vm(guest_image, tmp)
+    try:
+        agent = machine.agent()
+        try:
+            agent.wait_ready(time.monotonic() + BOOT_TIMEOUT, machine.alive)
+            first = agent.exec(["/usr/bin/nproc"])
+        finally:
+            agent.close()
+        took = time.monotonic() - machine.started
+        print(f"\nQEMU start to first exec answer: {took:.1f} s")
+        assert took < 60.0
+        assert first.stdout.strip() == "2"
+        yield machine
+    finally:
+        stop_vm(machine)
+        assert qemu_processes_using(tmp) == []
+
+
+def run(vm: Vm, argv: list[str], **kwargs: object) -> tuple[int, str, str]:
+    with vm.agent() as agent:
+        result = agent.exec(argv, timeout=120.0, **kwargs)  # type: ignore[arg-type]
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_guest_sees_two_cpus(vm: Vm) -> None:
+    assert run(vm, ["/usr/bin/nproc"]) == (0, "2\n", "")
+
+
+def test_cmdline_is_the_images(vm: Vm, guest_image: GuestImage) -> None:
+    code, out, _ = run(vm, ["cat", "/proc/cmdline"])
+    assert code == 0
+    assert out.split() == [*guest_image.cmdline.split(), f"hpcvm.hostname={HOSTNAME}"]
+
+
+def test_guest_runs_the_images_kernel_and_hostname(vm: Vm, guest_image: GuestImage) -> None:
+    assert run(vm, ["uname", "-r"])[1].strip() == guest_image.kernel_version
+    assert run(vm, ["hostname"])[1].strip() == HOSTNAME
+
+
+def test_root_is_a_writable_overlay_and_the_host_is_untouched(vm: Vm) -> None:
+    name = f"/hpcvm-guest-test-{uuid.uuid4().hex}"
+    code, out, err = run(vm, ["sh", "-c", f"echo written > {name} && cat {name}"])
+    assert (code, out, err) == (0, "written\n", "")
+    assert not Path(name).exists()  # the host's root did not get it
+    code, out, _ = run(vm, ["sh", "-c", "awk '$2 == \"/\" {print $3}' /proc/mounts"])
+    assert out.split() == ["overlay"]
+
+
+def test_host_programs_run_in_the_guest(vm: Vm) -> None:
+    code, out, _ = run(vm, ["numactl", "--hardware"])
+    assert code == 0 and out.startswith("available: 1 nodes")
+    code, out, _ = run(vm, ["python3", "-c", "import sys; print(sys.version_info[0])"])
+    assert (code, out) == (0, "3\n")
+
+
+def test_exit_code_stderr_and_stdin_pass_through(vm: Vm) -> None:
+    assert run(vm, ["sh", "-c", "echo oops >&2; exit 42"]) == (42, "", "oops\n")
+    assert run(vm, ["false"])[0] == 1
+    assert run(vm, ["tr", "a-z", "A-Z"], input=b"hello\n") == (0, "HELLO\n", "")
+
+
+def test_guest_has_loopback_and_pseudo_filesystems(vm: Vm) -> None:
+    code, out, _ = run(vm, ["cat", "/sys/class/net/lo/operstate"])
+    assert code == 0 and out.strip() in ("unknown", "up")
+    code, out, _ = run(vm, ["sh", "-c", "awk '{print $2, $3}' /proc/mounts"])
+    mounts = set(out.splitlines())
+    for expected in ("/proc proc", "/sys sysfs", "/dev devtmpfs", "/dev/pts devpts", "/tmp tmpfs"):
+        assert expected in mounts
+
+
+def test_stale_replies_from_a_departed_client_are_skipped(vm: Vm) -> None:
+    """Commands sent by a client that left without reading (and half a command) must
+    not desynchronise the next client: this only happens over virtio-serial."""
+    raw = socket.socket(socket.AF_UNIX)
+    raw.connect(str(vm.socket))
+    for i in range(5):
+        raw.sendall(json.dumps({"execute": "guest-sync", "arguments": {"id": i}}).encode())
+    raw.sendall(b'{"execute": "guest-info"}\n{"execute": "guest-ping"')
+    time.sleep(1.0)
+    raw.close()
+    assert run(vm, ["echo", "in step"]) == (0, "in step\n", "")
+
+
+def test_zz_guest_shutdown_stops_qemu(vm: Vm) -> None:
+    """Last in this module: powers the guest off through qemu-ga."""
+    with vm.agent() as agent:
+        agent.shutdown()
+    vm.proc.wait(timeout=EXIT_TIMEOUT)
+    assert vm.proc.returncode == 0
+    vm.socket.unlink(missing_ok=True)  # QEMU removes it on a clean exit; make sure
+    assert not vm.socket.exists()
+    assert qemu_processes_using(vm.tmp) == []
+    assert "Power down" in vm.console.read_text(errors="replace")
+
+
+# -- failures -----------------------------------------------------------------------------
+
+
+def test_agent_on_a_vm_without_agent_device_times_out_naming_the_log(
+    guest_image: GuestImage, tmp_path: Path
+) -> None:
+    machine = start_vm(guest_image, tmp_path, agent=False)
+    try:
+        agent = machine.agent()
+        begin = time.monotonic()
+        with pytest.raises(RuntimeFailure) as info:
+            agent.wait_ready(begin + 15.0, machine.alive)
+        assert time.monotonic() - begin < 15.0 + 10.0
+        message = str(info.value)
+        assert str(machine.console) in message and "\n" not in message
+        assert machine.alive()  # it was the agent that was missing, not the VM
+    finally:
+        stop_vm(machine)
+    assert qemu_processes_using(tmp_path) == []
+
+
+def test_agent_on_a_vm_that_dies_fails_at_once(guest_image: GuestImage, tmp_path: Path) -> None:
+    """A guest whose root share is missing powers itself off; wait_ready sees QEMU go."""
+    proc = subprocess.Popen(
+        qemu_argv(guest_image, tmp_path, share=False),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    machine = Vm(proc, tmp_path, time.monotonic())
+    try:
+        with pytest.raises(RuntimeFailure, match="before the VM stopped"):
+            machine.agent().wait_ready(time.monotonic() + BOOT_TIMEOUT, machine.alive)
+        log = machine.console.read_text(errors="replace")
+        assert "cannot mount the host root" in log
+    finally:
+        stop_vm(machine)
+    assert qemu_processes_using(tmp_path) == []
