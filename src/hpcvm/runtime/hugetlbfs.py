@@ -3,13 +3,14 @@
 QEMU's ``memory-backend-file`` with a directory ``mem-path`` creates a temporary file
 there, maps it and unlinks it at once, so a cleanly or uncleanly ended QEMU leaves no
 file. To make that checkable, and to clean up after anything that does leave one,
-each VM gets its own ``hpcvm-<name>-<random>`` directory inside the mount: removing
-that directory removes everything the VM could have left.
+each VM gets its own ``hpcvm-<root token>-<name>-<random>`` directory inside the
+mount: removing that directory removes everything the VM could have left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import subprocess
 import tempfile
@@ -74,9 +75,16 @@ def ensure_mount(path: str, page_size: int) -> None:
         )
 
 
-def make_vm_dir(mount: str, name: str) -> Path:
+def vm_dir_prefix(runtime_root: Path, name: str = "") -> str:
+    """``hpcvm-<root token>-<name>-``: the token (a hash of the runtime root) keeps the
+    directories of same-named VMs of different runtime roots (users, tests) apart."""
+    token = hashlib.sha256(str(runtime_root).encode()).hexdigest()[:8]
+    return f"{VM_DIR_PREFIX}{token}-{name}-" if name else f"{VM_DIR_PREFIX}{token}-"
+
+
+def make_vm_dir(mount: str, name: str, runtime_root: Path) -> Path:
     """A private directory for one VM's hugetlbfs files inside ``mount``."""
-    return Path(tempfile.mkdtemp(prefix=f"{VM_DIR_PREFIX}{name}-", dir=mount))
+    return Path(tempfile.mkdtemp(prefix=vm_dir_prefix(runtime_root, name), dir=mount))
 
 
 def remove_vm_dir(directory: Path) -> None:

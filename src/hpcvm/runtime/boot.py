@@ -1,0 +1,94 @@
+"""What a VM boots: the built-in guest, a user's kernel and initrd, or a disk image.
+
+Checked before anything starts: a missing kernel, initrd or image is a usage error, not
+a QEMU that dies later with a less helpful message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcvm.errors import UsageError
+from hpcvm.render.model import BootSpec
+
+
+@dataclass(frozen=True)
+class BootMedia:
+    boot: BootSpec  # boot media only; the runtime adds sockets and logs
+    label: str  # Machine.image: "builtin:<kernel version>", a kernel path, or the disk
+    kernel: str | None  # the kernel a KVM probe can boot, when there is one
+    disk: str | None = None  # a user's disk image: overlay and seed go in the run dir
+    ready_timeouts: Mapping[str, float] | None = None  # per accel; None: the runtime's
+
+
+def in_run_dir(media: BootMedia, run_dir: Path, name: str) -> BootSpec:
+    """The boot spec once the VM's run dir exists: a disk image boots through a qcow2
+    overlay and a NoCloud seed made there (guest/disk.py), so ``down`` removes both."""
+    if media.disk is None:
+        return media.boot
+    from hpcvm.guest.disk import disk_boot
+
+    made = disk_boot(media.disk, run_dir, name=name)
+    return media.boot.model_copy(
+        update={"disk_image": str(made.disk_image), "seed_image": str(made.seed_image)}
+    )
+
+
+def _existing(path: str, what: str, flag: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{what} {path} does not exist or is not a file: check {flag}")
+    return str(p.resolve())
+
+
+def resolve_boot_media(
+    *, kernel: str | None = None, initrd: str | None = None, image: str | None = None
+) -> BootMedia:
+    """Boot media for ``up``; builds the built-in guest when nothing is given."""
+    if image is not None:
+        if kernel is not None or initrd is not None:
+            raise UsageError("give either --image or --kernel/--initrd, not both")
+        return _image_media(image)
+    if initrd is not None and kernel is None:
+        raise UsageError("--initrd needs --kernel")
+    if kernel is not None:
+        kernel = _existing(kernel, "kernel", "--kernel")
+        if initrd is not None:
+            return _own_media(kernel, _existing(initrd, "initrd", "--initrd"))
+    return _builtin_media(kernel)
+
+
+def _builtin_media(kernel: str | None) -> BootMedia:
+    """The built-in guest (host root over 9p, agent on virtio-serial), built for the
+    distribution's kernel or for ``kernel`` (modules beside it or in /lib/modules)."""
+    from hpcvm.guest import ensure_guest
+
+    image = ensure_guest(kernel=Path(kernel) if kernel else None)
+    label = f"builtin:{image.kernel_version}" if kernel is None else kernel
+    return BootMedia(boot=image.boot_spec(), label=label, kernel=str(image.kernel))
+
+
+def _own_media(kernel: str, initrd: str) -> BootMedia:
+    """A user's kernel and initramfs, booted with the built-in guest's command line and
+    shared root; nothing is built, so what they contain is the user's business."""
+    from hpcvm.guest.image import CMDLINE, SHARE_TAG
+
+    boot = BootSpec(
+        kernel=kernel, initrd=initrd, cmdline=CMDLINE, share_root="/", share_tag=SHARE_TAG
+    )
+    return BootMedia(boot=boot, label=kernel, kernel=kernel)
+
+
+def _image_media(image: str) -> BootMedia:
+    from hpcvm.guest.disk import DISK_READY_TIMEOUT, check_image
+
+    info = check_image(image)
+    return BootMedia(
+        boot=BootSpec(),
+        label=str(info.path),
+        kernel=None,
+        disk=str(info.path),
+        ready_timeouts=DISK_READY_TIMEOUT,
+    )

@@ -1,0 +1,496 @@
+"""up / exec / down: the runtime's orchestration, used by the CLI and by ``bench``.
+
+``up`` refuses everything it can before anything starts (name in use, missing boot
+media, an infeasible plan), then starts QEMU paused, pins its threads while no vCPU has
+run yet, resumes it and waits for the guest agent. Whatever goes wrong after QEMU exists
+— QEMU dying, the agent never answering, a pinning that did not take, Ctrl-C — tears
+the VM down completely before the error propagates: a failed ``up`` leaves nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
+from hpcvm.host.model import HostTopology
+from hpcvm.plan.model import MemoryRegion, PlanRequest, VMPlan
+from hpcvm.runtime import accel, hugetlbfs, paths, pinning, state
+from hpcvm.runtime.backends import get_backend
+from hpcvm.runtime.boot import BootMedia, in_run_dir, resolve_boot_media
+from hpcvm.runtime.model import Backend, BackendName, ExecResult, Machine
+
+ENV_READY_TIMEOUT = "HPCVM_READY_TIMEOUT"
+READY_TIMEOUT = {"tcg": 90.0, "kvm": 30.0}  # seconds from QEMU start to the agent
+DOWN_TIMEOUT = 30.0
+EXEC_TIMEOUT_EXIT = 124  # like timeout(1)
+
+Warn = Callable[[str], None]
+
+
+class ExecTimeout(RuntimeFailure):
+    """A guest command outlived its timeout; exits 124 like timeout(1)."""
+
+    exit_code = EXEC_TIMEOUT_EXIT
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    """How to start a VM, beyond its plan."""
+
+    name: str
+    backend: BackendName = "qemu"
+    connect_uri: str | None = None
+    kernel: str | None = None  # with initrd: boot these instead of the built-in guest
+    initrd: str | None = None
+    image: str | None = None  # a disk image booted instead of a kernel
+    ready_timeout: float | None = None  # None: $HPCVM_READY_TIMEOUT or READY_TIMEOUT
+
+
+# -- up -----------------------------------------------------------------------------------
+
+
+def make_plan(
+    request: PlanRequest,
+    *,
+    host: HostTopology | None = None,
+    kernel: str | None = None,
+    warn: Warn | None = None,
+) -> VMPlan:
+    """Plan ``request`` for this host (discovered live unless given).
+
+    With ``--accel auto`` on a host whose KVM looks usable, a probe guest must also boot
+    on it (accel.probe_kvm); otherwise the plan is redone for TCG with a warning.
+    """
+    from hpcvm.host import discover
+    from hpcvm.plan import plan as make
+
+    host = host if host is not None else discover()
+    try:
+        result = make(host, request)
+    except InfeasiblePlanError as exc:
+        hinted = _with_housekeeping_hint(exc, request)
+        if hinted is exc:
+            raise
+        raise hinted from exc
+    if result.accel == "kvm" and request.accel == "auto" and kernel is not None:
+        probe = accel.probe_kvm(kernel)
+        if not probe.ok:
+            if warn:
+                warn(f"KVM probe failed ({probe.detail}); falling back to TCG")
+            result = make(host, request.model_copy(update={"accel": "tcg"}))
+    return result
+
+
+def _with_housekeeping_hint(exc: InfeasiblePlanError, request: PlanRequest) -> Exception:
+    """On a small host the housekeeping core is what leaves too few PUs for the vCPUs:
+    say that ``--housekeeping 0`` is the other way out, if the planner did not."""
+    if "housekeeping" not in exc.message or "--housekeeping 0" in exc.message:
+        return exc
+    if request.housekeeping == 0:
+        return exc
+    return InfeasiblePlanError(
+        f"{exc.message}; or keep {request.vcpus} vCPUs with --housekeeping 0 (QEMU's own "
+        "threads then share the vCPUs' cores)"
+    )
+
+
+def up(
+    target: PlanRequest | VMPlan,
+    options: UpOptions,
+    *,
+    host: HostTopology | None = None,
+    warn: Warn | None = None,
+) -> Machine:
+    """Start a VM for a request (planned here) or a ready plan; return when the guest
+    agent answers. Raises HpcvmError (one line) with nothing left behind on failure."""
+    name = paths.check_name(options.name)
+    _refuse_if_in_use(name)
+    media = resolve_boot_media(kernel=options.kernel, initrd=options.initrd, image=options.image)
+    if isinstance(target, PlanRequest):
+        request = target.model_copy(update={"name": name})
+        plan = make_plan(request, host=host, kernel=media.kernel, warn=warn)
+    else:
+        plan = target
+    backend = get_backend(options.backend, options.connect_uri)
+    for region in plan.memory:
+        if region.backend == "file" and region.mem_path:
+            hugetlbfs.ensure_mount(region.mem_path, region.page_size_bytes)
+    ready_timeout = _ready_timeout(options, plan, media)
+    with _claimed_run_dir(name) as run_dir:
+        machine = _new_machine(name, run_dir, plan, media, backend, options)
+        try:
+            return _start(machine, backend, ready_timeout)
+        except BaseException as exc:
+            with _signals_deferred():
+                teardown(machine, backend)
+            failure = _as_failure(exc, machine, backend)
+            if failure is exc:
+                raise
+            raise failure from exc
+
+
+def _refuse_if_in_use(name: str) -> None:
+    directory = paths.run_dir(name)
+    if not directory.exists():
+        return
+    entry = state.entry_for(directory)
+    if entry.state == "stale":
+        _clean_stale(entry)
+        return
+    pid = f", pid {entry.machine.pid}" if entry.machine and entry.machine.pid else ""
+    raise UsageError(
+        f"a VM named {name!r} already exists ({entry.state}{pid}): choose another --name "
+        f"or stop it with `hpcvm down {name}`"
+    )
+
+
+@contextlib.contextmanager
+def _claimed_run_dir(name: str) -> Iterator[Path]:
+    """Create the VM's directory atomically and hold its up-lock while starting.
+
+    The directory is built under a hidden temporary name with the lock already held and
+    then renamed into place, so no other process ever sees it unlocked and half-made.
+    """
+    root = paths.ensure_root()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))  # mode 0700
+    final = root / name
+    try:
+        with state.starting_lock(tmp):
+            try:
+                os.rename(tmp, final)
+            except OSError as exc:
+                raise UsageError(
+                    f"a VM named {name!r} is being created by another process: choose "
+                    "another --name"
+                ) from exc
+            try:
+                yield final
+            except BaseException:
+                # Failures before QEMU exists (teardown handles the later ones).
+                if state.read_machine(final) is None:
+                    state.remove_run_dir(final)
+                raise
+    finally:
+        if tmp.exists():
+            state.remove_run_dir(tmp)
+
+
+def _new_machine(
+    name: str,
+    run_dir: Path,
+    plan: VMPlan,
+    media: BootMedia,
+    backend: Backend,
+    options: UpOptions,
+) -> Machine:
+    """The record before QEMU starts: sockets and logs in the run dir, and for the QEMU
+    backend a private hugetlbfs directory per mount (see hugetlbfs.py)."""
+    media_boot = in_run_dir(media, run_dir, name)  # first: it may fail, leaving only run_dir
+    vm_dirs: list[str] = []
+    if backend.name == "qemu":
+        plan, vm_dirs = _private_hugetlbfs(plan, name)
+    boot = media_boot.model_copy(
+        update={
+            "agent_socket": str(run_dir / paths.AGENT_SOCKET),
+            "qmp_socket": str(run_dir / paths.QMP_SOCKET),
+            "serial_log": str(run_dir / paths.CONSOLE_LOG),
+            "pidfile": str(run_dir / paths.PID_FILE),
+            "paused": True,  # pin before any vCPU runs, then resume
+        }
+    )
+    machine = Machine(
+        name=name,
+        backend=backend.name,
+        run_dir=str(run_dir),
+        pid=None,
+        started_at=time.time(),
+        plan=plan,
+        boot=boot,
+        image=media.label,
+        connect_uri=options.connect_uri,
+        hugetlbfs_dirs=tuple(vm_dirs),
+    )
+    state.save_machine(machine)
+    return machine
+
+
+def _private_hugetlbfs(plan: VMPlan, name: str) -> tuple[VMPlan, list[str]]:
+    made: dict[str, str] = {}
+    regions: list[MemoryRegion] = []
+    try:
+        for region in plan.memory:
+            if region.backend == "file" and region.mem_path:
+                if region.mem_path not in made:
+                    made[region.mem_path] = str(
+                        hugetlbfs.make_vm_dir(region.mem_path, name, paths.runtime_root())
+                    )
+                region = region.model_copy(update={"mem_path": made[region.mem_path]})
+            regions.append(region)
+    except BaseException:
+        for directory in made.values():
+            hugetlbfs.remove_vm_dir(Path(directory))
+        raise
+    return plan.model_copy(update={"memory": tuple(regions)}), list(made.values())
+
+
+def _ready_timeout(options: UpOptions, plan: VMPlan, media: BootMedia) -> float:
+    if options.ready_timeout is not None:
+        return options.ready_timeout
+    env = os.environ.get(ENV_READY_TIMEOUT)
+    if env:
+        try:
+            return float(env)
+        except ValueError:
+            raise UsageError(f"{ENV_READY_TIMEOUT}={env!r} is not a number of seconds") from None
+    return (media.ready_timeouts or READY_TIMEOUT)[plan.accel]
+
+
+def _start(machine: Machine, backend: Backend, ready_timeout: float) -> Machine:
+    started = backend.start(machine)
+    state.save_machine(started)  # from here on `down` can clean up after us
+    assert started.pid is not None
+    threads = backend.vcpu_threads(started)
+    if getattr(backend, "pins_itself", True):
+        pinning.check(started.plan, started.pid, threads)
+    else:
+        pinning.pin(started.plan, started.pid, threads)
+    if started.boot.paused:
+        backend.resume(started)
+    _wait_for_agent(started, backend, time.monotonic() + ready_timeout, ready_timeout)
+    return started
+
+
+def _wait_for_agent(machine: Machine, backend: Backend, deadline: float, budget: float) -> None:
+    from hpcvm.runtime.agent import GuestAgent
+
+    assert machine.boot.agent_socket is not None
+    agent = GuestAgent(
+        machine.boot.agent_socket, timeout=budget, console_log=machine.boot.serial_log
+    )
+    try:
+        agent.wait_ready(deadline, lambda: backend.alive(machine))
+    except HpcvmError as exc:
+        if not backend.alive(machine):
+            raise RuntimeFailure(_death(machine, backend)) from exc
+        raise RuntimeFailure(
+            f"the guest agent did not answer within {budget:.0f} s; see the console log "
+            f"{machine.boot.serial_log}"
+        ) from exc
+    finally:
+        agent.close()
+
+
+def _death(machine: Machine, backend: Backend) -> str:
+    describe = getattr(backend, "death_message", None)
+    if callable(describe):
+        return str(describe(machine))
+    return f"QEMU (pid {machine.pid}) of VM {machine.name} exited; see {machine.run_dir}"
+
+
+def _as_failure(exc: BaseException, machine: Machine, backend: Backend) -> BaseException:
+    """The error to report for a failed start: QEMU's death beats its symptoms."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return exc
+    if isinstance(exc, HpcvmError) and "QEMU" in exc.message:
+        return exc
+    code = getattr(backend, "exit_code", None)
+    if callable(code) and code(machine) is not None:
+        return RuntimeFailure(_death(machine, backend))
+    if isinstance(exc, HpcvmError):
+        return exc
+    return RuntimeFailure(f"starting VM {machine.name} failed: {type(exc).__name__}: {exc}")
+
+
+# -- exec ---------------------------------------------------------------------------------
+
+
+def exec_in(machine: Machine, argv: Sequence[str], timeout: float | None = None) -> ExecResult:
+    """Run ``argv`` in the guest (no shell) and return its output and exit code.
+
+    Raises ExecTimeout after ``timeout`` seconds, RuntimeFailure when the VM dies.
+    """
+    from hpcvm.runtime.agent import GuestAgent
+
+    if not argv:
+        raise UsageError("nothing to run: give a command after --")
+    backend = get_backend(machine.backend, machine.connect_uri)
+    if not backend.alive(machine):
+        raise RuntimeFailure(f"VM {machine.name} is not running (QEMU pid {machine.pid} gone)")
+    assert machine.boot.agent_socket is not None
+    agent = GuestAgent(machine.boot.agent_socket, timeout=30.0, console_log=machine.boot.serial_log)
+    try:
+        return agent.exec(list(argv), timeout=timeout)
+    except HpcvmError as exc:
+        if not backend.alive(machine):
+            raise RuntimeFailure(
+                f"VM {machine.name} died while running {argv[0]!r}; see its console log "
+                f"{machine.boot.serial_log}"
+            ) from exc
+        if timeout is not None and "timed out" in exc.message:
+            raise ExecTimeout(
+                f"{argv[0]!r} did not finish within {timeout:g} s in VM {machine.name}"
+            ) from exc
+        raise
+    finally:
+        agent.close()
+
+
+# -- down ---------------------------------------------------------------------------------
+
+
+def down(name: str, timeout: float = DOWN_TIMEOUT) -> None:
+    """Stop VM ``name``: guest shutdown, then QMP quit, then SIGKILL; remove its files."""
+    directory = paths.run_dir(name)
+    entry = state.entry_for(directory) if directory.exists() else None
+    if entry is None:
+        raise UsageError(f"no VM named {name!r}; `hpcvm ps` lists them")
+    if entry.machine is None:
+        _clean_stale(entry)
+        return
+    stop(entry.machine, timeout=timeout)
+
+
+def stop(machine: Machine, timeout: float = DOWN_TIMEOUT) -> None:
+    """Stop a VM from its record: polite first, forceful after ``timeout``."""
+    backend = get_backend(machine.backend, machine.connect_uri)
+    with _signals_deferred():
+        if backend.alive(machine):
+            _guest_shutdown(machine, backend, timeout / 2)
+        backend.stop(machine, timeout=timeout / 2)
+        state.remove_run_dir(Path(machine.run_dir), machine.hugetlbfs_dirs)
+
+
+def _guest_shutdown(machine: Machine, backend: Backend, timeout: float) -> None:
+    """Ask the guest to power off and wait for QEMU to exit (errors only logged away)."""
+    from hpcvm.runtime.agent import GuestAgent
+    from hpcvm.runtime.qemu_backend import wait_gone
+
+    if not machine.boot.agent_socket or not Path(machine.boot.agent_socket).exists():
+        return
+    agent = GuestAgent(machine.boot.agent_socket, timeout=min(5.0, timeout))
+    try:
+        agent.shutdown()
+    except (HpcvmError, OSError):
+        return
+    finally:
+        agent.close()
+    wait_gone(machine, timeout, backend.alive)
+
+
+def teardown(machine: Machine, backend: Backend | None = None) -> None:
+    """Remove a VM at once, whatever state it is in (used when ``up`` fails)."""
+    backend = backend or get_backend(machine.backend, machine.connect_uri)
+    # The record on disk may know the pid when ``machine`` (an earlier copy) does not.
+    on_disk = state.read_machine(Path(machine.run_dir))
+    current = on_disk if on_disk is not None and on_disk.pid is not None else machine
+    with contextlib.suppress(HpcvmError):
+        backend.stop(current, timeout=2.0)
+    state.remove_run_dir(Path(machine.run_dir), machine.hugetlbfs_dirs)
+
+
+# -- ps -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VmStatus:
+    """One line of ``ps``."""
+
+    name: str
+    backend: str
+    state: str  # running, paused, starting, stale
+    pid: int | None
+    uptime: float | None
+    profile: str | None
+    vcpus: int | None
+    memory_bytes: int | None
+    note: str = ""
+
+
+def list_vms(*, clean: bool = True) -> list[VmStatus]:
+    """Every VM under the runtime root; stale ones are reported and (by default) removed."""
+    out: list[VmStatus] = []
+    for entry in state.list_entries():
+        m = entry.machine
+        status: str = entry.state
+        if entry.state == "stale" and clean:
+            _clean_stale(entry)
+        elif entry.state == "running" and m is not None:
+            status = _live_status(m)
+        out.append(
+            VmStatus(
+                name=entry.name,
+                backend=m.backend if m else "?",
+                state=status,
+                pid=m.pid if m else None,
+                uptime=state.uptime(m) if m and entry.state != "stale" else None,
+                profile=m.plan.profile if m else None,
+                vcpus=m.plan.vcpus if m else None,
+                memory_bytes=m.plan.memory_bytes if m else None,
+                note=(f"{entry.reason}; cleaned" if clean else entry.reason)
+                if entry.state == "stale"
+                else "",
+            )
+        )
+    return out
+
+
+def _clean_stale(entry: state.Entry) -> None:
+    """Let the backend remove what it made (sockets, a libvirt definition), then the
+    run dir and hugetlbfs directories."""
+    if entry.machine is not None:
+        with contextlib.suppress(HpcvmError):
+            get_backend(entry.machine.backend, entry.machine.connect_uri).stop(
+                entry.machine, timeout=2.0
+            )
+    state.clean_stale(entry)
+
+
+def _live_status(machine: Machine) -> str:
+    backend = get_backend(machine.backend, machine.connect_uri)
+    query = getattr(backend, "status", None)
+    if not callable(query):
+        return "running"
+    try:
+        return str(query(machine))
+    except HpcvmError:
+        return "running"
+
+
+def running_machines() -> list[Machine]:
+    """Records of the VMs whose QEMU runs (for ``down --all`` and ``bench``)."""
+    return [e.machine for e in state.list_entries() if e.state == "running" and e.machine]
+
+
+# -- signals ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Let cleanup finish: a second Ctrl-C or SIGTERM waits until it is done."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _remember(signum: int, _frame: object) -> None:
+        pending.append(signum)
+
+    for s in handlers:
+        signal.signal(s, _remember)
+    try:
+        yield
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        if pending:
+            raise KeyboardInterrupt
