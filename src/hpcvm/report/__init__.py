@@ -1,1 +1,25 @@
-"""report stage of the hpcvm pipeline (see DESIGN.md)."""
+"""report stage of the hpcvm pipeline (see DESIGN.md): the reference studies' figures,
+a self-contained HTML page, Markdown and JSON of one run, and two runs compared.
+
+``load_report(results_dir)`` reads a run into a ``ReportData`` (model.py); every output
+is a function of it: ``write_report(data, out_dir, formats)``; ``compare(a, b)`` and
+``write_comparison(comparison, out_dir, formats)`` for ``--compare``.
+"""
+
+from hpcvm.report.compare import CompareRow, Comparison, compare
+from hpcvm.report.load import build_report, load_report
+from hpcvm.report.model import ReportData, Row
+from hpcvm.report.write import FORMATS, write_comparison, write_report
+
+__all__ = [
+    "FORMATS",
+    "CompareRow",
+    "Comparison",
+    "ReportData",
+    "Row",
+    "build_report",
+    "compare",
+    "load_report",
+    "write_comparison",
+    "write_report",
+]
