@@ -50,7 +50,7 @@ NATIVE = "native"
 VM_PREFIX = "vm:"
 KILL_GRACE = 10.0  # seconds between the timeout's TERM and KILL
 AGENT_MARGIN = 60.0  # host-side slack over the in-guest timeout before giving up
-CLOCK_READS = 2  # guest clock reads on each side of a sample (the best one counts)
+CLOCK_READS = 3  # guest clock reads on each side of a sample (the best one counts)
 MAX_ARG = 64 * 1024  # bytes of base64 per argument (Linux allows 128 KiB per string)
 _SPAN_FILE = ".hpcvm-span"
 _IRQ_BEFORE = ".hpcvm-irq-before"
@@ -267,8 +267,10 @@ def plan_vm(
     profile minus the isolation of QEMU's threads); if the planner refuses that too,
     its original refusal stands.
     """
-    from hpcvm.runtime.lifecycle import make_plan
+    from hpcvm.host import discover
+    from hpcvm.plan import plan as make_plan
 
+    host = host if host is not None else discover()
     request = PlanRequest(
         name=f"bench-{profile}",
         profile=profile,
@@ -278,21 +280,34 @@ def plan_vm(
     )
     warnings: list[str] = []
     try:
-        plan = make_plan(request, host=host, warn=warn)
+        plan = make_plan(host, request)
     except InfeasiblePlanError as exc:
         if profile != "hpc" or "housekeeping" not in exc.message:
-            raise
+            raise _in_bench_terms(profile, exc) from exc
         try:
-            plan = make_plan(request.model_copy(update={"housekeeping": 0}), host=host, warn=warn)
-        except HpcvmError:
-            raise exc from None
+            plan = make_plan(host, request.model_copy(update={"housekeeping": 0}))
+        except HpcvmError as again:
+            raise InfeasiblePlanError(
+                f"vm:hpc with {vcpus} vCPUs does not fit this host: {exc.message} "
+                f"(and housekeeping 0 is refused too: {again.message}); give vm:hpc fewer "
+                "vCPUs (--vm-vcpus, --np) or use vm:numa"
+            ) from exc
         warnings.append(
             f"vm:hpc: this host has too few PUs for {vcpus} vCPUs plus a housekeeping core; "
             "planned with housekeeping 0 (QEMU's own threads share the vCPUs' cores), so "
             "vm:hpc here lacks the hpc profile's thread isolation"
         )
+    except HpcvmError as exc:
+        raise _in_bench_terms(profile, exc) from exc
     warnings += [f"{VM_PREFIX}{profile}: {w}" for w in plan.warnings]
     return plan, warnings
+
+
+def _in_bench_terms(profile: str, exc: HpcvmError) -> HpcvmError:
+    """The planner's refusal, said for ``hpcvm bench`` (whose VM size comes from
+    --vm-vcpus or the largest --np, and --vm-memory)."""
+    text = exc.message.replace("--vcpus", "--vm-vcpus/--np").replace("--memory", "--vm-memory")
+    return type(exc)(f"{VM_PREFIX}{profile}: {text}")
 
 
 _WRAPPER = f"""PATH={STD_PATH}; export PATH
@@ -436,17 +451,27 @@ class VmEnvironment:
             (workdir / name).write_bytes(base64.b64decode(result.stdout))
 
     def _clock(self) -> evidence.ClockRead | None:
+        """The best of a few reads of the guest clock (qemu-ga's guest-get-time: no
+        process is spawned, so a read costs one agent round trip)."""
+        from hpcvm.runtime.agent import GuestAgent
+
+        if self.machine is None or not self.machine.boot.agent_socket:
+            return None
         reads: list[evidence.ClockRead] = []
-        for _ in range(CLOCK_READS):
-            sent = time.monotonic()
+        with GuestAgent(self.machine.boot.agent_socket, timeout=30.0) as agent:
             try:
-                result = self._exec(["/bin/date", "+%s.%N"], 60.0)
-                guest = float(result.stdout.strip())
-            except (HpcvmError, ValueError):
-                continue
-            reads.append(
-                evidence.ClockRead(host_sent=sent, host_received=time.monotonic(), guest=guest)
-            )
+                agent.ping()  # connect and sync outside the timed reads
+                for _ in range(CLOCK_READS):
+                    sent = time.monotonic()
+                    nanoseconds = int(agent.call("guest-get-time"))
+                    received = time.monotonic()
+                    reads.append(
+                        evidence.ClockRead(
+                            host_sent=sent, host_received=received, guest=nanoseconds / 1e9
+                        )
+                    )
+            except (HpcvmError, TypeError, ValueError):
+                pass
         return evidence.best_read(reads) if reads else None
 
     def run(
