@@ -23,9 +23,17 @@ def cli() -> None:
 
 def _register_commands() -> None:
     # Each command module adds its commands to the group; keep one line per module.
-    from hpcvm.cli import guest_cmd, host_cmd, plan_cmd, report_cmd, verify_cmd, vm_cmd
+    from hpcvm.cli import (
+        bench_cmd,
+        guest_cmd,
+        host_cmd,
+        plan_cmd,
+        report_cmd,
+        verify_cmd,
+        vm_cmd,
+    )
 
-    for module in (host_cmd, plan_cmd, guest_cmd, vm_cmd, report_cmd, verify_cmd):
+    for module in (host_cmd, plan_cmd, guest_cmd, vm_cmd, report_cmd, verify_cmd, bench_cmd):
         module.register(cli)
 
 
