@@ -1,7 +1,8 @@
 """The guest image cache: what changes the key, what is rebuilt, what bad input leaves.
 
-Builds use ``--kernel`` on the unpacked distribution kernel (no download, ~0.3 s);
-the apt route is exercised by tests/integration/test_guest_boot.py.
+Builds use ``--kernel`` on the unpacked distribution kernel (no download); most keep
+the bzImage (``pvh=False``, ~0.3 s) since unpacking the PVH kernel takes seconds. The
+apt route is exercised by tests/integration/test_guest_boot.py.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def test_key_changes_with_each_input(monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as m:
         m.setattr(image, "GUEST_MODULES", (*image.GUEST_MODULES, "virtio_net"))
         variants["modules"] = _inputs_key()
+    variants["pvh"] = guest_inputs("deb:linux-image-x=1", bb, ga, pvh=False).key()
     with monkeypatch.context() as m:
         m.setattr(image, "CMDLINE", image.CMDLINE + " debug")
         variants["cmdline"] = _inputs_key()
@@ -71,7 +73,8 @@ def test_build_then_cache_then_force(tree: kernels.KernelTree, tmp_path: Path) -
     first = build_guest(kernel=tree.vmlinuz, cache_dir=tmp_path)
     assert not first.cached
     assert first.kernel_version == tree.vmlinuz.name.removeprefix("vmlinuz-")
-    assert first.kernel.read_bytes() == tree.vmlinuz.read_bytes()
+    assert first.kernel_format == "elf-pvh" and first.kernel.name == "vmlinux"
+    assert first.kernel.read_bytes()[:4] == b"\x7fELF"
     assert first.size_bytes == first.kernel.stat().st_size + first.initrd.stat().st_size
     assert first.build_seconds > 0
     assert "hpcvm.root=" + first.share_tag in first.cmdline.split()
@@ -93,14 +96,22 @@ def test_build_then_cache_then_force(tree: kernels.KernelTree, tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "images"]
 
 
+def test_bzimage_on_request(tree: kernels.KernelTree, tmp_path: Path) -> None:
+    built = build_guest(kernel=tree.vmlinuz, cache_dir=tmp_path, pvh=False)
+    assert built.kernel_format == "bzimage"
+    assert built.kernel.read_bytes() == tree.vmlinuz.read_bytes()
+    pvh = build_guest(kernel=tree.vmlinuz, cache_dir=tmp_path)
+    assert pvh.inputs_hash != built.inputs_hash and pvh.kernel_format == "elf-pvh"
+
+
 def test_changed_input_builds_a_new_image(
     tree: kernels.KernelTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = build_guest(kernel=tree.vmlinuz, cache_dir=tmp_path)
+    first = build_guest(kernel=tree.vmlinuz, cache_dir=tmp_path, pvh=False)
     text, executable = scripts.FILES["hpcvm/rc"]
     monkeypatch.setitem(scripts.FILES, "hpcvm/rc", (text + "# changed\n", executable))
-    assert cached_guest(kernel=tree.vmlinuz, cache_dir=tmp_path) is None
-    second = build_guest(kernel=tree.vmlinuz, cache_dir=tmp_path)
+    assert cached_guest(kernel=tree.vmlinuz, cache_dir=tmp_path, pvh=False) is None
+    second = build_guest(kernel=tree.vmlinuz, cache_dir=tmp_path, pvh=False)
     assert not second.cached
     assert second.inputs_hash != first.inputs_hash
     rc = {e.name: e.data for e in read_initrd(second.initrd)}["hpcvm/rc"]
@@ -109,10 +120,10 @@ def test_changed_input_builds_a_new_image(
 
 
 def test_damaged_cache_entry_is_rebuilt(tree: kernels.KernelTree, tmp_path: Path) -> None:
-    first = build_guest(kernel=tree.vmlinuz, cache_dir=tmp_path)
+    first = build_guest(kernel=tree.vmlinuz, cache_dir=tmp_path, pvh=False)
     first.initrd.write_bytes(b"truncated")
-    assert cached_guest(kernel=tree.vmlinuz, cache_dir=tmp_path) is None
-    again = ensure_guest(kernel=tree.vmlinuz, cache_dir=tmp_path)
+    assert cached_guest(kernel=tree.vmlinuz, cache_dir=tmp_path, pvh=False) is None
+    again = ensure_guest(kernel=tree.vmlinuz, cache_dir=tmp_path, pvh=False)
     assert not again.cached
     assert again.initrd.stat().st_size > 1000
 
@@ -123,7 +134,7 @@ def test_old_images_are_pruned(
     keys = []
     for i in range(image.KEEP_IMAGES + 2):
         monkeypatch.setattr(image, "CMDLINE", f"{image.CMDLINE} x{i}")
-        keys.append(build_guest(kernel=tree.vmlinuz, cache_dir=tmp_path).inputs_hash)
+        keys.append(build_guest(kernel=tree.vmlinuz, cache_dir=tmp_path, pvh=False).inputs_hash)
     left = {p.name for p in (tmp_path / "images").iterdir()}
     assert len(left) == image.KEEP_IMAGES
     assert keys[-1] in left
@@ -176,7 +187,7 @@ def test_modules_without_modules_dep_leave_the_users_tree_alone(
     vmlinuz = root / "boot" / tree.vmlinuz.name
     shutil.copyfile(tree.vmlinuz, vmlinuz)
     before = sorted(os.listdir(mods))
-    built = build_guest(kernel=vmlinuz, cache_dir=tmp_path / "cache")
+    built = build_guest(kernel=vmlinuz, cache_dir=tmp_path / "cache", pvh=False)
     assert sorted(os.listdir(mods)) == before  # no modules.dep written there
     assert set(image.GUEST_MODULES) <= set(built.modules)
 

@@ -22,6 +22,12 @@ _kernel_option = click.option(
     help="A vmlinuz to use instead of the distribution's kernel package; its modules "
     "must be in a lib/modules/<release> beside it or in /lib/modules.",
 )
+_bzimage_option = click.option(
+    "--bzimage",
+    is_flag=True,
+    help="Keep the compressed bzImage instead of the uncompressed PVH kernel "
+    "(which boots seconds faster under TCG).",
+)
 _cache_option = click.option(
     "--cache-dir",
     "cache_dir",
@@ -41,7 +47,7 @@ def guest_group() -> None:
 def _print(image: GuestImage) -> None:
     rows = (
         ("kernel", f"{image.kernel_version} ({image.kernel_source})"),
-        ("vmlinuz", str(image.kernel)),
+        ("boot file", f"{image.kernel} ({image.kernel_format})"),
         ("initrd", str(image.initrd)),
         ("cmdline", image.cmdline),
         ("root share", f"{image.share_root} (9p tag {image.share_tag}), tmpfs overlay"),
@@ -59,11 +65,14 @@ def _print(image: GuestImage) -> None:
 @guest_group.command("build")
 @_kernel_option
 @_cache_option
+@_bzimage_option
 @click.option("--force", is_flag=True, help="Rebuild even if the cached image is current.")
 @click.option("--json", "as_json", is_flag=True, help="Print the GuestImage as JSON.")
-def build_command(kernel: Path | None, cache_dir: Path | None, force: bool, as_json: bool) -> None:
+def build_command(
+    kernel: Path | None, cache_dir: Path | None, bzimage: bool, force: bool, as_json: bool
+) -> None:
     """Build the guest image (or find it in the cache) and print its build time and size."""
-    image = build_guest(kernel=kernel, cache_dir=cache_dir, force=force)
+    image = build_guest(kernel=kernel, cache_dir=cache_dir, force=force, pvh=not bzimage)
     if as_json:
         click.echo(image.model_dump_json(indent=2))
         return
@@ -80,10 +89,11 @@ def build_command(kernel: Path | None, cache_dir: Path | None, force: bool, as_j
 @guest_group.command("info")
 @_kernel_option
 @_cache_option
+@_bzimage_option
 @click.option("--json", "as_json", is_flag=True, help="Print the GuestImage as JSON.")
-def info_command(kernel: Path | None, cache_dir: Path | None, as_json: bool) -> int:
+def info_command(kernel: Path | None, cache_dir: Path | None, bzimage: bool, as_json: bool) -> int:
     """Show the cached guest image, without building or downloading anything."""
-    image = cached_guest(kernel=kernel, cache_dir=cache_dir)
+    image = cached_guest(kernel=kernel, cache_dir=cache_dir, pvh=not bzimage)
     if image is None:
         where = cache_dir or default_cache_dir()
         click.echo(f"no current guest image in {where}: run `hpcvm guest build`", err=True)

@@ -31,18 +31,20 @@ from hpcvm.guest import hosttools, scripts
 from hpcvm.guest import kernel as kernels
 from hpcvm.guest.initramfs import build_entries, write_initrd
 from hpcvm.guest.modules import GUEST_MODULES, ModuleIndex
+from hpcvm.guest.vmlinux import extract_pvh_vmlinux
 from hpcvm.model import Frozen
 from hpcvm.render.model import BootSpec
 
 ENV_CACHE = "HPCVM_CACHE"
-BUILDER_VERSION = 1  # bump when the builder itself changes what it writes
+BUILDER_VERSION = 2  # bump when the builder itself changes what it writes
 SHARE_TAG = "hpcvmroot"
 AGENT_PORT = "org.qemu.guest_agent.0"
 CMDLINE = f"console=ttyS0 quiet panic=-1 hpcvm.root={SHARE_TAG}"
 KEEP_IMAGES = 3  # older images beyond this many are removed after a build
 
 IMAGE_FILE = "image.json"
-KERNEL_FILE = "vmlinuz"
+KERNEL_FILE = "vmlinuz"  # the bzImage as packaged
+VMLINUX_FILE = "vmlinux"  # uncompressed, booted through PVH (see vmlinux.py)
 INITRD_FILE = "initrd.img"
 
 
@@ -50,10 +52,11 @@ class GuestImage(Frozen):
     """A built guest: what the runtime passes to QEMU (``-kernel``, ``-initrd``,
     ``-append`` and the 9p share of ``share_root`` tagged ``share_tag``)."""
 
-    kernel: Path
+    kernel: Path  # an uncompressed PVH vmlinux (kernel_format "elf-pvh") or the bzImage
     initrd: Path
     kernel_version: str  # uname -r in the guest, e.g. 6.1.0-56-amd64
     kernel_source: str  # "linux-image-6.1.0-56-amd64 6.1.192-2 (apt)" or the --kernel path
+    kernel_format: str = "bzimage"  # "elf-pvh": boots without decompressing under TCG
     cmdline: str
     share_root: str = "/"
     share_tag: str = SHARE_TAG
@@ -86,6 +89,7 @@ class GuestInputs(Frozen):
     builder: int = BUILDER_VERSION
     kernel: str  # KernelPackage.identity or "file:<sha256>"
     modules: tuple[str, ...]
+    pvh: bool  # ship the uncompressed kernel when it has a PVH entry
     scripts_sha256: str
     busybox: str  # version and hash
     qemu_ga: str
@@ -115,11 +119,16 @@ def scripts_sha256() -> str:
 
 
 def guest_inputs(
-    kernel_identity: str, busybox: hosttools.HostTool, qemu_ga: hosttools.HostTool
+    kernel_identity: str,
+    busybox: hosttools.HostTool,
+    qemu_ga: hosttools.HostTool,
+    *,
+    pvh: bool = True,
 ) -> GuestInputs:
     return GuestInputs(
         kernel=kernel_identity,
         modules=GUEST_MODULES,
+        pvh=pvh,
         scripts_sha256=scripts_sha256(),
         busybox=f"{busybox.version} {busybox.sha256}",
         qemu_ga=f"{qemu_ga.version} {qemu_ga.sha256}",
@@ -185,14 +194,19 @@ def _check_kernel_arg(path: Path) -> Path:
 
 
 def build_guest(
-    *, kernel: Path | None = None, cache_dir: Path | None = None, force: bool = False
+    *,
+    kernel: Path | None = None,
+    cache_dir: Path | None = None,
+    force: bool = False,
+    pvh: bool = True,
 ) -> GuestImage:
     """The guest image for this host: from the cache when its inputs are unchanged
     (unless ``force``), else built now.
 
     ``kernel`` is a vmlinuz file to use instead of the distribution package; its
-    modules must be beside it or in /lib/modules. Bad input (a missing kernel) fails
-    before anything is created.
+    modules must be beside it or in /lib/modules. ``pvh=False`` keeps the compressed
+    bzImage instead of the faster-booting uncompressed kernel. Bad input (a missing
+    kernel) fails before anything is created.
     """
     kernel_file = _check_kernel_arg(kernel) if kernel is not None else None
     cache = (cache_dir or default_cache_dir()).expanduser().absolute()
@@ -206,7 +220,7 @@ def build_guest(
     else:
         package = kernels.resolve_package(debs)
         identity = package.identity
-    inputs = guest_inputs(identity, busybox, qemu_ga)
+    inputs = guest_inputs(identity, busybox, qemu_ga, pvh=pvh)
     key = inputs.key()
     with _locked(cache):
         if not force and (image := load_cached(cache, key)) is not None:
@@ -223,7 +237,8 @@ def build_guest(
             else:
                 assert kernel_file is not None
                 tree = kernels.tree_for_kernel_file(kernel_file, work / "depmod", kernel_sha)
-            image = _assemble(tree, busybox, qemu_ga, images / key, work / "out", key, begin)
+            out = work / "out"
+            image = _assemble(tree, busybox, qemu_ga, images / key, out, key, begin, pvh)
         _prune(images, key)
         return image
 
@@ -236,29 +251,36 @@ def _assemble(
     out: Path,
     key: str,
     begin: float,
+    pvh: bool,
 ) -> GuestImage:
     """Write kernel, initramfs and record into ``out`` and move it to ``final``."""
     kernels.check_config(tree)
     index = ModuleIndex.load(tree.modules_dir)
     order = index.load_order(GUEST_MODULES)
     out.mkdir()
-    shutil.copyfile(tree.vmlinuz, out / KERNEL_FILE)
+    elf = extract_pvh_vmlinux(tree.vmlinuz) if pvh else None
+    kernel_file = KERNEL_FILE if elf is None else VMLINUX_FILE
+    if elf is None:
+        shutil.copyfile(tree.vmlinuz, out / kernel_file)
+    else:
+        (out / kernel_file).write_bytes(elf)
     modules = [(name, tree.modules_dir / index.paths[name]) for name in order]
     write_initrd(build_entries(busybox.path, modules), out / INITRD_FILE)
-    for path in (out, out / KERNEL_FILE, out / INITRD_FILE):
+    for path in (out, out / kernel_file, out / INITRD_FILE):
         path.chmod(0o755 if path.is_dir() else 0o644)
     image = GuestImage(
-        kernel=final / KERNEL_FILE,
+        kernel=final / kernel_file,
         initrd=final / INITRD_FILE,
         kernel_version=tree.release,
         kernel_source=tree.source,
+        kernel_format="bzimage" if elf is None else "elf-pvh",
         cmdline=CMDLINE,
         modules=tuple(order),
         busybox_version=busybox.version,
         qemu_ga_version=qemu_ga.version,
         inputs_hash=key,
         build_seconds=round(time.monotonic() - begin, 3),
-        size_bytes=(out / KERNEL_FILE).stat().st_size + (out / INITRD_FILE).stat().st_size,
+        size_bytes=(out / kernel_file).stat().st_size + (out / INITRD_FILE).stat().st_size,
     )
     (out / IMAGE_FILE).write_text(image.model_dump_json(indent=2))
     (out / IMAGE_FILE).chmod(0o644)
@@ -268,12 +290,16 @@ def _assemble(
     return image
 
 
-def ensure_guest(*, kernel: Path | None = None, cache_dir: Path | None = None) -> GuestImage:
+def ensure_guest(
+    *, kernel: Path | None = None, cache_dir: Path | None = None, pvh: bool = True
+) -> GuestImage:
     """The cached image, built first if missing or out of date (what ``hpcvm up`` calls)."""
-    return build_guest(kernel=kernel, cache_dir=cache_dir, force=False)
+    return build_guest(kernel=kernel, cache_dir=cache_dir, force=False, pvh=pvh)
 
 
-def cached_guest(*, kernel: Path | None = None, cache_dir: Path | None = None) -> GuestImage | None:
+def cached_guest(
+    *, kernel: Path | None = None, cache_dir: Path | None = None, pvh: bool = True
+) -> GuestImage | None:
     """The up-to-date cached image, or None when it would have to be built (never builds
     and never downloads: for ``hpcvm guest info``)."""
     kernel_file = _check_kernel_arg(kernel) if kernel is not None else None
@@ -282,5 +308,5 @@ def cached_guest(*, kernel: Path | None = None, cache_dir: Path | None = None) -
         identity = f"file:{hosttools.file_sha256(kernel_file)}"
     else:
         identity = kernels.resolve_package(cache / "debs").identity
-    key = guest_inputs(identity, hosttools.busybox(), hosttools.qemu_ga()).key()
+    key = guest_inputs(identity, hosttools.busybox(), hosttools.qemu_ga(), pvh=pvh).key()
     return load_cached(cache, key)
