@@ -13,7 +13,7 @@ APT_PACKAGES=(
   hwloc                                   # lstopo: host topology
   qemu-system-x86 qemu-utils              # the hypervisor (KVM or TCG)
   libvirt-daemon-system libvirt-clients libvirt-dev libxml2-utils  # libvirt backend, virt-xml-validate
-  qemu-guest-agent busybox-static kmod cpio zstd  # the built-in guest
+  qemu-guest-agent busybox-static kmod cpio zstd xz-utils binutils  # the built-in guest (xz, readelf: its tests)
   genisoimage                             # --image: the cloud-init NoCloud seed
   debootstrap syslinux syslinux-common mtools dosfstools fdisk e2fsprogs  # tests: build a Debian disk image
   numactl
