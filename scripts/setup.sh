@@ -15,7 +15,7 @@ APT_PACKAGES=(
   libvirt-daemon-system libvirt-clients libvirt-dev libxml2-utils  # libvirt backend, virt-xml-validate
   qemu-guest-agent busybox-static kmod cpio zstd xz-utils binutils  # the built-in guest (xz, readelf: its tests)
   genisoimage                             # --image: the cloud-init NoCloud seed
-  debootstrap syslinux syslinux-common mtools dosfstools fdisk e2fsprogs  # tests: build a Debian disk image
+  mmdebstrap syslinux syslinux-common mtools dosfstools fdisk e2fsprogs  # tests: build a Debian disk image
   numactl
   hpcc openmpi-bin libopenmpi-dev         # benchmarks
   chromium qemu-user                      # report tests: headless browser; TCG-emulated samples
@@ -53,4 +53,13 @@ if [ "$want" -gt "$have" ]; then
   echo "setup: reserved 2M huge pages: $have -> $(cat /proc/sys/vm/nr_hugepages) (HPCVM_HUGEPAGES=$want)"
 else
   echo "setup: $have 2M huge pages reserved (>= $want wanted)"
+fi
+
+# libvirt checks that its QEMU user (libvirt-qemu, group kvm) can open /dev/kvm, and
+# re-probes QEMU on every call while that disagrees with its cached capabilities (each
+# `virsh define` then takes minutes on a busy machine). Without udev, /dev/kvm stays
+# root:root 0600; give it Debian's udev default, root:kvm 0660.
+if [ -c /dev/kvm ] && getent group kvm >/dev/null && [ "$(stat -c %G:%a /dev/kvm)" != "kvm:660" ]; then
+  $SUDO chgrp kvm /dev/kvm && $SUDO chmod 0660 /dev/kvm
+  echo "setup: /dev/kvm is now root:kvm 0660 (as udev makes it; libvirt needs it)"
 fi
