@@ -3,6 +3,7 @@ HpcvmError to a one-line message and the error's exit code (no traceback)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -10,8 +11,46 @@ import click
 from hpcvm import __version__
 from hpcvm.errors import HpcvmError
 
+# Command name -> the module under hpcvm.cli that registers it. Modules are imported only
+# when their command runs, so `hpcvm exec` does not pay for scipy and matplotlib.
+COMMAND_MODULES: dict[str, str] = {
+    "host": "host_cmd",
+    "plan": "plan_cmd",
+    "guest": "guest_cmd",
+    "up": "vm_cmd",
+    "ps": "vm_cmd",
+    "exec": "vm_cmd",
+    "verify": "verify_cmd",
+    "down": "vm_cmd",
+    "run": "vm_cmd",
+    "bench": "bench_cmd",
+    "results": "bench_cmd",
+    "report": "report_cmd",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+def load_commands(module_name: str) -> dict[str, click.Command]:
+    """Import one command module and return the commands its ``register`` adds."""
+    module = importlib.import_module(f"hpcvm.cli.{module_name}")
+    scratch = click.Group()
+    module.register(scratch)
+    return dict(scratch.commands)
+
+
+class LazyGroup(click.Group):
+    """A click group that imports a command's module on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMAND_MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module_name = COMMAND_MODULES.get(cmd_name)
+        if module_name is None:
+            return None
+        return load_commands(module_name).get(cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hpcvm")
 def cli() -> None:
     """Near-native virtual machines for HPC, and the proof.
@@ -21,25 +60,8 @@ def cli() -> None:
     """
 
 
-def _register_commands() -> None:
-    # Each command module adds its commands to the group; keep one line per module.
-    from hpcvm.cli import (
-        bench_cmd,
-        guest_cmd,
-        host_cmd,
-        plan_cmd,
-        report_cmd,
-        verify_cmd,
-        vm_cmd,
-    )
-
-    for module in (host_cmd, plan_cmd, guest_cmd, vm_cmd, report_cmd, verify_cmd, bench_cmd):
-        module.register(cli)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
-    _register_commands()
     try:
         result = cli.main(args=argv, prog_name="hpcvm", standalone_mode=False)
     except click.exceptions.Abort:

@@ -1,0 +1,38 @@
+"""The lazy command table must list exactly what the command modules register."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from hpcvm.cli.main import COMMAND_MODULES, load_commands
+
+
+def test_every_registered_command_is_in_the_table_and_back() -> None:
+    registered: dict[str, str] = {}
+    for module_name in set(COMMAND_MODULES.values()):
+        for name in load_commands(module_name):
+            registered[name] = module_name
+    assert registered == COMMAND_MODULES
+
+
+def test_help_lists_every_command() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcvm.cli.main", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in COMMAND_MODULES:
+        assert f"  {name}" in out
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcvm.cli.main", "frobnicate"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "No such command" in proc.stderr
+    assert "Traceback" not in proc.stderr
