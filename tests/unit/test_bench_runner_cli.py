@@ -34,6 +34,11 @@ REQUIRED = {
     "stop_reason",
     "warnings",
 }
+# Planned (not started): a 1-vCPU VM cannot run 2 ranks.
+TOO_MANY_FOR_VM = [
+    *("--env", "native", "--env", "vm:naive", "--vm-vcpus", "1"),
+    *("--suite", "hpcc", "--np", "2", "--vm-memory", "256M"),
+]
 CMD = ["--cmd", "/bin/echo Time: 2.5 s", "--metric", r"Time: ([0-9.]+) s", "--lower-is-better"]
 
 
@@ -57,6 +62,10 @@ def _bench(out: Path, *extra: str) -> int:
             "--np 4096 is impossible in native",
         ),
         (["--env", "native", "--env", "native", *CMD], "listed twice"),
+        (
+            TOO_MANY_FOR_VM,
+            "--np 2 is impossible in vm:naive: it has 1 vCPUs",
+        ),
         (["--env", "native", *CMD, "--reps", "many"], "malformed --reps"),
         (["--env", "native", *CMD, "--target", "tight"], "malformed --target"),
     ],

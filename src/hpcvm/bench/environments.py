@@ -28,7 +28,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,7 +57,6 @@ _IRQ_BEFORE = ".hpcvm-irq-before"
 _IRQ_AFTER = ".hpcvm-irq-after"
 _SEP = "@@hpcvm@@"
 
-Warn = Callable[[str], None]
 
 
 class RunOutput(Frozen):
@@ -258,7 +257,6 @@ def plan_vm(
     memory_bytes: int,
     guest_nodes: int | None = None,
     host: HostTopology | None = None,
-    warn: Warn | None = None,
 ) -> tuple[VMPlan, list[str]]:
     """The plan of environment ``vm:<profile>`` on this host, and warnings for the run.
 
@@ -355,7 +353,6 @@ class VmEnvironment:
         *,
         vm_name: str,
         backend: BackendName = "qemu",
-        warn: Warn | None = None,
     ) -> None:
         self.plan = plan
         self.profile: ProfileName = plan.profile
@@ -365,7 +362,6 @@ class VmEnvironment:
         self.vm_name = vm_name
         self.backend_name: BackendName = backend
         self.machine: Machine | None = None
-        self._warn = warn
         self._facts: list[str] = []
 
     # -- lifecycle ------------------------------------------------------------------------

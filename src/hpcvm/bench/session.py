@@ -101,7 +101,6 @@ def prepare(
     *,
     resume: bool = False,
     host: HostTopology | None = None,
-    warn: Warn | None = None,
 ) -> Prepared:
     """Check the request against this host; build (not start) environments and suites."""
     from hpcvm.host import discover
@@ -126,7 +125,6 @@ def prepare(
             memory_bytes=config.vm_memory,
             guest_nodes=config.vm_guest_nodes,
             host=host,
-            warn=warn,
         )
         warnings += notes
         envs[name] = VmEnvironment(
@@ -202,15 +200,15 @@ def _signals_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _start_and_record(prep: Prepared, store: Store, run_id: int, warn: Warn | None) -> None:
+def _start_and_record(prep: Prepared, store: Store, run_id: int, notify: Warn | None) -> None:
     """Boot every VM (each is left paused) and record every environment."""
     for name, env in prep.envs.items():
         env.start()
         described = env.describe()
         recorded = store.add_environment(run_id, described)
         _compare(recorded.model_dump(include={"accel", "cpu_model"}), described, store, run_id)
-        if warn is not None and isinstance(env, VmEnvironment):
-            warn(f"{name}: up ({described.accel}, {described.vcpus} vCPUs)")
+        if notify is not None and isinstance(env, VmEnvironment):
+            notify(f"{name}: up ({described.accel}, {described.vcpus} vCPUs), paused")
 
 
 def _compare(recorded: dict[str, object], now: NewEnvironment, store: Store, run_id: int) -> None:
@@ -227,10 +225,11 @@ def execute(
     prep: Prepared,
     *,
     progress: ProgressSink | None = None,
-    warn: Warn | None = None,
+    notify: Warn | None = None,
 ) -> tuple[int, Outcome | None]:
     """Run (or continue) the prepared run; return its id and how the loop ended
-    (``None`` when a resumed run had already finished). Always brings the VMs down."""
+    (``None`` when a resumed run had already finished). Always brings the VMs down.
+    ``notify`` hears what happens outside the samples (a VM is up)."""
     store = Store.open(prep.out_dir, create=True)
     try:
         if prep.resume is not None:
@@ -248,7 +247,7 @@ def execute(
                 host=prep.host.model_dump(mode="json"),
                 warnings=prep.warnings,
             )
-        return run_id, _measure(prep, store, run_id, progress, warn)
+        return run_id, _measure(prep, store, run_id, progress, notify)
     finally:
         store.close()
 
@@ -258,11 +257,11 @@ def _measure(
     store: Store,
     run_id: int,
     progress: ProgressSink | None,
-    warn: Warn | None,
+    notify: Warn | None,
 ) -> Outcome:
     try:
         with _sigterm_as_interrupt():
-            _start_and_record(prep, store, run_id, warn)
+            _start_and_record(prep, store, run_id, notify)
             runner = Runner(
                 store=store,
                 run_id=run_id,

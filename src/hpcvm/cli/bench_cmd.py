@@ -181,6 +181,13 @@ class _Bar:
         if self.tty:
             self.progress.stop()
 
+    def note(self, message: str) -> None:
+        """A line above the bar (or on its own when stderr is no TTY)."""
+        if self.tty:
+            self.progress.console.print(f"hpcvm: {message}", highlight=False)
+        else:
+            click.echo(f"hpcvm: {message}", err=True)
+
     def update(self, done: int, total: int, label: str) -> None:
         if not self.tty:
             click.echo(f"hpcvm: [{done + 1}/~{total}] {label}", err=True)
@@ -233,11 +240,11 @@ def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
         config = _stopping_overrides(recorded_config(out), kw)
     else:
         config = _config(kw)
-    prep = prepare(config, out, resume=resume, warn=warn)
+    prep = prepare(config, out, resume=resume)
     for text in prep.warnings:
         warn(text)
     with _Bar() as bar:
-        run_id, outcome = execute(prep, progress=bar, warn=warn)
+        run_id, outcome = execute(prep, progress=bar, notify=bar.note)
     if outcome is None:
         warn(f"run {run_id} in {out} had already finished; showing its results")
     with Store.open(prep.out_dir) as store:
