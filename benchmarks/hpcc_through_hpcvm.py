@@ -129,6 +129,18 @@ def report_reps(through: dict[str, list[float]]) -> None:
         f"  fixed {fixed_n}: widest interval {worst} ±{widths[worst] * 100:.2f}%; auto reaches "
         f"that width for every metric after {same.decision.n} runs ({same.decision.reason})"
     )
+    at_stop = same.relative_half_width_at_stop
+    print(
+        f"  widths when auto stopped there (vs at {fixed_n}): "
+        + ", ".join(
+            f"{k} ±{at_stop[k] * 100:.2f}% ({widths[k] * 100:.2f}%)"
+            for k in sorted(at_stop, key=lambda k: -at_stop[k])[:3]
+        )
+    )
+    print(
+        "  note: with few runs a sample can look tight by chance; the rule's minimum of 3 "
+        "runs is its only guard (METHOD.md), so an early stop is worth a second look"
+    )
 
 
 def main() -> int:
