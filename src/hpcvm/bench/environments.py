@@ -58,7 +58,6 @@ _IRQ_AFTER = ".hpcvm-irq-after"
 _SEP = "@@hpcvm@@"
 
 
-
 class RunOutput(Frozen):
     """What one run returned, as the runner records it."""
 
