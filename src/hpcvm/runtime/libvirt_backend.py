@@ -19,11 +19,18 @@ talks to, not on the plan (see ``domain_xml``):
 - A ``<metadata>`` element records the VM's run directory: ``stop`` destroys only a
   domain that names this VM's directory, never another session's domain of the same name.
 
-The agent socket is created by libvirtd (root) inside the 0700 run directory and made
-0600 after start. Domains are named ``hpcvm-<name>`` so they never collide with a user's
-own domains. Under TCG (``type='qemu'``) libvirt passes ``-accel tcg``; QEMU 7.2 runs
-x86 guests on x86 hosts with one thread per vCPU (MTTCG) by default, which is what makes
-per-vCPU pinning meaningful (each vCPU shows as its own ``CPU n/TCG`` thread).
+The agent channel: libvirtd itself connects to any virtio channel named
+``org.qemu.guest_agent.0`` (for ``virsh qemu-agent-command``) and keeps that one-client
+socket, so hpcvm's own agent client then waits forever (seen here: ``up`` got through
+while the guest was still booting, every later ``exec`` timed out). The built-in guest
+therefore gets a port of hpcvm's own name (``AGENT_PORT``, passed to its init as
+``hpcvm.agent=``) which libvirtd leaves alone. The socket is created by libvirtd (root)
+inside the 0700 run directory and made 0600 after start.
+
+Domains are named ``hpcvm-<name>`` so they never collide with a user's own domains.
+Under TCG (``type='qemu'``) libvirt passes ``-accel tcg``; QEMU 7.2 runs x86 guests on
+x86 hosts with one thread per vCPU (MTTCG) by default, which is what makes per-vCPU
+pinning meaningful (each vCPU shows as its own ``CPU n/TCG`` thread).
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from hpcvm.runtime import paths, state
 from hpcvm.runtime.model import BackendName, Machine
 
 DEFAULT_URI = "qemu:///system"
+AGENT_PORT = "org.hpcvm.guest_agent.0"  # not libvirt's agent name: libvirtd leaves it alone
+BUILTIN_MARKER = "hpcvm.root="  # the built-in guest's init reads hpcvm.* arguments
 DOMAIN_PREFIX = "hpcvm-"
 METADATA_NS = "https://hpcvm.invalid/libvirt/1"
 SYSTEM_PID_DIR = Path("/run/libvirt/qemu")
@@ -51,6 +60,20 @@ _POLL = 0.05
 def domain_name(machine: Machine) -> str:
     """The libvirt domain of ``machine``: its name with hpcvm's prefix."""
     return f"{DOMAIN_PREFIX}{machine.name}"
+
+
+def with_private_agent_port(machine: Machine) -> Machine:
+    """``machine`` with the built-in guest's agent on ``AGENT_PORT`` (module doc).
+
+    Only the built-in guest's init understands ``hpcvm.agent=``; a disk image's
+    qemu-guest-agent insists on the standard name, so its boot spec is unchanged.
+    """
+    boot = machine.boot
+    cmdline = boot.cmdline or ""
+    if BUILTIN_MARKER not in cmdline or boot.agent_port_name == AGENT_PORT:
+        return machine
+    update = {"agent_port_name": AGENT_PORT, "cmdline": f"{cmdline} hpcvm.agent={AGENT_PORT}"}
+    return machine.model_copy(update={"boot": boot.model_copy(update=update)})
 
 
 def one_line(text: str) -> str:
@@ -235,6 +258,7 @@ class LibvirtBackend:
         ``machine`` with libvirt's QEMU pid. The definition is removed if start fails."""
         libvirt = _libvirt()
         name = domain_name(machine)
+        machine = with_private_agent_port(machine)
         self._refuse_existing(machine)
         xml = domain_xml(machine)
         conn = self.connection()

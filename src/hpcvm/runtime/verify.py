@@ -29,7 +29,7 @@ from hpcvm.plan.model import MemoryRegion, VMPlan
 from hpcvm.runtime import guest_sysfs, observe
 from hpcvm.runtime.guest_sysfs import GuestFacts
 from hpcvm.runtime.model import Backend, ExecResult, Machine
-from hpcvm.units import MIB, format_cpu_list, format_size
+from hpcvm.units import MIB, format_cpu_list, format_size, human_size
 
 GUEST_TIMEOUT = 120.0  # one guest-exec under TCG on a busy 2-core host
 MEMMAP_FRACTION = 0.02  # struct page: 64 B per 4 KiB page = 1.56%, rounded up
@@ -170,8 +170,8 @@ def memory_floor(planned: int) -> int:
 def _memory_check(name: str, planned: int, got: int | None) -> Check:
     floor = memory_floor(planned)
     ok = got is not None and floor <= got <= planned
-    actual = format_size(got) if got is not None else "unreadable"
-    detail = f"allowed {format_size(floor)}..{format_size(planned)} (kernel's own memory)"
+    actual = human_size(got) if got is not None else "unreadable"
+    detail = f"allowed {human_size(floor)} to {human_size(planned)} (the kernel keeps the rest)"
     return _check(name, format_size(planned), actual, ok, detail)
 
 
