@@ -307,7 +307,7 @@ def test_hpc_two_vcpus_on_two_pus_says_how_to_fit(runtime: Path) -> None:
 def test_run_boots_runs_and_always_downs(runtime: Path) -> None:
     done = hpcvm("run", *CASES["pinned"], "--", "sh", "-c", "nproc; exit 3")
     assert done.returncode == 3, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "2"
+    assert done.stdout == "2\n"  # only the command's output: the summary goes to stderr
 
 
 def test_ctrl_c_during_run_tears_the_vm_down(runtime: Path) -> None:
@@ -326,3 +326,17 @@ def test_ctrl_c_during_run_tears_the_vm_down(runtime: Path) -> None:
     assert proc.returncode == 130, err
     assert not state.pid_alive(machine.pid)
     assert not (runtime / "r").exists()
+
+
+def test_paused_vm_shows_in_ps_and_down_still_stops_it(runtime: Path) -> None:
+    """A paused guest cannot power itself off: down must fall back to QMP quit."""
+    from hpcvm.runtime.qemu_backend import QemuBackend
+
+    assert hpcvm("up", "--name", "p", *CASES["naive"]).returncode == 0
+    machine = record("p")
+    QemuBackend().pause(machine)
+    listed = json.loads(hpcvm("ps", "--json").stdout)
+    assert [(r["name"], r["state"]) for r in listed] == [("p", "paused")]
+    down = hpcvm("down", "p", "--timeout", "8")
+    assert down.returncode == 0, down.stderr
+    assert machine.pid is not None and not state.pid_alive(machine.pid)

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import click
+from rich.console import Console
 from rich.table import Table
 
-from hpcvm.cli.common import console, warn
+from hpcvm.cli.common import console, err_console, warn
 from hpcvm.plan.model import PROFILE_NAMES, PlanRequest
 from hpcvm.runtime import lifecycle
 from hpcvm.runtime.model import BackendName, ExecResult, Machine
@@ -116,13 +117,13 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _start(name: str, kw: dict[str, Any]) -> Machine:
+def _start(name: str, kw: dict[str, Any], *, out: Console = console) -> Machine:
     begin = time.monotonic()
     machine = lifecycle.up(_request(kw), _up_options(name, kw), warn=warn)
     for text in machine.plan.warnings:
         warn(text)
     plan = machine.plan
-    console.print(
+    out.print(
         f"{machine.name}: up in {time.monotonic() - begin:.1f} s (pid {machine.pid}, "
         f"{machine.backend}, {plan.accel}, profile {plan.profile}, {plan.vcpus} vCPU, "
         f"{format_size(plan.memory_bytes)})",
@@ -234,7 +235,7 @@ def run_cmd(name: str | None, timeout: float | None, argv: tuple[str, ...], **kw
     vm_name = name or f"run-{os.getpid()}"
     command = _absolute_program(argv)
     with _sigterm_as_interrupt():
-        machine = _start(vm_name, kw)
+        machine = _start(vm_name, kw, out=err_console)  # stdout is the command's
         try:
             result = lifecycle.exec_in(machine, command, timeout)
         finally:
