@@ -5,11 +5,18 @@ and each plan states its expected guest in plain data that the tests compare the
 rendered output against. ``FITS_HERE`` are the plans this machine can start under TCG
 (2 PUs, one NUMA node); the others exercise what cannot run here (KVM, VFIO, 1 GiB
 pages, two host nodes, SMT) and are only rendered and validated.
+
+At the end, helpers that ask the real planner for plans on snapshots (``plans_for``).
 """
 
 from __future__ import annotations
 
+from hpcvm.errors import HpcvmError
+from hpcvm.host import HostTopology, discover
+from hpcvm.host.model import HugePagePool
+from hpcvm.plan import plan as make_plan
 from hpcvm.plan.model import (
+    AccelChoice,
     CpuModel,
     CpuTopology,
     GuestNode,
@@ -20,6 +27,7 @@ from hpcvm.plan.model import (
     VcpuPlacement,
     VMPlan,
 )
+from tests.conftest import Snapshot
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -250,3 +258,81 @@ def all_plans() -> dict[str, VMPlan]:
 
 #: The plans this machine (2 PUs, 1 node, TCG, no VFIO, no 1G pool) can start.
 FITS_HERE = ("r-naive", "r-pinned", "r-huge", "r-numa", "r-numa-4k", "r-hpc-tcg")
+
+
+# --- plans from the planner ------------------------------------------------------------
+
+#: (profile, page size, guest nodes) tried on every snapshot.
+SHAPES: tuple[tuple[ProfileName, int | None, int | None], ...] = (
+    ("naive", None, None),
+    ("pinned", None, None),
+    ("hugepages", None, None),
+    ("numa", 4096, None),
+    ("numa", None, None),
+    ("numa", 4096, 2),
+    ("hpc", 4096, None),
+    ("hpc", None, None),
+)
+VCPUS = (8, 4, 2, 1)
+ACCELS: tuple[AccelChoice, ...] = ("tcg", "kvm")
+
+
+def snapshot_host(snap: Snapshot) -> HostTopology:
+    if snap.kind == "sysfs":
+        return discover(sysfs_root=snap.path)
+    return discover(xml=snap.path)
+
+
+def with_free_hugepages(host: HostTopology) -> HostTopology:
+    """The snapshot after an administrator reserved 2M pages on every node with memory
+    (the snapshots were taken with empty pools, so every hugetlbfs plan is refused)."""
+    pages = 4096  # 8 GiB per node
+    nodes = []
+    for node in host.nodes:
+        pools = [p for p in node.hugepages if p.size_bytes != PAGE_2M]
+        if node.memory_bytes >= 2 * pages * PAGE_2M:
+            pools.append(HugePagePool(size_bytes=PAGE_2M, total=pages, free=pages))
+        nodes.append(node.model_copy(update={"hugepages": tuple(pools)}))
+    return host.model_copy(update={"nodes": tuple(nodes)})
+
+
+def plans_for(host: HostTopology, name: str) -> list[VMPlan]:
+    """The first accepted plan per (shape, accel), largest vCPU count first."""
+    found = []
+    for (profile, page, nodes), accel in [(s, a) for s in SHAPES for a in ACCELS]:
+        for vcpus in VCPUS:
+            request = PlanRequest(
+                name=f"{name}-{profile}",
+                profile=profile,
+                vcpus=vcpus,
+                memory_bytes=512 * MIB,
+                page_size_bytes=page,
+                guest_nodes=nodes,
+                accel=accel,
+            )
+            try:
+                found.append(make_plan(host, request))
+                break
+            except HpcvmError:
+                continue
+    return found
+
+
+#: Requests that fit this machine (2 PUs, one node) for ``live_plan``.
+LIVE_SHAPES: dict[str, dict[str, object]] = {
+    "naive": {"profile": "naive", "vcpus": 2},
+    "pinned": {"profile": "pinned", "vcpus": 2},
+    "hugepages": {"profile": "hugepages", "vcpus": 2},
+    "numa": {"profile": "numa", "vcpus": 2, "guest_nodes": 2},
+    "hpc": {"profile": "hpc", "vcpus": 1},  # the other PU is housekeeping
+}
+LIVE_MEMORY = 512 * MIB
+
+
+def live_plan(shape: str, name: str) -> VMPlan:
+    """The planner's plan for this very host (TCG). Hugetlbfs shapes need free 2M pages
+    before discovery: the planner refuses a pool that cannot hold the guest."""
+    request = PlanRequest.model_validate(
+        {"name": name, "memory_bytes": LIVE_MEMORY, "accel": "tcg", **LIVE_SHAPES[shape]}
+    )
+    return make_plan(discover(), request)

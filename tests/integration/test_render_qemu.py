@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from qemu.qmp import QMPClient
 from tests import render_plans as plans
+from tests.render_checks import check_qemu_argv
 
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, qemu_argv
@@ -228,3 +229,18 @@ def test_a_wrong_plan_is_caught(tmp_path: Path, hugepages: HugePages) -> None:
         check_cpus(plan, seen)
     with pytest.raises(AssertionError):
         check_info_numa(plan, seen)
+
+
+@pytest.mark.parametrize("shape", sorted(plans.LIVE_SHAPES))
+def test_planner_plan_for_this_host_starts_as_planned(
+    shape: str, tmp_path: Path, hugepages: HugePages
+) -> None:
+    """The planner's plan for this machine, rendered, started and observed."""
+    hugepages.ensure_free(plans.PAGE_2M, plans.LIVE_MEMORY // plans.PAGE_2M)
+    plan = plans.live_plan(shape, f"render-live-{shape}")
+    assert plan.profile == plans.LIVE_SHAPES[shape]["profile"]
+    if shape == "numa":
+        assert len(plan.guest_nodes) == 2
+    argv = qemu_argv(plan)
+    check_qemu_argv(plan, argv)
+    check_all(plan, run_paused(plan, tmp_path, hugepages))
