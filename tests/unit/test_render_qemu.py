@@ -272,6 +272,7 @@ def test_disk_and_seed_on_iothreads() -> None:
     ]
     blk = [o for o in map(rp.parse_opts, rp.values(argv, "-device")) if o.head == "virtio-blk-pci"]
     assert [b.get("drive") for b in blk] == [d.get("id") for d in drives]
+    assert [b.get("id") for b in blk] == ["virtio-disk0", "virtio-seed0"]
     assert [b.get("iothread") for b in blk] == ["iothread1", "iothread2"]
     assert [b.get("bootindex") for b in blk] == ["0", None]
     raw = qemu_argv(plans.naive(), BootSpec(disk_image="/img/disk.raw"))

@@ -310,7 +310,8 @@ def disk_format(path: str) -> str:
 def _disks(plan: VMPlan, boot: BootSpec) -> Args:
     """The disk image (boot disk) and the NoCloud seed (raw, read-only), each as
     ``-drive if=none`` plus an explicit ``virtio-blk-pci``, which is what lets the
-    device run on a planned I/O thread (``if=virtio`` cannot say ``iothread=``)."""
+    device run on a planned I/O thread (``if=virtio`` cannot say ``iothread=``). Device
+    ids (virtio-disk0, virtio-seed0, as libvirt names them) make them findable in QOM."""
     disks = [("disk0", boot.disk_image, False), ("seed0", boot.seed_image, True)]
     iothreads = iothread_ids(plan)
     argv: Args = []
@@ -320,7 +321,7 @@ def _disks(plan: VMPlan, boot: BootSpec) -> Args:
         drive = [("file", path), ("if", "none"), ("id", ident), ("format", fmt)]
         if readonly:
             drive.append(("readonly", "on"))
-        device: list[tuple[str, str | int]] = [("drive", ident)]
+        device: list[tuple[str, str | int]] = [("drive", ident), ("id", f"virtio-{ident}")]
         if ident == "disk0":
             device.append(("bootindex", 0))
         if iothreads:
