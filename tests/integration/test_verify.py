@@ -1,0 +1,165 @@
+"""`hpcvm verify` on real VMs: it passes on a correct VM and fails, exit 6, naming
+exactly what is wrong, when the running VM no longer matches its plan.
+
+The faults are made from outside, the way they happen: a vCPU thread re-pinned behind
+hpcvm's back (os.sched_setaffinity for the QEMU backend; libvirt's live vcpupin for the
+libvirt backend, whose cgroup cpuset would refuse a bare sched_setaffinity), and a
+machine record whose plan no longer describes the VM. vCPU thread ids come from QEMU's
+thread names in /proc, not from the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import libvirt
+import pytest
+from tests.runtime_support import Residue, assert_nothing_left
+
+from hpcvm.runtime import paths, state
+
+pytestmark = pytest.mark.integration
+
+HPCVM = str(Path(sys.executable).with_name("hpcvm"))
+PAGE_2M = 2 * 1024 * 1024
+NUMA = ["--profile", "numa", "--vcpus", "2", "--memory", "512M", "--guest-nodes", "2"]
+
+
+def hpcvm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([HPCVM, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def guest() -> None:
+    done = hpcvm("guest", "build", timeout=1200)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture
+def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guest: None) -> Iterator[Path]:
+    root = tmp_path / "rt"
+    monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(root))
+    monkeypatch.setenv("HPCVM_READY_TIMEOUT", "180")
+    before = Residue.take(root)
+    yield root
+    hpcvm("down", "--all", "--timeout", "10")
+    assert_nothing_left(before)
+
+
+def vcpu_tids_by_name(pid: int) -> dict[int, int]:
+    """vCPU index -> tid from QEMU's thread names ("CPU 1/TCG")."""
+    found: dict[int, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        if comm.startswith("CPU ") and "/" in comm:
+            found[int(comm[4 : comm.index("/")])] = int(tid)
+    return found
+
+
+def verify_json(name: str) -> tuple[int, dict[str, object], str]:
+    done = hpcvm("verify", name, "--json")
+    return done.returncode, json.loads(done.stdout) if done.stdout else {}, done.stderr
+
+
+def failures(report: dict[str, object]) -> list[tuple[str, str, str]]:
+    checks = report["checks"]
+    assert isinstance(checks, list)
+    return [(c["name"], c["expected"], c["actual"]) for c in checks if not c["ok"]]
+
+
+def up(name: str, backend: str, hugepages: object, *extra: str) -> None:
+    hugepages.ensure_free(PAGE_2M, 256 + 16)  # type: ignore[attr-defined]
+    started = hpcvm("up", "--name", name, "--backend", backend, *NUMA, *extra)
+    assert started.returncode == 0, started.stderr
+
+
+def swap_pins(name: str, backend: str, uri: str | None) -> tuple[int, int]:
+    """Pin vCPU 0 where vCPU 1 belongs and vice versa; return the two planned PUs."""
+    machine = state.load_machine(name)
+    assert machine.pid is not None
+    pu0, pu1 = (p.host_pu for p in machine.plan.placements[:2])
+    assert pu0 is not None and pu1 is not None and pu0 != pu1
+    if backend == "qemu":
+        tids = vcpu_tids_by_name(machine.pid)
+        os.sched_setaffinity(tids[0], {pu1})
+        os.sched_setaffinity(tids[1], {pu0})
+    else:
+        assert uri is not None
+        conn = libvirt.open(uri)
+        try:
+            dom = conn.lookupByName(f"hpcvm-{name}")
+            ncpus = max(pu0, pu1) + 1
+            for vcpu, pu in ((0, pu1), (1, pu0)):
+                dom.pinVcpuFlags(vcpu, tuple(i == pu for i in range(ncpus)), 1)  # LIVE
+        finally:
+            conn.close()
+    return pu0, pu1
+
+
+@pytest.mark.parametrize("backend", ["qemu", "libvirt"])
+def test_verify_passes_then_reports_swapped_vcpu_pins(
+    runtime: Path, hugepages: object, libvirtd: str, backend: str
+) -> None:
+    name = f"vf{os.getpid()}-{backend}"
+    up(name, backend, hugepages, *(["--connect", libvirtd] if backend == "libvirt" else []))
+
+    code, report, err = verify_json(name)
+    assert code == 0, err
+    assert report["ok"] is True and failures(report) == []
+    names = {c["name"] for c in report["checks"]}  # type: ignore[union-attr]
+    assert {"node 0 distances", "node 1 distances", "vCPU 0 affinity", "vCPU 1 affinity"} <= names
+    assert "huge pages (2M) on host node 0" in names
+
+    pu0, pu1 = swap_pins(name, backend, libvirtd)
+    code, report, err = verify_json(name)
+    assert code == 6, err
+    assert failures(report) == [
+        ("vCPU 0 affinity", str(pu0), str(pu1)),
+        ("vCPU 1 affinity", str(pu1), str(pu0)),
+    ]
+    errors = [ln for ln in err.splitlines() if ln.startswith("hpcvm: error:")]
+    assert len(errors) == 1 and "vCPU 0 affinity: expected" in errors[0]
+
+    table = hpcvm("verify", name)  # the human form fails the same way
+    assert table.returncode == 6 and "FAIL" in table.stdout
+
+
+def test_record_claiming_three_vcpus_is_a_cpu_count_mismatch(
+    runtime: Path, hugepages: object
+) -> None:
+    name = f"vf{os.getpid()}-count"
+    up(name, "qemu", hugepages)
+    machine = state.load_machine(name)
+    state.save_machine(
+        machine.model_copy(update={"plan": machine.plan.model_copy(update={"vcpus": 3})})
+    )
+    code, report, err = verify_json(name)
+    assert code == 6, err
+    assert failures(report) == [("online CPUs", "3", "2")]
+    state.save_machine(machine)
+    assert verify_json(name)[0] == 0
+
+
+def test_verify_of_a_dead_vm_and_of_no_vm(runtime: Path, hugepages: object) -> None:
+    missing = hpcvm("verify", "no-such-vm")
+    assert missing.returncode == 2 and missing.stderr.count("hpcvm: error:") == 1
+
+    name = f"vf{os.getpid()}-dead"
+    up(name, "qemu", hugepages)
+    machine = state.load_machine(name)
+    assert machine.pid is not None
+    os.kill(machine.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while state.pid_alive(machine.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    dead = hpcvm("verify", name)
+    assert dead.returncode == 5, dead.stderr
+    lines = [ln for ln in dead.stderr.splitlines() if ln.startswith("hpcvm: error:")]
+    assert len(lines) == 1 and "not running" in lines[0] and "Traceback" not in dead.stderr
