@@ -20,10 +20,10 @@ from pathlib import Path
 
 import libvirt
 import pytest
-from tests.runtime_support import Residue, assert_nothing_left
 
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.libvirt_backend import find_qemu_pid
+from tests.runtime_support import Residue, assert_nothing_left
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +35,8 @@ CASES = {
     "pinned": ["--profile", "pinned", "--vcpus", "2", "--memory", "512M"],
     "hugepages": ["--profile", "hugepages", "--vcpus", "2", "--memory", "512M"],
     "numa": ["--profile", "numa", "--vcpus", "2", "--memory", "512M", "--guest-nodes", "2"],
+    # hpc on 2 PUs: 1 vCPU, QEMU's own threads on the housekeeping PU (libvirt emulatorpin)
+    "hpc": ["--profile", "hpc", "--vcpus", "1", "--memory", "256M"],
 }
 
 
@@ -120,7 +122,8 @@ def test_up_exec_verify_down(
     assert int(nproc.stdout) == plan.vcpus
     again = hpcvm("exec", name, "--", "cat", "/sys/devices/system/node/online")
     assert again.returncode == 0, again.stderr  # a second client gets the agent too
-    assert again.stdout.strip() == (f"0-{len(plan.guest_nodes) - 1}" if plan.guest_nodes else "0")
+    nodes = len(plan.guest_nodes)
+    assert again.stdout.strip() == (f"0-{nodes - 1}" if nodes > 1 else "0")
 
     verified = hpcvm("verify", name, "--json")
     assert verified.returncode == 0, verified.stdout + verified.stderr
@@ -131,6 +134,8 @@ def test_up_exec_verify_down(
         assert {f"vCPU {p.vcpu} affinity" for p in plan.placements} <= names
     if plan.hugepages_needed:
         assert any(n.startswith("huge pages (2M) on host node") for n in names)
+    if plan.emulator_pus:
+        assert "emulator threads affinity" in names
     if any(r.policy == "bind" for r in plan.memory):
         assert any(n.startswith("memory bound to host node") for n in names)
 

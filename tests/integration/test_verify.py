@@ -21,9 +21,9 @@ from pathlib import Path
 
 import libvirt
 import pytest
-from tests.runtime_support import Residue, assert_nothing_left
 
 from hpcvm.runtime import paths, state
+from tests.runtime_support import Residue, assert_nothing_left
 
 pytestmark = pytest.mark.integration
 

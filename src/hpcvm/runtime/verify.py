@@ -172,7 +172,7 @@ def _memory_check(name: str, planned: int, got: int | None) -> Check:
     ok = got is not None and floor <= got <= planned
     actual = human_size(got) if got is not None else "unreadable"
     detail = f"allowed {human_size(floor)} to {human_size(planned)} (the kernel keeps the rest)"
-    return _check(name, format_size(planned), actual, ok, detail)
+    return _check(name, human_size(planned), actual, ok, detail)
 
 
 def check_node_memory(plan: VMPlan, seen: Observed) -> list[Check]:
