@@ -83,7 +83,7 @@ def usable_cores(host: HostTopology) -> dict[int, list[list[int]]]:
 def housekeeping_cores(request: PlanRequest) -> int:
     if request.profile != "hpc":
         return 0
-    return request.housekeeping or 1
+    return 1 if request.housekeeping is None else request.housekeeping
 
 
 def vcpu_capacity(host: HostTopology, request: PlanRequest) -> dict[int, int]:
@@ -253,6 +253,12 @@ def _check_housekeeping(host: HostTopology, request: PlanRequest, plan: VMPlan) 
         assert not plan.housekeeping_pus and not plan.emulator_pus and plan.iothreads == 0
         return
     k = housekeeping_cores(request)
+    if k == 0:
+        # no housekeeping cores: QEMU's threads share exactly the vCPU PUs
+        assert not plan.housekeeping_pus
+        assert set(plan.emulator_pus) == set(plan.iothread_pus) == set(plan.vcpu_pus())
+        assert plan.iothreads == 1
+        return
     node_of = {p.os_index: p.node for p in host.pus}
     hk = set(plan.housekeeping_pus)
     assert hk and not hk & set(plan.vcpu_pus()), "housekeeping disjoint from vCPUs"

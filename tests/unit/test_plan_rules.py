@@ -8,8 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.conftest import TOPOLOGIES, sysfs_root
-from tests.plan_checks import check_plan, host_from, roomy, usable_cores, with_pools
 
 from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host import HostTopology
@@ -17,6 +15,8 @@ from hpcvm.host.model import HugePagePool, KvmInfo
 from hpcvm.plan import PROFILES, plan
 from hpcvm.plan.model import PROFILE_NAMES, PlanRequest
 from hpcvm.units import GIB, MIB, format_cpu_list, parse_cpu_list
+from tests.conftest import TOPOLOGIES, sysfs_root
+from tests.plan_checks import check_plan, host_from, roomy, synthetic_host, usable_cores, with_pools
 
 TWO_M = 2 * MIB
 
@@ -53,7 +53,7 @@ def _req(**kw: object) -> PlanRequest:
         ({"profile": "numa", "vcpus": 1, "page_size_bytes": 3 * MIB}, r"use 4K, 2M or 1G"),
         ({"profile": "hugepages", "vcpus": 1, "page_size_bytes": 4096}, r"--profile pinned"),
         ({"profile": "numa", "vcpus": 1, "housekeeping": 1}, r"--housekeeping applies to"),
-        ({"profile": "hpc", "vcpus": 1, "housekeeping": 0}, r"at least 1 core"),
+        ({"profile": "hpc", "vcpus": 1, "housekeeping": -1}, r"0 or more cores"),
         ({"profile": "pinned", "vcpus": 2, "guest_nodes": 2}, r"--guest-nodes applies to"),
         ({"profile": "numa", "vcpus": 1, "guest_nodes": 2}, r"at least as many vCPUs"),
         ({"profile": "numa", "vcpus": 1, "passthrough": ("0000:43:00.0",)}, r"hpc only"),
@@ -353,3 +353,17 @@ def test_tuning_lists_match_the_pin_set(snap: Load) -> None:
     assert parse_cpu_list(args["nohz_full"]) == list(range(1, 12))
     assert args["irqaffinity"] == "0"
     assert plan(host, _req(profile="numa", vcpus=12, memory_bytes=2 * GIB)).host_tuning == ()
+
+
+def test_housekeeping_zero_shares_the_vcpu_pus() -> None:
+    """A host too small for a housekeeping core (like this 2-PU machine) can still run
+    hpc with --housekeeping 0: QEMU's threads share the vCPU PUs, with a warning."""
+    host = synthetic_host("pack:1 numa:1 core:2 pu:1")
+    p = plan(
+        host,
+        _req(profile="hpc", vcpus=2, housekeeping=0, page_size_bytes=4096, memory_bytes=256 * MIB),
+    )
+    assert p.housekeeping_pus == ()
+    assert set(p.emulator_pus) == set(p.iothread_pus) == set(p.vcpu_pus()) == {0, 1}
+    assert any("--housekeeping 0" in w for w in p.warnings)
+    assert p.host_tuning == ()

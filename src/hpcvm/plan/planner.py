@@ -32,7 +32,7 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
     devices = check_passthrough(host, request.passthrough) if profile.passthrough else []
     cpu = choose_cpu(host, request, profile, notes)
     distance = distance_map(host, notes)
-    housekeeping = (request.housekeeping or 1) if profile.housekeeping else 0
+    housekeeping = _housekeeping_cores(request, profile)
     layout = host_layout(host, housekeeping)
     selection = _select(host, request, profile, layout, devices, distance, housekeeping, notes)
     guest = _guest_cpus(request, profile, selection, layout, notes)
@@ -42,10 +42,14 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
     hk = selection.housekeeping_pus if (selection and profile.housekeeping) else ()
     _describe_threads(profile, hk, selection, layout, notes)
     vcpu_pus = tuple(p.host_pu for p in guest.placements if p.host_pu is not None)
+    # With --housekeeping 0 QEMU's own threads share the vCPU PUs (a small host's only
+    # choice); they still stay off every other PU.
+    qemu_pus = hk or (vcpu_pus if profile.housekeeping else ())
     tuning_host: tuple[str, ...] = ()
     tuning_guest: tuple[str, ...] = ()
-    if profile.housekeeping:
+    if hk:
         tuning_host = host_tuning(host, vcpu_pus, hk, page, memory.hugepages_needed, notes)
+    if profile.housekeeping:
         tuning_guest = guest_kernel_args(request.vcpus, cpu.accel, notes)
     passthrough = passthrough_devices(devices, first_guest, notes)
     return VMPlan(
@@ -65,9 +69,9 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
         memory=memory.regions,
         page_size_bytes=page,
         hugepages_needed=memory.hugepages_needed,
-        emulator_pus=hk,
-        iothreads=1 if hk else 0,
-        iothread_pus=hk,
+        emulator_pus=qemu_pus,
+        iothreads=1 if qemu_pus else 0,
+        iothread_pus=qemu_pus,
         housekeeping_pus=hk,
         cpu=cpu.cpu,
         clock=cpu.clock,
@@ -204,6 +208,13 @@ def _memory(
     return nodes, memory
 
 
+def _housekeeping_cores(request: PlanRequest, profile: Profile) -> int:
+    """Cores per used node kept for QEMU's own threads: hpc only, 1 unless asked."""
+    if not profile.housekeeping:
+        return 0
+    return 1 if request.housekeeping is None else request.housekeeping
+
+
 def _describe_threads(
     profile: Profile,
     hk: tuple[int, ...],
@@ -222,6 +233,18 @@ def _describe_threads(
             f"QEMU's emulator thread and 1 I/O thread on housekeeping PUs "
             f"{format_cpu_list(list(hk))}, all PUs of the {cores} lowest-numbered core(s) of "
             f"each used node ({per_node}), disjoint from the vCPU PUs",
+        )
+    elif selection is not None and profile.housekeeping:
+        shared = format_cpu_list([p for pus in selection.pus.values() for p in pus])
+        notes.warn(
+            "--housekeeping 0: no housekeeping cores, so QEMU's emulator and I/O threads "
+            f"share the vCPU PUs {shared} and add noise to "
+            "them; host tuning that isolates the vCPU PUs is not recommended without them"
+        )
+        notes.decide(
+            "housekeeping",
+            "no housekeeping cores (--housekeeping 0): QEMU's emulator and I/O threads "
+            f"pinned to the vCPU PUs {shared}",
         )
     elif selection is not None:
         notes.decide(

@@ -42,9 +42,9 @@ def _check_flags_for_profile(request: PlanRequest, profile: Profile) -> None:
             raise UsageError(
                 f"--housekeeping applies to --profile hpc only (got --profile {profile.name})"
             )
-        if request.housekeeping < 1:
+        if request.housekeeping < 0:
             raise UsageError(
-                f"--housekeeping must be at least 1 core per NUMA node, got {request.housekeeping}"
+                f"--housekeeping must be 0 or more cores per NUMA node, got {request.housekeeping}"
             )
     if request.guest_nodes is not None:
         if not profile.vnuma:
