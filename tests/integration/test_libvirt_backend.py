@@ -203,3 +203,29 @@ def test_domain_of_another_vm_is_refused_and_left_alone(
     finally:
         dom.undefine()
         conn.close()
+
+
+def test_pause_and_resume(runtime: Path, libvirtd: str) -> None:
+    """suspend/resume through the backend: libvirt and `hpcvm ps` see each state, and
+    the guest answers again after resume."""
+    from hpcvm.runtime.backends import get_backend
+
+    name = f"lv{os.getpid()}-pause"
+    up = hpcvm("up", "--name", name, "--backend", "libvirt", "--connect", libvirtd,
+               "--profile", "naive", "--vcpus", "1", "--memory", "256M")  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    machine = state.load_machine(name)
+    backend = get_backend("libvirt", libvirtd)
+    backend.pause(machine)
+    conn = libvirt.open(libvirtd)
+    try:
+        assert conn.lookupByName(f"hpcvm-{name}").state()[0] == libvirt.VIR_DOMAIN_PAUSED
+    finally:
+        conn.close()
+    listed = json.loads(hpcvm("ps", "--json").stdout)
+    assert [(r["name"], r["state"]) for r in listed] == [(name, "paused")]
+    backend.resume(machine)
+    listed = json.loads(hpcvm("ps", "--json").stdout)
+    assert [(r["name"], r["state"]) for r in listed] == [(name, "running")]
+    done = hpcvm("exec", name, "--", "true")
+    assert done.returncode == 0, done.stderr

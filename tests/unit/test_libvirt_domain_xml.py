@@ -1,0 +1,117 @@
+"""What the libvirt backend changes in the rendered domain, checked on the XML itself
+and against libvirt's schema (virt-xml-validate, no daemon needed).
+
+Plans are real: the planner's output for this machine's numa profile is stored in
+tests/unit/data/verify (captured from a VM that ran), so the domain is the one the
+backend really defines.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from hpcvm.plan.model import VMPlan
+from hpcvm.render.model import BootSpec
+from hpcvm.runtime import libvirt_backend as lb
+from hpcvm.runtime.model import Machine
+
+DATA = Path(__file__).parent / "data" / "verify"
+
+
+def _machine(plan_file: Path, run_dir: str = "/run/hpcvm/job1") -> Machine:
+    plan = VMPlan.model_validate_json(plan_file.read_text())
+    boot = BootSpec(
+        kernel="/var/cache/hpcvm/guest/vmlinuz",
+        initrd="/var/cache/hpcvm/guest/initrd.img",
+        cmdline="console=ttyS0 quiet panic=-1 hpcvm.root=hpcvmroot",
+        share_root="/",
+        agent_socket=f"{run_dir}/agent.sock",
+        serial_log=f"{run_dir}/console.log",
+    )
+    return Machine(
+        name="job1",
+        backend="libvirt",
+        run_dir=run_dir,
+        pid=None,
+        started_at=time.time(),
+        plan=plan,
+        boot=boot,
+        image="builtin:test",
+    )
+
+
+NUMA = DATA / "libvirt-numa2" / "plan.json"  # 2M huge pages, 2 guest nodes
+FLAT = DATA / "guest" / "flat-2vcpu-512M.plan.json"  # anonymous memory
+
+
+def test_domain_is_named_and_marked_as_this_vms() -> None:
+    xml = lb.domain_xml(_machine(NUMA))
+    root = ET.fromstring(xml)
+    assert root.findtext("name") == "hpcvm-job1"
+    assert lb.owner_run_dir(xml) == "/run/hpcvm/job1"
+    assert lb.owner_run_dir("<domain><name>x</name></domain>") is None
+    assert lb.owner_run_dir("not xml") is None
+
+
+def test_qemu_runs_as_the_given_user_and_nothing_is_relabelled() -> None:
+    root = ET.fromstring(lb.domain_xml(_machine(NUMA), uid=1234, gid=99))
+    labels = root.findall("seclabel")
+    assert len(labels) == 1
+    assert labels[0].attrib == {"type": "static", "model": "dac", "relabel": "no"}
+    assert labels[0].findtext("label") == "+1234:+99"
+
+
+def test_huge_pages_come_from_memfd_and_anonymous_memory_is_untouched() -> None:
+    backing = ET.fromstring(lb.domain_xml(_machine(NUMA))).find("memoryBacking")
+    assert backing is not None and backing.find("hugepages") is not None
+    source = backing.find("source")
+    assert source is not None and source.get("type") == "memfd"
+    tags = [child.tag for child in backing]
+    assert tags.index("hugepages") < tags.index("source")
+    if "allocation" in tags:
+        assert tags.index("source") < tags.index("allocation")  # libvirt's schema order
+    flat = ET.fromstring(lb.domain_xml(_machine(FLAT)))
+    assert flat.find("memoryBacking/source") is None
+
+
+def test_builtin_guest_agent_moves_off_libvirts_agent_name() -> None:
+    machine = lb.with_private_agent_port(_machine(NUMA))
+    assert machine.boot.agent_port_name == lb.AGENT_PORT != "org.qemu.guest_agent.0"
+    assert machine.boot.cmdline is not None
+    assert machine.boot.cmdline.endswith(f" hpcvm.agent={lb.AGENT_PORT}")
+    assert lb.with_private_agent_port(machine) == machine  # idempotent
+    channel = ET.fromstring(lb.domain_xml(machine)).find("devices/channel/target")
+    assert channel is not None and channel.get("name") == lb.AGENT_PORT
+
+
+def test_disk_image_keeps_the_standard_agent_name() -> None:
+    machine = _machine(FLAT)
+    image = machine.model_copy(
+        update={"boot": BootSpec(disk_image="/images/x.qcow2", agent_socket="/run/a.sock")}
+    )
+    assert lb.with_private_agent_port(image) == image
+
+
+@pytest.mark.parametrize("plan_file", [NUMA, FLAT], ids=["numa", "flat"])
+def test_adapted_domain_is_valid_for_libvirt(plan_file: Path, tmp_path: Path) -> None:
+    tool = shutil.which("virt-xml-validate")
+    if tool is None:
+        pytest.fail("virt-xml-validate not found: run scripts/setup.sh (libvirt-clients)")
+    path = tmp_path / "domain.xml"
+    path.write_text(lb.domain_xml(lb.with_private_agent_port(_machine(plan_file))))
+    done = subprocess.run([tool, str(path), "domain"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + done.stdout
+
+
+def test_one_line_joins_libvirts_multiline_errors() -> None:
+    text = "internal error: qemu unexpectedly closed the monitor:\n  warning: x\n\nqemu: bad\n"
+    assert (
+        lb.one_line(text)
+        == "internal error: qemu unexpectedly closed the monitor: | warning: x | qemu: bad"
+    )
