@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
 from hpcvm.render.model import BootSpec
 from hpcvm.runtime import libvirt_backend as lb
@@ -90,12 +91,16 @@ def test_builtin_guest_agent_moves_off_libvirts_agent_name() -> None:
     assert channel is not None and channel.get("name") == lb.AGENT_PORT
 
 
-def test_disk_image_keeps_the_standard_agent_name() -> None:
+def test_disk_image_keeps_the_standard_agent_name_and_is_refused() -> None:
     machine = _machine(FLAT)
     image = machine.model_copy(
         update={"boot": BootSpec(disk_image="/images/x.qcow2", agent_socket="/run/a.sock")}
     )
     assert lb.with_private_agent_port(image) == image
+    # Refused before any libvirt call: the backend's URI points nowhere.
+    backend = lb.LibvirtBackend("qemu:///system?socket=/nonexistent/libvirt-sock")
+    with pytest.raises(UsageError, match="--image with --backend libvirt"):
+        backend.start(image)
 
 
 @pytest.mark.parametrize("plan_file", [NUMA, FLAT], ids=["numa", "flat"])

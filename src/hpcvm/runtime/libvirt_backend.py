@@ -43,11 +43,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Literal
 
-from hpcvm.errors import RuntimeFailure
+from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.model import BackendName, Machine
 
 DEFAULT_URI = "qemu:///system"
+LIBVIRT_AGENT_PORT = "org.qemu.guest_agent.0"  # libvirtd connects to this one itself
 AGENT_PORT = "org.hpcvm.guest_agent.0"  # not libvirt's agent name: libvirtd leaves it alone
 BUILTIN_MARKER = "hpcvm.root="  # the built-in guest's init reads hpcvm.* arguments
 DOMAIN_PREFIX = "hpcvm-"
@@ -74,6 +75,16 @@ def with_private_agent_port(machine: Machine) -> Machine:
         return machine
     update = {"agent_port_name": AGENT_PORT, "cmdline": f"{cmdline} hpcvm.agent={AGENT_PORT}"}
     return machine.model_copy(update={"boot": boot.model_copy(update=update)})
+
+
+def _refuse_grabbed_agent(machine: Machine) -> None:
+    """A guest whose agent must keep libvirt's agent name (a disk image's qemu-ga) would
+    only time out: libvirtd holds that channel. Say so before anything starts."""
+    if machine.boot.agent_socket and machine.boot.agent_port_name == LIBVIRT_AGENT_PORT:
+        raise UsageError(
+            "--image with --backend libvirt is not supported yet: libvirtd takes the "
+            f"image's guest agent channel ({LIBVIRT_AGENT_PORT}); use --backend qemu"
+        )
 
 
 def one_line(text: str) -> str:
@@ -259,6 +270,7 @@ class LibvirtBackend:
         libvirt = _libvirt()
         name = domain_name(machine)
         machine = with_private_agent_port(machine)
+        _refuse_grabbed_agent(machine)
         self._refuse_existing(machine)
         xml = domain_xml(machine)
         conn = self.connection()
