@@ -84,6 +84,8 @@ def runtime(
     yield root
     hpcvm("down", "--all", "--timeout", "10")
     assert_nothing_left(before)
+    for log in Path("/var/log/libvirt/qemu").glob(f"hpcvm-lv{os.getpid()}-*.log"):
+        log.unlink()  # libvirt's per-domain logs of this session's uniquely named VMs
 
 
 def unique(tmp_path: Path, case: str) -> str:

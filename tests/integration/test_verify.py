@@ -51,6 +51,8 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guest: None) -> Ite
     yield root
     hpcvm("down", "--all", "--timeout", "10")
     assert_nothing_left(before)
+    for log in Path("/var/log/libvirt/qemu").glob(f"hpcvm-vf{os.getpid()}-*.log"):
+        log.unlink()  # libvirt's per-domain logs of this session's uniquely named VMs
 
 
 def vcpu_tids_by_name(pid: int) -> dict[int, int]:
