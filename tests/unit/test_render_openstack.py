@@ -1,0 +1,269 @@
+"""OpenStack flavors of the planner's plans on every real machine snapshot.
+
+Each plan's flavor is checked against the plan itself (never against the renderer's own
+helpers): vCPUs and RAM, the guest topology, the guest NUMA nodes' exact vCPU/memory
+partition, the page size, which profiles pin and isolate, and that the pins and host
+nodes Nova cannot take reappear in the notes. The command lines are run through a real
+bash with an ``openstack`` shell function that records its arguments, so the quoting is
+checked by the shell that will run it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpcvm.errors import HpcvmError, UsageError
+from hpcvm.host.model import PciDevice
+from hpcvm.plan import plan as make_plan
+from hpcvm.plan.model import PROFILE_NAMES, PlanRequest, ProfileName, VMPlan
+from hpcvm.render.openstack import FlavorRender, openstack_flavor, openstack_flavor_commands
+from hpcvm.units import GIB, KIB, MIB, parse_cpu_list
+from tests import render_plans as hand
+from tests.conftest import Snapshot, sysfs_root
+from tests.plan_checks import host_from, roomy
+from tests.render_plans import plans_for, with_free_hugepages
+
+# Every extra spec name this renderer may use, as listed in Nova's extra spec reference
+# (nova/api/validation/extra_specs/hw.py and pci_passthrough.py); N is a guest node.
+NOVA_SPECS = re.compile(
+    r"^(hw:(cpu_sockets|cpu_cores|cpu_threads|cpu_policy|cpu_thread_policy|"
+    r"emulator_threads_policy|mem_page_size|locked_memory|numa_nodes|numa_cpus\.\d+|"
+    r"numa_mem\.\d+|pci_numa_affinity_policy)|pci_passthrough:alias)$"
+)
+PINNING_SPECS = ("hw:cpu_policy", "hw:cpu_thread_policy", "hw:emulator_threads_policy")
+_NOVA_UNITS = {"KB": KIB, "MB": MIB, "GB": GIB}
+
+
+@functools.cache
+def _plans(snap: Snapshot) -> tuple[VMPlan, ...]:
+    """The planner's plans for the snapshot with free 2M pages (all shapes, TCG and
+    KVM), and on a roomy copy (free 2M and 1G pages) numa/hpc plans on 1G pages."""
+    host = host_from(snap.kind, str(snap.path))
+    plans = plans_for(with_free_hugepages(host), "t")
+    for profile in ("numa", "hpc"):
+        for vcpus in (8, 4, 2, 1):
+            request = PlanRequest(
+                name=f"t-{profile}-1g",
+                profile=profile,
+                vcpus=vcpus,
+                memory_bytes=2 * GIB,
+                page_size_bytes=GIB,
+                accel="kvm" if profile == "hpc" else "tcg",
+            )
+            try:
+                plans.append(make_plan(roomy(host), request))
+                break
+            except HpcvmError:
+                continue
+    return tuple(plans)
+
+
+def nova_page_bytes(value: str) -> int:
+    """hw:mem_page_size read as Nova reads it: digits are KiB, KB/MB/GB are binary."""
+    if value.isdigit():
+        return int(value) * KIB
+    match = re.fullmatch(r"(\d+)(KB|MB|GB)", value)
+    assert match, f"hw:mem_page_size {value!r} is not a size"
+    return int(match[1]) * _NOVA_UNITS[match[2]]
+
+
+def check_flavor(plan: VMPlan, render: FlavorRender) -> None:
+    """The flavor asks Nova for exactly the plan's guest."""
+    flavor, specs = render.flavor, render.extra_specs
+    assert flavor["name"] == plan.name
+    assert flavor["vcpus"] == plan.vcpus
+    assert flavor["ram"] * MIB == plan.memory_bytes
+    assert flavor["disk"] == 0
+    assert all(NOVA_SPECS.match(k) and isinstance(v, str) for k, v in specs.items()), specs
+    _check_topology(plan, specs)
+    _check_numa(plan, specs)
+    _check_pages(plan, specs)
+    _check_pinning(plan, specs, render.notes)
+
+
+def _check_topology(plan: VMPlan, specs: dict[str, str]) -> None:
+    t = plan.topology
+    shape = [int(specs[f"hw:cpu_{k}"]) for k in ("sockets", "cores", "threads")]
+    assert shape == [t.sockets * t.dies, t.cores, t.threads]
+    assert shape[0] * shape[1] * shape[2] == plan.vcpus
+
+
+def _check_numa(plan: VMPlan, specs: dict[str, str]) -> None:
+    """hw:numa_cpus.N / hw:numa_mem.N partition the vCPUs and RAM as the guest nodes."""
+    numbered = {k for k in specs if k.startswith(("hw:numa_cpus.", "hw:numa_mem."))}
+    if not plan.guest_nodes:
+        assert "hw:numa_nodes" not in specs and not numbered
+        return
+    assert specs.get("hw:numa_nodes") == str(len(plan.guest_nodes))
+    expected = {f"hw:numa_{k}.{n.index}" for n in plan.guest_nodes for k in ("cpus", "mem")}
+    assert numbered == expected
+    seen: list[int] = []
+    for node in plan.guest_nodes:
+        cpus = parse_cpu_list(specs[f"hw:numa_cpus.{node.index}"])
+        assert cpus == sorted(node.vcpus)
+        assert int(specs[f"hw:numa_mem.{node.index}"]) * MIB == node.memory_bytes
+        seen += cpus
+    assert sorted(seen) == list(range(plan.vcpus)), "every vCPU in exactly one node"
+    total = sum(int(specs[f"hw:numa_mem.{n.index}"]) for n in plan.guest_nodes)
+    assert total * MIB == plan.memory_bytes
+
+
+def _check_pages(plan: VMPlan, specs: dict[str, str]) -> None:
+    huge = {r.page_size_bytes for r in plan.memory if r.backend == "file"}
+    page = specs.get("hw:mem_page_size")
+    if huge:
+        assert page is not None and {nova_page_bytes(page)} == huge
+    elif plan.profile == "naive":
+        assert page is None, "naive keeps Nova's (and QEMU's) defaults"
+    else:
+        assert page == "small"
+
+
+def _check_pinning(plan: VMPlan, specs: dict[str, str], notes: tuple[str, ...]) -> None:
+    pinned = any(p.host_pu is not None for p in plan.placements)
+    assert pinned == (plan.profile != "naive")
+    assert (specs.get("hw:cpu_policy") == "dedicated") == pinned
+    if not pinned:
+        assert not any(k in specs for k in PINNING_SPECS), specs
+        return
+    smt = plan.topology.threads > 1
+    assert specs["hw:cpu_thread_policy"] == ("require" if smt else "isolate")
+    hpc = plan.profile == "hpc"
+    assert (specs.get("hw:emulator_threads_policy") == "isolate") == hpc
+    assert ("hw:emulator_threads_policy" in specs) == hpc
+    assert (specs.get("hw:locked_memory") == "true") == (hpc and plan.accel == "kvm")
+    # what Nova cannot take is said: the pins, and each guest node's host node
+    pus = ",".join(str(p.host_pu) for p in plan.placements)
+    assert any(f"host PU{'s' if plan.vcpus > 1 else ''} {pus}" in n for n in notes), notes
+    for node in plan.guest_nodes:
+        assert any(f"guest node {node.index} -> host node {node.host_node}" in n for n in notes)
+
+
+@pytest.mark.parametrize("profile", PROFILE_NAMES)
+def test_snapshot_plans_make_the_planned_flavor(snapshot: Snapshot, profile: ProfileName) -> None:
+    plans = [p for p in _plans(snapshot) if p.profile == profile]
+    if not plans:
+        pytest.skip(f"the planner accepts no {profile} request on {snapshot.name}")
+    for plan in plans:
+        check_flavor(plan, openstack_flavor(plan))
+
+
+def test_snapshot_plans_cover_the_shapes_that_matter(all_snapshots: list[Snapshot]) -> None:
+    plans = [p for snap in all_snapshots for p in _plans(snap)]
+    assert {p.profile for p in plans} == set(PROFILE_NAMES)
+    assert any(len(p.guest_nodes) > 1 for p in plans), "no multi-node guest"
+    assert any(p.topology.threads > 1 and p.pinned for p in plans), "no SMT guest"
+    assert {p.page_size_bytes for p in plans} >= {4 * KIB, 2 * MIB, GIB}
+    assert any(p.profile == "hpc" and p.accel == "kvm" for p in plans), "no hpc under KVM"
+
+
+@pytest.mark.parametrize("name", sorted(hand.all_plans()))
+def test_hand_built_plans_make_the_planned_flavor(name: str) -> None:
+    plan = hand.all_plans()[name]
+    check_flavor(plan, openstack_flavor(plan))
+
+
+def test_flavor_checks_can_fail() -> None:
+    """A plan's flavor checked against a different plan fails: nodes, pages, pins."""
+    numa, pinned, hpc = hand.numa(), hand.pinned(), hand.hpc_kvm()
+    for plan, other in ((numa, pinned), (numa, hand.numa_4k()), (pinned, hand.naive())):
+        with pytest.raises(AssertionError):
+            check_flavor(plan, openstack_flavor(other.model_copy(update={"name": plan.name})))
+    swapped = tuple(n.model_copy(update={"vcpus": (1 - n.index,)}) for n in numa.guest_nodes)
+    with pytest.raises(AssertionError):
+        check_flavor(numa.model_copy(update={"guest_nodes": swapped}), openstack_flavor(numa))
+    with pytest.raises(AssertionError):
+        check_flavor(hpc, openstack_flavor(hpc.model_copy(update={"profile": "numa"})))
+
+
+def test_passthrough_is_an_alias_with_its_caveats(snapshots_dir: Path) -> None:
+    """hpc with the InfiniBand HCA of 40intel64-2g2n4c+pci. FAKE, on purpose: the
+    snapshot records no IOMMU groups and this machine has no VFIO device, so the HCA
+    gets IOMMU group 7 with a second function by model_copy; the rest is the real host."""
+    hca, second = "0000:43:00.0", "0000:43:00.1"
+    host = roomy(host_from("sysfs", str(sysfs_root(snapshots_dir, "40intel64-2g2n4c+pci"))))
+    extra = PciDevice(
+        bdf=second, kind="other", class_id=0x0207, vendor_id=0x15B3, device_id=0x1003,
+        numa_node=2, iommu_group=7,
+    )  # fmt: skip
+    pci = [d.model_copy(update={"iommu_group": 7}) if d.bdf == hca else d for d in host.pci]
+    host = host.model_copy(
+        update={"pci": (*pci, extra), "iommu": True, "iommu_groups": {7: (hca, second)}}
+    )
+    request = PlanRequest(
+        name="ib", profile="hpc", vcpus=4, memory_bytes=GIB, passthrough=(hca, second)
+    )
+    plan = make_plan(host, request)
+    render = openstack_flavor(plan)
+    check_flavor(plan, render)
+    kind = next(d.kind for d in host.pci if d.bdf == hca)
+    assert render.extra_specs["pci_passthrough:alias"] == f"hpcvm-{kind}:1,hpcvm-other:1"
+    assert render.extra_specs["hw:pci_numa_affinity_policy"] == "required"
+    assert any(hca in n and "nova.conf" in n and f"lspci -n -s {hca}" in n for n in render.notes)
+    assert any(second in n and "IOMMU group" in n for n in render.notes)
+    # a hand-edited plan passing the HCA with a group member it does not pass itself
+    alone = plan.model_copy(update={"passthrough": plan.passthrough[:1]})
+    assert any(f"{second} get no alias" in n for n in openstack_flavor(alone).notes)
+
+
+def _run_commands(script: str, tmp_path: Path) -> list[list[str]]:
+    """Run the script in bash with ``openstack`` as a function writing each call's
+    arguments (NUL-separated, one call per line of the log); return the calls."""
+    log = tmp_path / "calls"
+    prelude = f"openstack() {{ printf '%s\\0' \"$@\" >> {log}; printf '\\n' >> {log}; }}\n"
+    subprocess.run(["bash", "-n", "-c", script], check=True, timeout=60)
+    subprocess.run(["bash", "-e", "-c", prelude + script], check=True, timeout=60)
+    calls = log.read_bytes().split(b"\0\n")
+    return [c.decode().split("\0") for c in calls if c]
+
+
+@pytest.mark.parametrize("name", sorted(hand.all_plans()))
+def test_commands_create_and_set_the_flavor(name: str, tmp_path: Path) -> None:
+    plan = hand.all_plans()[name].model_copy(update={"name": f"job '{name}' $HOME"})
+    render = openstack_flavor(plan)
+    script = openstack_flavor_commands(plan)
+    calls = _run_commands(script, tmp_path)
+    create = ["flavor", "create", "--vcpus", str(plan.vcpus), "--ram"]
+    assert calls[0] == [*create, str(plan.memory_bytes // MIB), "--disk", "0", plan.name]
+    assert len(calls) == 2
+    head, props = calls[1][:3], calls[1][3:]
+    assert head == ["flavor", "set", plan.name]
+    assert props[0::2] == ["--property"] * (len(props) // 2)
+    assert dict(p.split("=", 1) for p in props[1::2]) == render.extra_specs
+    comments = [line[len("# note: ") :] for line in script.splitlines() if line.startswith("#")]
+    assert set(render.notes) <= set(comments)
+
+
+def test_naive_flavor_says_only_the_guest_shape() -> None:
+    """QEMU's defaults are Nova's, except the shape: one socket of N cores (Nova would
+    make N sockets), so only the topology is set."""
+    specs = openstack_flavor(hand.naive(vcpus=4)).extra_specs
+    assert specs == {"hw:cpu_sockets": "1", "hw:cpu_cores": "4", "hw:cpu_threads": "1"}
+
+
+@pytest.mark.parametrize(
+    ("plan", "what"),
+    [
+        (hand.naive(memory=512 * MIB + 4 * KIB), "not a whole number of MiB"),
+        (
+            hand.numa().model_copy(
+                update={
+                    "guest_nodes": tuple(
+                        n.model_copy(update={"vcpus": (0, 1) if n.index == 0 else ()})
+                        for n in hand.numa().guest_nodes
+                    )
+                }
+            ),
+            "guest node 1 has no vCPUs",
+        ),
+    ],
+)
+def test_what_nova_cannot_hold_is_a_one_line_usage_error(plan: VMPlan, what: str) -> None:
+    with pytest.raises(UsageError, match=what) as info:
+        openstack_flavor(plan)
+    assert "\n" not in str(info.value)
