@@ -37,6 +37,10 @@ from hpcvm.store import Store
 from hpcvm.units import format_size, parse_size
 
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h)?\s*$")
+# The default comparison (the README's first command): the reference study's two ends,
+# QEMU's defaults and the tuned guest, against the host itself.
+DEFAULT_ENVS = ("native", "vm:naive", "vm:hpc")
+DEFAULT_SUITES = ("hpcc", "noise")
 _SIZES = {"quick": ("small", 5000), "small": ("small", 20000), "medium": ("medium", 20000)}
 
 
@@ -118,9 +122,10 @@ def _config(kw: dict[str, Any]) -> BenchConfig:
     suites = list(kw["suite"])
     if kw["cmd"] is not None and "cmd" not in suites:
         suites.append("cmd")
+    suites = suites or list(DEFAULT_SUITES)
     memory = kw["vm_memory"]
     return BenchConfig(
-        envs=tuple(kw["env"]),
+        envs=tuple(kw["env"]) or DEFAULT_ENVS,
         suites=tuple(suites),
         np=parse_np(kw["np"]),
         reps=parse_reps(kw["reps"]),
@@ -199,9 +204,16 @@ class _Bar:
 
 @click.command("bench")
 @click.option(
-    "--env", multiple=True, help=f"Environment (repeatable): {', '.join(valid_env_names())}."
+    "--env",
+    multiple=True,
+    help=f"Environment (repeatable): {', '.join(valid_env_names())}. "
+    f"Default: {' '.join(DEFAULT_ENVS)}.",
 )
-@click.option("--suite", multiple=True, help=f"Suite (repeatable): {', '.join(suite_names())}.")
+@click.option(
+    "--suite",
+    multiple=True,
+    help=f"Suite (repeatable): {', '.join(suite_names())}. Default: {' '.join(DEFAULT_SUITES)}.",
+)
 @click.option("--np", multiple=True, help="MPI process counts, e.g. 1,2 (default 1).")
 @click.option("--reps", default="auto", show_default=True, help="auto or a fixed number.")
 @click.option("--confidence", type=float, default=0.97, show_default=True)
@@ -233,7 +245,13 @@ class _Bar:
 @click.option("--cmd-mpi", is_flag=True, help="Run --cmd under mpirun with --np ranks.")
 @click.option("--bind", type=click.Choice(["core", "hwthread", "none"]), default="core")
 @click.option("--interval", type=click.Choice(["fieller", "bootstrap"]), default="fieller")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Results directory.")
+@click.option(
+    "--out",
+    default="results",
+    show_default=True,
+    type=click.Path(path_type=Path),
+    help="Results directory.",
+)
 def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
     """Run benchmarks natively and in VMs, interleaved, into OUT/hpcvm.db; print tables."""
     if resume and not kw["env"]:
