@@ -40,7 +40,7 @@ _NOVA_UNITS = {"KB": KIB, "MB": MIB, "GB": GIB}
 
 
 @functools.cache
-def _plans(snap: Snapshot) -> tuple[VMPlan, ...]:
+def cloud_plans(snap: Snapshot) -> tuple[VMPlan, ...]:
     """The planner's plans for the snapshot with free 2M pages (all shapes, TCG and
     KVM), and on a roomy copy (free 2M and 1G pages) numa/hpc plans on 1G pages."""
     host = host_from(snap.kind, str(snap.path))
@@ -146,7 +146,7 @@ def _check_pinning(plan: VMPlan, specs: dict[str, str], notes: tuple[str, ...]) 
 
 @pytest.mark.parametrize("profile", PROFILE_NAMES)
 def test_snapshot_plans_make_the_planned_flavor(snapshot: Snapshot, profile: ProfileName) -> None:
-    plans = [p for p in _plans(snapshot) if p.profile == profile]
+    plans = [p for p in cloud_plans(snapshot) if p.profile == profile]
     if not plans:
         pytest.skip(f"the planner accepts no {profile} request on {snapshot.name}")
     for plan in plans:
@@ -154,7 +154,7 @@ def test_snapshot_plans_make_the_planned_flavor(snapshot: Snapshot, profile: Pro
 
 
 def test_snapshot_plans_cover_the_shapes_that_matter(all_snapshots: list[Snapshot]) -> None:
-    plans = [p for snap in all_snapshots for p in _plans(snap)]
+    plans = [p for snap in all_snapshots for p in cloud_plans(snap)]
     assert {p.profile for p in plans} == set(PROFILE_NAMES)
     assert any(len(p.guest_nodes) > 1 for p in plans), "no multi-node guest"
     assert any(p.topology.threads > 1 and p.pinned for p in plans), "no SMT guest"
