@@ -11,6 +11,7 @@ manifests are not applied.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from hpcvm.render.kubevirt import VMRender, kubevirt_vm, kubevirt_yaml
 from hpcvm.units import GIB, KIB, MIB
 from tests import render_plans as hand
 from tests.conftest import Snapshot
-from tests.unit.test_render_openstack import cloud_plans
+from tests.unit.test_render_openstack import cloud_plans, pooled_xml, run_plan
 
 IMAGE = "quay.io/containerdisks/fedora:40"
 _UNITS = {"": 1, "Ki": KIB, "Mi": MIB, "Gi": GIB}
@@ -178,3 +179,36 @@ def test_a_name_kubernetes_refuses_is_a_one_line_usage_error(name: str) -> None:
     with pytest.raises(UsageError, match="not a Kubernetes object name") as info:
         kubevirt_vm(hand.naive(name=name))
     assert "\n" not in str(info.value)
+
+
+# --- hpcvm plan --format kubevirt -------------------------------------------------------
+
+
+def test_cli_prints_a_yaml_manifest(tmp_path: Path) -> None:
+    xml = pooled_xml(tmp_path)
+    result = run_plan(
+        "--profile", "numa", "--vcpus", "8", "--memory", "8G", "--topology", xml,
+        "--format", "kubevirt",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    manifest = yaml.safe_load(result.stdout)
+    assert manifest["kind"] == "VirtualMachine" and manifest["metadata"]["name"] == "hpcvm"
+    domain = domain_of(manifest)
+    cpu = domain["cpu"]
+    assert cpu["sockets"] * cpu["cores"] * cpu["threads"] == 8
+    assert cpu["dedicatedCpuPlacement"] is True
+    assert domain["resources"]["requests"] == domain["resources"]["limits"]
+    assert parse_quantity(domain["resources"]["requests"]["memory"]) == 8 * GIB
+    assert parse_quantity(domain["memory"]["hugepages"]["pageSize"]) == 2 * MIB
+
+
+def test_cli_refuses_a_bad_name_in_one_line(tmp_path: Path) -> None:
+    result = run_plan(
+        "--profile", "numa", "--vcpus", "2", "--memory", "1G", "--name", "Job_1",
+        "--topology", pooled_xml(tmp_path), "--format", "kubevirt",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("hpcvm: error:") and "Job_1" in line

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from hpcvm.plan.model import PROFILE_NAMES, PlanRequest, ProfileName, VMPlan
 from hpcvm.render.openstack import FlavorRender, openstack_flavor, openstack_flavor_commands
 from hpcvm.units import GIB, KIB, MIB, parse_cpu_list
 from tests import render_plans as hand
-from tests.conftest import Snapshot, sysfs_root
+from tests.conftest import TOPOLOGIES, Snapshot, sysfs_root
 from tests.plan_checks import host_from, roomy
 from tests.render_plans import plans_for, with_free_hugepages
 
@@ -267,3 +268,49 @@ def test_what_nova_cannot_hold_is_a_one_line_usage_error(plan: VMPlan, what: str
     with pytest.raises(UsageError, match=what) as info:
         openstack_flavor(plan)
     assert "\n" not in str(info.value)
+
+
+# --- hpcvm plan --format openstack ------------------------------------------------------
+
+POOLED_XML = "24em64t-2n6c2t-pci"
+
+
+def pooled_xml(tmp_path: Path) -> Path:
+    """A real machine's hwloc XML (2 nodes x 6 cores x 2 threads) with 8192 2M pages
+    reserved per node. The pool counts are INVENTED (the export recorded empty pools);
+    the CPUs, nodes and memory are the machine's."""
+    source = TOPOLOGIES / "xml" / f"{POOLED_XML}.xml"
+    empty = '<page_type size="2097152" count="0"/>'
+    text = source.read_text()
+    assert text.count(empty) == 2, "the export as recorded: two nodes, empty 2M pools"
+    out = tmp_path / f"{POOLED_XML}-pools.xml"
+    out.write_text(text.replace(empty, '<page_type size="2097152" count="8192"/>'))
+    return out
+
+
+def run_plan(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcvm.cli.main", "plan", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_cli_prints_runnable_flavor_commands(tmp_path: Path) -> None:
+    xml = pooled_xml(tmp_path)
+    result = run_plan(
+        "--profile", "numa", "--vcpus", "8", "--memory", "8G", "--topology", xml,
+        "--format", "openstack",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    calls = _run_commands(result.stdout, tmp_path)
+    assert calls[0] == ["flavor", "create", "--vcpus", "8", "--ram", "8192", "--disk", "0", "hpcvm"]
+    props = dict(p.split("=", 1) for p in calls[1][4::2])
+    assert props["hw:cpu_policy"] == "dedicated" and props["hw:mem_page_size"] == "2MB"
+    nodes = int(props["hw:numa_nodes"])
+    cpus = [c for n in range(nodes) for c in parse_cpu_list(props[f"hw:numa_cpus.{n}"])]
+    assert sorted(cpus) == list(range(8))
+    assert sum(int(props[f"hw:numa_mem.{n}"]) for n in range(nodes)) == 8192

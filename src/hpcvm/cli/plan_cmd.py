@@ -1,4 +1,5 @@
-"""`hpcvm plan`: the tuned VM for a host, as tables, JSON, a QEMU line or libvirt XML.
+"""`hpcvm plan`: the tuned VM for a host, as tables, JSON, a QEMU line, libvirt XML, an
+OpenStack flavor (commands) or a KubeVirt VirtualMachine (YAML).
 
 Thin: parse flags into a PlanRequest, read the host, call the pure planner, print.
 """
@@ -15,7 +16,8 @@ from hpcvm.plan import plan as make_plan
 from hpcvm.plan.model import PROFILE_NAMES, PlanRequest, VMPlan
 from hpcvm.units import parse_size
 
-FORMATS = ("table", "json", "qemu", "libvirt")
+RENDERED = ("qemu", "libvirt", "openstack", "kubevirt")
+FORMATS = ("table", "json", *RENDERED)
 
 
 @click.command("plan")
@@ -69,7 +71,7 @@ def plan_command(
         print_plan(vm, console, host)
         return
     click.echo(_machine_output(vm, fmt))
-    if fmt in ("qemu", "libvirt"):
+    if fmt in RENDERED:
         for message in vm.warnings:
             warn(message)
 
@@ -82,6 +84,14 @@ def _machine_output(vm: VMPlan, fmt: str) -> str:
         from hpcvm.render.qemu import qemu_command_line
 
         return qemu_command_line(vm)
+    if fmt == "openstack":
+        from hpcvm.render.openstack import openstack_flavor_commands
+
+        return openstack_flavor_commands(vm).rstrip("\n")
+    if fmt == "kubevirt":
+        from hpcvm.render.kubevirt import kubevirt_yaml
+
+        return kubevirt_yaml(vm).rstrip("\n")
     from hpcvm.render.libvirt import libvirt_xml
 
     return libvirt_xml(vm)
