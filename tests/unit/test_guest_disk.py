@@ -98,13 +98,49 @@ def test_seed_user_data_is_cloud_config_that_starts_the_agent(tmp_path: Path) ->
     text = iso_file(seed, "user-data")
     assert text.splitlines()[0] == "#cloud-config"
     config = yaml.safe_load(text)
-    start = ["systemctl", "start", "--no-block", "qemu-guest-agent.service"]
-    enable = ["systemctl", "enable", "--now", "qemu-guest-agent.service"]
-    assert start in config["bootcmd"]
-    assert enable in config["runcmd"]
+    (command,) = config["bootcmd"]
+    assert command[:2] == ["sh", "-c"]
+    script = command[2]
+    assert disk.DISK_AGENT_PORT in script and "qemu-ga" in script
+    assert "systemd-run --no-block" in script  # blocking would deadlock (see disk.py)
+    subprocess.run(["sh", "-n", "-c", script], check=True)  # valid shell
     # Nothing from the network: no packages, no update or upgrade.
     assert "packages" not in config
     assert config["package_update"] is False and config["package_upgrade"] is False
+
+
+def test_agent_script_finds_its_port_by_name_in_sysfs(tmp_path: Path) -> None:
+    """The bootcmd script run against a fake /sys/class/virtio-ports and fake systemctl,
+    systemd-run and qemu-ga on PATH (a real guest's sysfs and systemd cannot exist in
+    a unit test): it must start the agent on the vport whose name is hpcvm's port."""
+    ports = tmp_path / "sys"
+    for vport, name in (("vport1p1", "org.qemu.guest_agent.0"), ("vport2p1", "other"),
+                        ("vport3p1", disk.DISK_AGENT_PORT)):  # fmt: skip
+        (ports / vport).mkdir(parents=True)
+        (ports / vport / "name").write_text(name + "\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    for tool, code in (("systemctl", 3), ("systemd-run", 0), ("qemu-ga", 0)):
+        script = bin_dir / tool
+        script.write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\nexit {code}\n')
+        script.chmod(0o755)
+    text = yaml.safe_load(disk.user_data("x"))["bootcmd"][0][2]
+    text = text.replace("/sys/class/virtio-ports", str(ports))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    subprocess.run(["sh", "-c", text], check=True, env=env)
+    lines = calls.read_text().splitlines()
+    assert lines[0] == "systemctl is-active --quiet hpcvm-guest-agent"
+    assert lines[1] == (
+        "systemd-run --no-block --unit=hpcvm-guest-agent -p Restart=always -p RestartSec=1 "
+        f"{bin_dir / 'qemu-ga'} --method=virtio-serial --path=/dev/vport3p1"
+    )
+    assert len(lines) == 2
+
+
+def test_bad_agent_port_name_is_refused() -> None:
+    with pytest.raises(UsageError):
+        disk.user_data("x", agent_port="a; rm -rf /")
 
 
 # -- checking images ----------------------------------------------------------------------

@@ -16,6 +16,13 @@ Three steps, each for a reason:
   installs nothing (hpcvm's guests have no network) and sets the hostname to the VM's
   name. The seed is made with genisoimage, the tool cloud-init's docs use for NoCloud.
 
+The agent's virtio-serial port is hpcvm's own (DISK_AGENT_PORT), not the standard
+``org.qemu.guest_agent.0``: libvirtd connects to a channel of that name itself, so hpcvm
+could not reach the agent under ``--backend libvirt``. Distributions start their
+packaged agent only on the standard port (a udev rule and a unit bound to that device),
+so the seed starts qemu-ga on hpcvm's port itself, as a transient systemd unit, on every
+boot. Both backends then boot an image the same way.
+
 An image must already contain qemu-guest-agent and cloud-init for ``up`` to succeed.
 A whole distribution boots much more slowly than the built-in guest (firmware,
 bootloader, systemd, cloud-init; under TCG 30-90 s here), hence DISK_READY_TIMEOUT.
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -38,11 +46,14 @@ SUPPORTED_FORMATS = ("qcow2", "raw")
 OVERLAY_NAME = "disk.qcow2"
 SEED_NAME = "seed.iso"
 SEED_LABEL = "cidata"
+DISK_AGENT_PORT = "org.hpcvm.guest_agent.0"  # see the module docstring
+AGENT_UNIT = "hpcvm-guest-agent"
 BOOT_SIGNATURE = b"\x55\xaa"  # last two bytes of an MBR (also of GPT's protective MBR)
 # Seconds from QEMU's start to the agent's first answer for a disk image, per accel:
 # generous, because TCG on a busy 2-core host can take minutes to reach cloud-init.
 DISK_READY_TIMEOUT = {"tcg": 300.0, "kvm": 120.0}
 _TOOL_TIMEOUT = 60.0
+_PORT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # goes into a shell script unquoted
 
 
 @dataclass(frozen=True)
@@ -197,35 +208,67 @@ def meta_data(name: str, instance_id: str) -> str:
     )
 
 
-def user_data(name: str) -> str:
-    """NoCloud user-data: make sure qemu-guest-agent runs, install nothing.
+def _agent_script(port: str) -> str:
+    """Shell run by cloud-init's bootcmd: start qemu-ga on ``port`` unless it runs.
 
-    ``bootcmd`` starts the agent early, on every boot (``--no-block``: never stall
-    cloud-init on it); ``runcmd`` also enables it for later boots of this disk. A login
-    prompt on the serial console (the run dir's console log) helps when debugging.
+    The port is found through sysfs (``/sys/class/virtio-ports/*/name``) and opened as
+    its ``/dev/vportNpM`` node, which the kernel makes without udev. ``--no-block``:
+    bootcmd runs inside cloud-init.service, which sysinit.target waits for, and a
+    service (default dependencies) starts only after sysinit, so waiting would deadlock.
     """
+    return (
+        f"for f in /sys/class/virtio-ports/*/name; do\n"
+        f'  [ "$(cat "$f" 2>/dev/null)" = {port} ] || continue\n'
+        f"  ga=$(command -v qemu-ga) || {{ echo 'hpcvm: qemu-ga not found: install "
+        f"qemu-guest-agent in this image' >&2; exit 1; }}\n"
+        f"  systemctl is-active --quiet {AGENT_UNIT} ||\n"
+        f"    systemd-run --no-block --unit={AGENT_UNIT} -p Restart=always -p RestartSec=1 \\\n"
+        f'      "$ga" --method=virtio-serial --path="/dev/$(basename "$(dirname "$f")")"\n'
+        f"done\n"
+    )
+
+
+def user_data(name: str, agent_port: str = DISK_AGENT_PORT) -> str:
+    """NoCloud user-data: make sure qemu-guest-agent runs on ``agent_port``; install
+    nothing. ``bootcmd`` runs early on every boot (a transient unit does not survive a
+    reboot). A login prompt on the serial console (the run dir's console log) helps
+    when debugging a guest."""
+    if not _PORT_RE.match(agent_port):
+        raise UsageError(
+            f"invalid virtio-serial port name {agent_port!r}: use letters, digits, . _ -"
+        )
+    script = "".join(f"      {line}\n" for line in _agent_script(agent_port).splitlines())
     return (
         "#cloud-config\n"
         f"# Written by hpcvm for VM {name}: hpcvm runs commands in the guest and checks it\n"
-        "# through qemu-guest-agent. Nothing is installed: the guest has no network.\n"
+        f"# through qemu-guest-agent on the virtio-serial port {agent_port}.\n"
+        "# Nothing is installed: the guest has no network.\n"
         "package_update: false\n"
         "package_upgrade: false\n"
         "bootcmd:\n"
-        "  - [systemctl, start, --no-block, qemu-guest-agent.service]\n"
+        "  - - sh\n"
+        "    - -c\n"
+        "    - |\n"
+        f"{script}"
         "runcmd:\n"
-        "  - [systemctl, enable, --now, qemu-guest-agent.service]\n"
         "  - [systemctl, enable, --now, serial-getty@ttyS0.service]\n"
     )
 
 
-def make_seed(run_dir: Path, *, name: str, instance_id: str | None = None) -> Path:
+def make_seed(
+    run_dir: Path,
+    *,
+    name: str,
+    instance_id: str | None = None,
+    agent_port: str = DISK_AGENT_PORT,
+) -> Path:
     """Write the NoCloud seed (ISO9660 with Joliet and Rock Ridge, volume ``cidata``)
     into ``run_dir``; the staging files are removed, the seed is 0600."""
     iid = instance_id or f"hpcvm-{name}-{uuid.uuid4().hex[:12]}"
     seed = run_dir / SEED_NAME
     tmp = run_dir / f".{SEED_NAME}.tmp"
     with tempfile.TemporaryDirectory(prefix=".seed.", dir=run_dir) as staging:
-        files = {"meta-data": meta_data(name, iid), "user-data": user_data(name)}
+        files = {"meta-data": meta_data(name, iid), "user-data": user_data(name, agent_port)}
         for file_name, text in files.items():
             (Path(staging) / file_name).write_text(text)
         argv = [_tool("genisoimage"), "-quiet", "-output", str(tmp), "-volid", SEED_LABEL,

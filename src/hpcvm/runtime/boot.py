@@ -82,11 +82,11 @@ def _own_media(kernel: str, initrd: str) -> BootMedia:
 
 
 def _image_media(image: str) -> BootMedia:
-    from hpcvm.guest.disk import DISK_READY_TIMEOUT, check_image
+    from hpcvm.guest.disk import DISK_AGENT_PORT, DISK_READY_TIMEOUT, check_image
 
     info = check_image(image)
     return BootMedia(
-        boot=BootSpec(),
+        boot=BootSpec(agent_port_name=DISK_AGENT_PORT),  # the seed starts qemu-ga on it
         label=str(info.path),
         kernel=None,
         disk=str(info.path),
