@@ -212,3 +212,9 @@ def test_cli_refuses_a_bad_name_in_one_line(tmp_path: Path) -> None:
     assert result.stdout == "" and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("hpcvm: error:") and "Job_1" in line
+
+
+def test_a_note_with_a_newline_stays_a_comment() -> None:
+    """A hand-edited plan's host tuning line with a newline must not become YAML."""
+    plan = hand.numa().model_copy(update={"host_tuning": ("sysctl -w x=1\ninjected: true",)})
+    assert yaml.safe_load(kubevirt_yaml(plan)) == kubevirt_vm(plan).manifest

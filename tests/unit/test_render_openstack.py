@@ -314,3 +314,12 @@ def test_cli_prints_runnable_flavor_commands(tmp_path: Path) -> None:
     cpus = [c for n in range(nodes) for c in parse_cpu_list(props[f"hw:numa_cpus.{n}"])]
     assert sorted(cpus) == list(range(8))
     assert sum(int(props[f"hw:numa_mem.{n}"]) for n in range(nodes)) == 8192
+
+
+def test_a_note_with_a_newline_stays_a_comment(tmp_path: Path) -> None:
+    """A hand-edited plan's host tuning line with a newline must not become a command."""
+    plan = hand.numa().model_copy(
+        update={"host_tuning": ("sysctl -w x=1\nopenstack flavor delete r-numa",)}
+    )
+    calls = _run_commands(openstack_flavor_commands(plan), tmp_path)
+    assert [c[:2] for c in calls] == [["flavor", "create"], ["flavor", "set"]]

@@ -91,3 +91,10 @@ def group_note(plan: VMPlan, bdf: str, members: tuple[str, ...], scheduler: str,
     if missing:
         text += f"; {', '.join(missing)} get no {unit} here: add them"
     return text
+
+
+def comment_lines(header: str, notes: tuple[str, ...]) -> list[str]:
+    """The header and notes as ``#`` lines for a shell script or YAML file. A note is
+    kept on one line whatever a hand-edited plan put in it: a newline would end the
+    comment and make the rest a command (or YAML)."""
+    return [f"# {' '.join(text.splitlines())}" for text in (header, *(f"note: {n}" for n in notes))]

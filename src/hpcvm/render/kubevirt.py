@@ -23,6 +23,7 @@ from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
 from hpcvm.render.checks import check_renderable
 from hpcvm.render.cloud import (
+    comment_lines,
     distances_text,
     group_note,
     host_side_notes,
@@ -97,8 +98,8 @@ def kubevirt_yaml(plan: VMPlan, *, image: str | None = None) -> str:
     """The manifest as YAML for ``kubectl apply -f``, after the notes as ``#`` comments
     (so a saved file carries its caveats)."""
     render = kubevirt_vm(plan, image=image)
-    head = [f"# hpcvm: plan {plan.name!r} (profile {plan.profile}) as a KubeVirt VirtualMachine"]
-    head += [f"# note: {note}" for note in render.notes]
+    header = f"hpcvm: plan {plan.name!r} (profile {plan.profile}) as a KubeVirt VirtualMachine"
+    head = comment_lines(header, render.notes)
     body = yaml.safe_dump(render.manifest, sort_keys=False, default_flow_style=False)
     return "\n".join(head) + "\n" + body
 

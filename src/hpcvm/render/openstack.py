@@ -23,6 +23,7 @@ from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
 from hpcvm.render.checks import check_renderable
 from hpcvm.render.cloud import (
+    comment_lines,
     device_label,
     distances_text,
     group_note,
@@ -83,8 +84,8 @@ def openstack_flavor_commands(plan: VMPlan) -> str:
     caveats)."""
     render = openstack_flavor(plan)
     flavor = render.flavor
-    lines = [f"# hpcvm: plan {plan.name!r} (profile {plan.profile}) as an OpenStack flavor"]
-    lines += [f"# note: {note}" for note in render.notes]
+    header = f"hpcvm: plan {plan.name!r} (profile {plan.profile}) as an OpenStack flavor"
+    lines = comment_lines(header, render.notes)
     create = shlex.join(
         [
             "openstack", "flavor", "create",
