@@ -12,6 +12,7 @@ import hashlib
 import json
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -210,6 +211,27 @@ def test_qcow2_with_missing_backing_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as exc:
         disk.check_image(top)
     assert_one_line_usage(exc, "cannot be used", "base.qcow2")
+
+
+def test_qcow2_another_process_writes_is_refused(tmp_path: Path) -> None:
+    """qemu-io stands in for a VM writing the image: it takes QEMU's image locks."""
+    image = bootable_qcow2(tmp_path)
+    writer = subprocess.Popen(["qemu-io", "-f", "qcow2", "-c", "sleep 600000", str(image)])
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until qemu-io holds its lock (the machine may be slow)
+            try:
+                disk.check_image(image)
+            except UsageError as exc:
+                assert_one_line_usage(pytest.ExceptionInfo.from_exc_info(
+                    (UsageError, exc, exc.__traceback__)), "lock", "another VM")  # fmt: skip
+                break
+            assert writer.poll() is None and time.monotonic() < deadline, "never locked"
+            time.sleep(0.2)
+    finally:
+        writer.kill()
+        writer.wait()
+    assert disk.check_image(image).format == "qcow2"  # free again
 
 
 def test_bootable_images_are_accepted_with_their_format(tmp_path: Path) -> None:

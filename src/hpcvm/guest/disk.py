@@ -139,14 +139,21 @@ def _first_line(text: str) -> str:
     return lines[0] if lines else "no message"
 
 
+def _unusable(path: Path, stderr: str) -> UsageError:
+    """qemu-img's refusal as one line; a lock conflict says who to look for."""
+    reason = _first_line(stderr).removeprefix("qemu-img: ")
+    if "lock" in reason:
+        reason += " (another VM or program is writing it: stop it or give a copy)"
+    return UsageError(f"disk image {path} cannot be used: {reason}")
+
+
 def _qemu_img_info(path: Path) -> ImageInfo:
     """qemu-img's view of the file, which is what QEMU will see. Without ``-U``: an
     image another process is writing is refused (its lock), not silently shared."""
     argv = [_tool("qemu-img"), "info", "--output=json", "--", str(path)]
     proc = _run_tool(argv, f"qemu-img info {path}")
     if proc.returncode != 0:
-        reason = _first_line(proc.stderr).removeprefix("qemu-img: ")
-        raise UsageError(f"disk image {path} cannot be used: {reason}")
+        raise _unusable(path, proc.stderr)
     try:
         data = json.loads(proc.stdout)
         return ImageInfo(
@@ -167,8 +174,7 @@ def _first_sector(info: ImageInfo) -> bytes:
                 f"if={info.path}", f"of={out}"]  # fmt: skip
         proc = _run_tool(argv, f"qemu-img dd {info.path}")
         if proc.returncode != 0:
-            reason = _first_line(proc.stderr).removeprefix("qemu-img: ")
-            raise UsageError(f"disk image {info.path} cannot be used: {reason}")
+            raise _unusable(info.path, proc.stderr)
         return out.read_bytes()
 
 
