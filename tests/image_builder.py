@@ -23,8 +23,8 @@ minutes probing cloud metadata servers on a guest that has no network.
 The result is cached under ``$HPCVM_TEST_IMAGE_CACHE`` or /var/cache/hpcvm/test-images,
 in a directory named by a hash of the recipe below: changing the recipe builds a new
 image, and a machine builds each recipe once. A lock file serialises concurrent builds.
-Measured on this 2-core machine: 213-220 s for a build (mmdebstrap 90-350 s depending on
-the load from others; the disk steps about a minute), a 282 MiB qcow2 (2 GiB virtual,
+Measured on this 2-core machine: 213-411 s for a build (mostly mmdebstrap, depending on
+the load from others), a 282 MiB qcow2 (2 GiB virtual,
 compressed); each step's time is in build.log beside the image. Booting it under TCG
 to the agent's first answer: 60-80 s.
 
