@@ -21,8 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.integration.conftest import HugePages
-from tests.runtime_support import Residue, assert_nothing_left
 
 from hpcvm.bench.environments import plan_vm
 from hpcvm.bench.hpcc import COMMUNICATION_METRICS
@@ -30,6 +28,8 @@ from hpcvm.bench.hpcc import METRICS as HPCC_METRICS
 from hpcvm.bench.noise import METRICS as NOISE_METRICS
 from hpcvm.store import Store
 from hpcvm.units import MIB
+from tests.integration.conftest import HugePages
+from tests.runtime_support import Residue, assert_nothing_left
 
 pytestmark = pytest.mark.integration
 

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from tests import render_plans as plans
-from tests.conftest import Snapshot
-from tests.render_checks import check_libvirt_domain
 
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, libvirt_xml
 from hpcvm.units import parse_cpu_list
+from tests import render_plans as plans
+from tests.conftest import Snapshot
+from tests.render_checks import check_libvirt_domain
 
 if TYPE_CHECKING:
     from tests.integration.conftest import HugePages

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from qemu.qmp import QMPClient
-from tests import render_plans as plans
-from tests.render_checks import check_qemu_argv
 
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, qemu_argv
+from tests import render_plans as plans
+from tests.render_checks import check_qemu_argv
 
 if TYPE_CHECKING:
     from tests.integration.conftest import HugePages

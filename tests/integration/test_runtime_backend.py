@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.runtime_support import Residue, assert_nothing_left
 
 from hpcvm.errors import RuntimeFailure
 from hpcvm.host import discover
@@ -21,6 +20,7 @@ from hpcvm.render.model import BootSpec
 from hpcvm.runtime import paths, pinning, state
 from hpcvm.runtime.model import Machine
 from hpcvm.runtime.qemu_backend import QemuBackend
+from tests.runtime_support import Residue, assert_nothing_left
 
 pytestmark = pytest.mark.integration
 MIB = 1024 * 1024

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.runtime_support import Residue, assert_nothing_left, open_fds
 
 from hpcvm.plan.model import PlanRequest
 from hpcvm.runtime import lifecycle, paths, state
+from tests.runtime_support import Residue, assert_nothing_left, open_fds
 
 pytestmark = pytest.mark.integration
 CYCLES = 20

@@ -19,14 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from hpcvm.runtime import paths, state
+from hpcvm.runtime.model import Machine
 from tests.runtime_support import (
     Residue,
     assert_nothing_left,
     reserve_hugepages,
 )
-
-from hpcvm.runtime import paths, state
-from hpcvm.runtime.model import Machine
 
 pytestmark = pytest.mark.integration
 

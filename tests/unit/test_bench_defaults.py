@@ -12,4 +12,3 @@ def test_help_names_the_defaults() -> None:
     assert "native vm:naive vm:hpc" in out
     assert "hpcc noise" in out
     assert "[default: results]" in out
-

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.guest_support import unpacked_kernel
 
 from hpcvm.cli.main import main
+from tests.guest_support import unpacked_kernel
 
 
 def test_build_with_missing_kernel_exits_2_and_creates_nothing(

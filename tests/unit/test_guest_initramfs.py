@@ -9,13 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.guest_support import unpacked_kernel
 
 from hpcvm.guest import hosttools, scripts
 from hpcvm.guest import kernel as kernels
 from hpcvm.guest.initramfs import Entry, build_entries, read_initrd, read_newc, write_initrd
 from hpcvm.guest.initramfs import write_newc as newc
 from hpcvm.guest.modules import GUEST_MODULES, ModuleIndex
+from tests.guest_support import unpacked_kernel
 
 
 def _cpio_list(archive: bytes, verbose: bool = False) -> list[str]:

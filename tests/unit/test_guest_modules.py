@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.guest_support import modules_dep_lines, unpacked_kernel
 
 from hpcvm.errors import RuntimeFailure
 from hpcvm.guest import kernel as kernels
 from hpcvm.guest.modules import GUEST_MODULES, ModuleIndex, module_name
+from tests.guest_support import modules_dep_lines, unpacked_kernel
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.guest_support import unpacked_kernel
 
 from hpcvm.guest import kernel as kernels
 from hpcvm.guest.vmlinux import extract_pvh_vmlinux, has_pvh_entry
+from tests.guest_support import unpacked_kernel
 
 XZ_MAGIC = b"\xfd7zXZ\x00"
 

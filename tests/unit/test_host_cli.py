@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import TOPOLOGIES, sysfs_root
 
 from hpcvm.cli.main import main
 from hpcvm.host import discover
+from tests.conftest import TOPOLOGIES, sysfs_root
 
 XML = TOPOLOGIES / "xml"
 

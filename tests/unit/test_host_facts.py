@@ -11,10 +11,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from tests.conftest import TOPOLOGIES, sysfs_root
 
 from hpcvm.host import HostTopology, discover
 from hpcvm.units import KIB, parse_cpu_list
+from tests.conftest import TOPOLOGIES, sysfs_root
 
 XML_DIR = TOPOLOGIES / "xml"
 

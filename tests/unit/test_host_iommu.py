@@ -13,9 +13,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.conftest import sysfs_root
 
 from hpcvm.host import HostTopology, discover
+from tests.conftest import sysfs_root
 
 # group -> member BDFs (all present in the snapshot's sys/bus/pci/devices)
 GROUPS = {

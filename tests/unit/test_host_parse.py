@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.conftest import TOPOLOGIES, sysfs_root
 
 from hpcvm.errors import TopologyError
 from hpcvm.host import discover
 from hpcvm.host.hwloc import parse, parse_bitmap
+from tests.conftest import TOPOLOGIES, sysfs_root
 
 
 @pytest.mark.parametrize(

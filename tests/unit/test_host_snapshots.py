@@ -11,9 +11,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from tests.conftest import Snapshot
 
 from hpcvm.host import HostTopology, discover
+from tests.conftest import Snapshot
 
 _P_INDEX = re.compile(r"\(P#(\d+)")
 

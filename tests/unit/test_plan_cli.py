@@ -10,12 +10,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from tests.conftest import sysfs_root
 
 from hpcvm.host import discover
 from hpcvm.plan import plan
 from hpcvm.plan.model import PlanRequest, VMPlan
 from hpcvm.units import GIB
+from tests.conftest import sysfs_root
 
 SNAPSHOT = "40intel64-2g2n4c+pci"
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.conftest import sysfs_root
-from tests.plan_checks import check_plan, host_from, roomy
 
 from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host import HostTopology
@@ -22,6 +20,8 @@ from hpcvm.host.model import PciDevice
 from hpcvm.plan import plan
 from hpcvm.plan.model import PlanRequest
 from hpcvm.units import GIB
+from tests.conftest import sysfs_root
+from tests.plan_checks import check_plan, host_from, roomy
 
 HCA = "0000:43:00.0"
 SECOND = "0000:43:00.1"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.plan_checks import check_plan, synthetic_host, vcpu_capacity
 
 from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host import HostTopology
@@ -18,6 +17,7 @@ from hpcvm.host.model import HugePagePool
 from hpcvm.plan import plan
 from hpcvm.plan.model import PROFILE_NAMES, PlanRequest
 from hpcvm.units import GIB, MIB
+from tests.plan_checks import check_plan, synthetic_host, vcpu_capacity
 
 DESCRIPTIONS = (
     "pack:2 numa:2 core:8 pu:2",

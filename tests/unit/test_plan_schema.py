@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import REPO
-
 from hpcvm.plan.model import PLAN_SCHEMA_VERSION, VMPlan
 from hpcvm.plan.schema import plan_schema_json
+from tests.conftest import REPO
 
 
 def test_schema_file_is_current() -> None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from tests.conftest import Snapshot
-from tests.plan_checks import check_plan, host_from, roomy, vcpu_capacity
 
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, UsageError
 from hpcvm.host import HostTopology
 from hpcvm.plan import plan
 from hpcvm.plan.model import PROFILE_NAMES, PlanRequest, ProfileName
 from hpcvm.units import GIB, MIB
+from tests.conftest import Snapshot
+from tests.plan_checks import check_plan, host_from, roomy, vcpu_capacity
 
 SMALL_MEMORY = 256 * MIB
 

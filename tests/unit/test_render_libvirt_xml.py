@@ -5,12 +5,12 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import pytest
-from tests import render_plans as plans
 
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, libvirt_xml
 from hpcvm.units import parse_cpu_list
+from tests import render_plans as plans
 
 ALL = plans.all_plans()
 IDS = sorted(ALL)

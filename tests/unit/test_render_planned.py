@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 
 import pytest
+
+from hpcvm.plan.model import VMPlan
+from hpcvm.render import libvirt_xml, qemu_argv
 from tests import render_plans as hand
 from tests.conftest import Snapshot
 from tests.render_checks import check_libvirt_domain, check_qemu_argv
 from tests.render_plans import plans_for, snapshot_host, with_free_hugepages
-
-from hpcvm.plan.model import VMPlan
-from hpcvm.render import libvirt_xml, qemu_argv
 
 
 @functools.cache

@@ -5,12 +5,12 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from tests import render_parse as rp
-from tests import render_plans as plans
 
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, qemu_argv, qemu_command_line
+from tests import render_parse as rp
+from tests import render_plans as plans
 
 ALL = plans.all_plans()
 IDS = sorted(ALL)

@@ -7,9 +7,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from tests.report_support import measured
 
 from hpcvm.cli.main import main
+from tests.report_support import measured
 
 
 @pytest.fixture(scope="module")

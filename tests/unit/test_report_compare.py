@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matplotlib.image import imread
-from tests.report_support import ENVS, measured
 
 from hpcvm.errors import BenchmarkError
 from hpcvm.report.compare import Comparison, compare, compare_rows
@@ -24,6 +23,7 @@ from hpcvm.report.load import load_report
 from hpcvm.report.model import ReportData
 from hpcvm.report.write import FORMATS, write_comparison
 from hpcvm.store import Store
+from tests.report_support import ENVS, measured
 
 QUANTUM = "NoiseQuantum_usec"
 

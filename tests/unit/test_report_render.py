@@ -21,7 +21,6 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 from matplotlib.patches import Rectangle
-from tests.report_support import ENVS, QUANTA, REPS, measured
 
 from hpcvm.bench.noise import RAW_FILE, read_raw
 from hpcvm.bench.results import summarize_run
@@ -39,6 +38,7 @@ from hpcvm.report.markdown import cell
 from hpcvm.report.model import NATIVE, ReportData
 from hpcvm.report.write import FORMATS, write_report
 from hpcvm.store import Store
+from tests.report_support import ENVS, QUANTA, REPS, measured
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TCG_ENV = "tcg-user"

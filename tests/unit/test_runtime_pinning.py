@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.runtime_support import tiny_plan
 
 from hpcvm.errors import RuntimeFailure
 from hpcvm.runtime import pinning
+from tests.runtime_support import tiny_plan
 
 PUS = sorted(os.sched_getaffinity(0))
 needs_two = pytest.mark.skipif(len(PUS) < 2, reason="needs 2 usable PUs")

@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.runtime_support import tiny_plan
 
 from hpcvm.errors import UsageError
 from hpcvm.render.model import BootSpec
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.model import Machine
+from tests.runtime_support import tiny_plan
 
 
 @pytest.fixture
