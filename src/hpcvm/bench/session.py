@@ -31,6 +31,7 @@ from hpcvm.bench.suite import Suite
 from hpcvm.bench.suites import build_suites, validate_suites
 from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.host.model import HostTopology
+from hpcvm.signals import signals_deferred
 from hpcvm.store import NewEnvironment, RunRecord, Store, db_path
 
 Warn = Callable[[str], None]
@@ -180,26 +181,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Let VM teardown finish: a second Ctrl-C waits until every VM is down."""
-    pending: list[int] = []
-    try:
-        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        for s in handlers:
-            signal.signal(s, lambda signum, _frame: pending.append(signum))
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
-    if pending:
-        raise KeyboardInterrupt
-
-
 def _start_and_record(prep: Prepared, store: Store, run_id: int, notify: Warn | None) -> None:
     """Boot every VM (each is left paused) and record every environment."""
     for name, env in prep.envs.items():
@@ -275,17 +256,17 @@ def _measure(
             )
             outcome = runner.run()
     except KeyboardInterrupt:
-        with _signals_deferred():
+        with signals_deferred():
             _close_all(prep, store, run_id)
             store.set_status(run_id, "interrupted")
         raise
     except BaseException as exc:
-        with _signals_deferred():
+        with signals_deferred():
             _close_all(prep, store, run_id)
             message = exc.message if isinstance(exc, HpcvmError) else f"{type(exc).__name__}: {exc}"
             store.set_status(run_id, "failed", error=message)
         raise
-    with _signals_deferred():
+    with signals_deferred():
         _close_all(prep, store, run_id)
         store.set_status(
             run_id, "finished", stop_reason=outcome.stop_reason, stop_detail=outcome.detail

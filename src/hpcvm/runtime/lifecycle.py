@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +24,7 @@ from hpcvm.runtime import accel, hugetlbfs, paths, pinning, state
 from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.boot import BootMedia, in_run_dir, resolve_boot_media
 from hpcvm.runtime.model import Backend, BackendName, ExecResult, Machine
+from hpcvm.signals import signals_deferred
 
 ENV_READY_TIMEOUT = "HPCVM_READY_TIMEOUT"
 READY_TIMEOUT = {"tcg": 90.0, "kvm": 30.0}  # seconds from QEMU start to the agent
@@ -128,7 +128,7 @@ def up(
         try:
             return _start(machine, backend, ready_timeout)
         except BaseException as exc:
-            with _signals_deferred():
+            with signals_deferred():
                 teardown(machine, backend)
             failure = _as_failure(exc, machine, backend)
             if failure is exc:
@@ -360,7 +360,7 @@ def down(name: str, timeout: float = DOWN_TIMEOUT) -> None:
 def stop(machine: Machine, timeout: float = DOWN_TIMEOUT) -> None:
     """Stop a VM from its record: polite first, forceful after ``timeout``."""
     backend = get_backend(machine.backend, machine.connect_uri)
-    with _signals_deferred():
+    with signals_deferred():
         if backend.alive(machine):
             _guest_shutdown(machine, backend, timeout / 2)
         backend.stop(machine, timeout=timeout / 2)
@@ -466,31 +466,3 @@ def _live_status(machine: Machine) -> str:
 def running_machines() -> list[Machine]:
     """Records of the VMs whose QEMU runs (for ``down --all`` and ``bench``)."""
     return [e.machine for e in state.list_entries() if e.state == "running" and e.machine]
-
-
-# -- signals ------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Let cleanup finish: a second Ctrl-C or SIGTERM waits until it is done."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def _remember(signum: int, _frame: object) -> None:
-        pending.append(signum)
-
-    for s in handlers:
-        signal.signal(s, _remember)
-    try:
-        yield
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
-        if pending:
-            raise KeyboardInterrupt

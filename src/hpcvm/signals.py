@@ -1,0 +1,33 @@
+"""Signal handling shared by everything that must tear VMs down on the way out."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Let cleanup finish: a Ctrl-C or SIGTERM that arrives inside waits until the block
+    is done, then is raised as KeyboardInterrupt, so a VM is never left half torn down.
+    Outside the main thread (where handlers cannot be set) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _remember(signum: int, _frame: object) -> None:
+        pending.append(signum)
+
+    for s in handlers:
+        signal.signal(s, _remember)
+    try:
+        yield
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    if pending:
+        raise KeyboardInterrupt
