@@ -194,8 +194,17 @@ def test_guest_has_loopback_and_pseudo_filesystems(vm: Vm) -> None:
     assert code == 0 and out.strip() in ("unknown", "up")
     code, out, _ = run(vm, ["sh", "-c", "awk '{print $2, $3}' /proc/mounts"])
     mounts = set(out.splitlines())
-    for expected in ("/proc proc", "/sys sysfs", "/dev devtmpfs", "/dev/pts devpts", "/tmp tmpfs"):
+    for expected in ("/proc proc", "/sys sysfs", "/dev devtmpfs", "/dev/pts devpts"):
         assert expected in mounts
+    assert "/tmp tmpfs" not in mounts, "a tmpfs on /tmp would hide the host's /tmp"
+
+
+def test_host_tmp_is_visible_in_the_guest(vm: Vm, tmp_path: Path) -> None:
+    """The guest must see the host's files everywhere, /tmp included: a checkout or a
+    benchmark binary under the host's /tmp runs in the guest as it does natively."""
+    probe = tmp_path / "host-file.txt"
+    probe.write_text("from the host\n")
+    assert run(vm, ["cat", str(probe)]) == (0, "from the host\n", "")
 
 
 def test_stale_replies_from_a_departed_client_are_skipped(vm: Vm) -> None:

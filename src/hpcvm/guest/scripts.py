@@ -94,7 +94,8 @@ bb=/run/hpcvm/busybox
 $bb mkdir -p /dev/pts /dev/shm
 $bb mount -t devpts -o nosuid,noexec,gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
 $bb mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /dev/shm
-$bb mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /tmp
+# No tmpfs on /tmp: the guest sees the host's /tmp through the overlay (writes stay in
+# the guest), so programs and data under the host's /tmp run in the guest as natively.
 $bb ln -sf /proc/self/fd /dev/fd
 $bb ln -sf /proc/self/fd/0 /dev/stdin
 $bb ln -sf /proc/self/fd/1 /dev/stdout
