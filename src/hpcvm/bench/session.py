@@ -133,7 +133,8 @@ def prepare(
         )
     _check_np(config, suites, envs)
     if any(isinstance(e, VmEnvironment) and e.plan.accel == "tcg" for e in envs.values()):
-        warnings.insert(0, TCG_WARNING)
+        # one run-level TCG warning instead of the planner's, repeated per VM
+        warnings = [TCG_WARNING, *(w for w in warnings if "TCG is software emulation" not in w)]
     return Prepared(
         config=config,
         out_dir=out_dir,

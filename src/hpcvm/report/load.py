@@ -250,7 +250,12 @@ def _warnings(
                 text=f"run {run.id} is {run.status}: the report shows the samples finished so far",
             )
         )
-    out += [ReportWarning(kind="tcg" if "TCG" in w else "run", text=w) for w in run.warnings]
+    # the per-environment TCG warnings above say what the run's TCG warnings say
+    out += [
+        ReportWarning(kind="run", text=w)
+        for w in run.warnings
+        if "TCG" not in w or not any(e.accel == "tcg" for e in envs)
+    ]
     out += [
         ReportWarning(
             kind="drift",
