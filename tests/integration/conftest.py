@@ -2,9 +2,9 @@
 
 ``libvirtd`` (session): makes sure a libvirtd serves ``qemu:///system`` and returns that
 URI. If none answers, it starts ``virtlogd -d`` and ``libvirtd -d`` (as on this machine,
-where there is no systemd) and waits for the socket. It does not stop them afterwards,
-on purpose: other test sessions running at the same time share the one system daemon,
-and stopping it under them would break their domains.
+where there is no systemd) and waits for the socket; at the end of the session it stops
+the daemons it started (and only those), so a test run leaves no process behind. A
+daemon that was already running (systemd's, or another session's) is left alone.
 
 ``hugepages`` (session): a ``HugePages`` helper. ``ensure_free(page_size, count)``
 raises the kernel's pool by what is missing (never lowers it) and mounts hugetlbfs at
@@ -46,22 +46,55 @@ def _start_daemon(argv: list[str]) -> None:
 
 
 @pytest.fixture(scope="session")
-def libvirtd() -> str:
-    """A real libvirtd on qemu:///system (started if needed, left running; see module)."""
+def libvirtd() -> Iterator[str]:
+    """A real libvirtd on qemu:///system (started if needed, stopped if we started it)."""
     for tool in ("libvirtd", "virtlogd", "virsh"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} not found: run scripts/setup.sh (libvirt-daemon-system)")
     if LIBVIRT_SOCK.exists() and _virsh_answers(LIBVIRT_URI):
-        return LIBVIRT_URI
+        yield LIBVIRT_URI
+        return
+    started: list[str] = []
     if not VIRTLOGD_SOCK.exists():
         _start_daemon(["virtlogd", "-d"])
+        started.append("virtlogd")
     _start_daemon(["libvirtd", "-d"])
+    started.insert(0, "libvirtd")
+    try:
+        _wait_for_libvirtd()
+        yield LIBVIRT_URI
+    finally:
+        for name in started:
+            _stop_daemon(name)
+
+
+def _wait_for_libvirtd() -> None:
     deadline = time.monotonic() + DAEMON_TIMEOUT
     while time.monotonic() < deadline:
         if LIBVIRT_SOCK.exists() and _virsh_answers(LIBVIRT_URI):
-            return LIBVIRT_URI
+            return
         time.sleep(0.5)
     pytest.fail(f"libvirtd did not answer on {LIBVIRT_URI} within {DAEMON_TIMEOUT:.0f} s")
+
+
+def _stop_daemon(name: str) -> None:
+    """SIGTERM a daemon this session started (its pidfile is /run/<name>.pid); wait."""
+    pidfile = Path(f"/run/{name}.pid")
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.kill(pid, 15)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
 
 
 class HugePages:
