@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,3 +231,19 @@ def reserve_hugepages(count: int, size: int = PAGE_2M) -> None:
         (pool / "nr_hugepages").write_text(str(total + count - free))
     free = int((pool / "free_hugepages").read_text())
     assert free >= count, f"could reserve only {free} of {count} {size // 1024} kB huge pages"
+
+
+HPCVM = str(Path(sys.executable).with_name("hpcvm"))
+
+
+def hpcvm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``hpcvm`` command as a user would, capturing its output."""
+    return subprocess.run([HPCVM, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    """The single ``hpcvm: error:`` line of a refused command (and no traceback)."""
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcvm: error:")]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,6 +96,18 @@ def _stop_daemon(name: str) -> None:
         except ProcessLookupError:
             return
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def guest() -> None:
+    """Build the built-in guest once, so no test's timing includes the build."""
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("hpcvm")), "guest", "build"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 class HugePages:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,11 +25,10 @@ import yaml
 
 from hpcvm.runtime import paths, state
 from tests import image_builder
-from tests.runtime_support import Residue, assert_nothing_left
+from tests.runtime_support import HPCVM, Residue, assert_nothing_left, hpcvm, one_line_error
 
 pytestmark = pytest.mark.integration
 
-HPCVM = str(Path(sys.executable).with_name("hpcvm"))
 UP_ARGS = ["--profile", "pinned", "--vcpus", "2", "--memory", "1G"]
 BOOT_TIMEOUT = 1200.0  # a whole distribution under TCG on a shared 2-core machine
 EXEC_TIMEOUT = 600.0
@@ -53,17 +51,6 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield root
     subprocess.run([HPCVM, "down", "--all", "--timeout", "20"], capture_output=True)
     assert_nothing_left(before)
-
-
-def hpcvm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([HPCVM, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcvm: error:")]
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    return lines[0]
 
 
 def guest(name: str, *argv: str) -> str:

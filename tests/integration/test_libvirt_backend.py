@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,11 +21,10 @@ import pytest
 
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.libvirt_backend import find_qemu_pid
-from tests.runtime_support import Residue, assert_nothing_left
+from tests.runtime_support import Residue, assert_nothing_left, hpcvm
 
 pytestmark = pytest.mark.integration
 
-HPCVM = str(Path(sys.executable).with_name("hpcvm"))
 PAGE_2M = 2 * 1024 * 1024
 
 CASES = {
@@ -38,17 +35,6 @@ CASES = {
     # hpc on 2 PUs: 1 vCPU, QEMU's own threads on the housekeeping PU (libvirt emulatorpin)
     "hpc": ["--profile", "hpc", "--vcpus", "1", "--memory", "256M"],
 }
-
-
-def hpcvm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([HPCVM, *args], capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="session")
-def guest() -> None:
-    """Build the built-in guest once, so no test's time includes the build."""
-    done = hpcvm("guest", "build", timeout=1200)
-    assert done.returncode == 0, done.stderr
 
 
 def libvirt_leftovers(uri: str, name: str, agent_socket: str | None) -> list[str]:

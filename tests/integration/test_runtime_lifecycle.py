@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,23 +22,18 @@ import pytest
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.model import Machine
 from tests.runtime_support import (
+    HPCVM,
     Residue,
     assert_nothing_left,
+    hpcvm,
+    one_line_error,
     reserve_hugepages,
 )
 
 pytestmark = pytest.mark.integration
 
-HPCVM = str(Path(sys.executable).with_name("hpcvm"))
 PAGE_2M = 2 * 1024 * 1024
 PVM_HOST = Path("/sys/module/kvm_pvm").exists()
-
-
-@pytest.fixture(scope="session")
-def guest() -> None:
-    """Build the built-in guest once, so no test's timing includes the build."""
-    done = subprocess.run([HPCVM, "guest", "build"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
 
 
 @pytest.fixture
@@ -52,17 +46,6 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guest: None) -> Ite
     # Whatever the test did, bring its VMs down before checking for leftovers.
     subprocess.run([HPCVM, "down", "--all", "--timeout", "10"], capture_output=True)
     assert_nothing_left(before)
-
-
-def hpcvm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([HPCVM, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcvm: error:")]
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    return lines[0]
 
 
 def record(name: str) -> Machine:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,23 +21,12 @@ import libvirt
 import pytest
 
 from hpcvm.runtime import paths, state
-from tests.runtime_support import Residue, assert_nothing_left
+from tests.runtime_support import Residue, assert_nothing_left, hpcvm
 
 pytestmark = pytest.mark.integration
 
-HPCVM = str(Path(sys.executable).with_name("hpcvm"))
 PAGE_2M = 2 * 1024 * 1024
 NUMA = ["--profile", "numa", "--vcpus", "2", "--memory", "512M", "--guest-nodes", "2"]
-
-
-def hpcvm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([HPCVM, *args], capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="session")
-def guest() -> None:
-    done = hpcvm("guest", "build", timeout=1200)
-    assert done.returncode == 0, done.stderr
 
 
 @pytest.fixture
