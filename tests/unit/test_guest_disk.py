@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import stat
 import subprocess
 import time
@@ -213,13 +214,26 @@ def test_qcow2_with_missing_backing_file_is_refused(tmp_path: Path) -> None:
     assert_one_line_usage(exc, "cannot be used", "base.qcow2")
 
 
+def _points_to(fd: Path, target: Path) -> bool:
+    try:
+        return Path(os.readlink(fd)) == target
+    except OSError:
+        return False
+
+
 def test_qcow2_another_process_writes_is_refused(tmp_path: Path) -> None:
     """qemu-io stands in for a VM writing the image: it takes QEMU's image locks."""
     image = bootable_qcow2(tmp_path)
     writer = subprocess.Popen(["qemu-io", "-f", "qcow2", "-c", "sleep 600000", str(image)])
     try:
         deadline = time.monotonic() + 120
-        while True:  # until qemu-io holds its lock (the machine may be slow)
+        # Wait until qemu-io has opened (and so locked) the image before probing: a probe
+        # that opens it first would make qemu-io fail to take its write lock.
+        fds = Path(f"/proc/{writer.pid}/fd")
+        while not any(_points_to(fd, image) for fd in fds.iterdir()):
+            assert writer.poll() is None and time.monotonic() < deadline, "qemu-io never opened"
+            time.sleep(0.05)
+        while True:  # until check_image sees the lock (the machine may be slow)
             try:
                 disk.check_image(image)
             except UsageError as exc:
