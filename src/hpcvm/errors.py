@@ -58,3 +58,10 @@ class BenchmarkError(HpcvmError):
     """A benchmark run could not be set up or its results could not be stored."""
 
     exit_code = 7
+
+
+class BusyError(HpcvmError):
+    """Another live process writes the same thing now (a results directory, the host's
+    tuning, a cluster job); hpcvm.lock says which process."""
+
+    exit_code = 8

@@ -120,7 +120,7 @@ def test_samples_round_trip_with_metrics_and_evidence(tmp_path: Path) -> None:
         assert (run.seed, run.confidence, run.status, run.args) == (
             7,
             0.97,
-            "running",
+            "abandoned",  # recorded as running, but no writer holds the directory's lock
             {"env": ["native"]},
         )
         read = store.samples(run.id)
@@ -198,3 +198,22 @@ os.kill(os.getpid(), signal.SIGKILL)
     with Store.open(tmp_path) as store:
         (sample,) = store.samples(store.run().id)
         assert (sample.suite, sample.np, sample.ok) == ("s", 1, True)
+
+
+def test_a_running_run_is_in_progress_only_while_its_writer_holds_the_lock(
+    tmp_path: Path,
+) -> None:
+    from hpcvm.lock import exclusive
+    from hpcvm.store import writer_lock_path
+
+    with exclusive(writer_lock_path(tmp_path), "results", "wait") as me:
+        with Store.open(tmp_path, create=True) as store:
+            store.create_run(args={}, seed=1, confidence=0.97)
+        with Store.open(tmp_path) as store:
+            run = store.run()
+        assert (run.status, run.writer) == ("running", me.describe())
+        assert run.status_text.startswith(f"running (in progress: pid {me.pid}")
+    with Store.open(tmp_path) as store:
+        run = store.run()
+    assert (run.status, run.writer) == ("abandoned", None)
+    assert "--resume" in run.status_text

@@ -255,7 +255,7 @@ def _warnings(run: RunRecord, env: EnvironmentRecord, fields: dict[str, Any]) ->
             "guest-timed figures are suspect"
         )
     if run.status != "finished":
-        out.append(f"run {run.id} is {run.status}: these are the samples finished so far")
+        out.append(f"run {run.id} is {run.status_text}: these are the samples finished so far")
     return out
 
 

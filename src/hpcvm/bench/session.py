@@ -31,8 +31,9 @@ from hpcvm.bench.suite import Suite
 from hpcvm.bench.suites import build_suites, validate_suites
 from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.host.model import HostTopology
+from hpcvm.lock import exclusive
 from hpcvm.signals import signals_deferred
-from hpcvm.store import NewEnvironment, RunRecord, Store, db_path
+from hpcvm.store import NewEnvironment, RunRecord, Store, db_path, writer_lock_path
 
 Warn = Callable[[str], None]
 
@@ -40,6 +41,26 @@ TCG_WARNING = (
     "TCG: the VMs run under QEMU's software emulation, not hardware virtualization; "
     "their overhead shows emulation and says nothing about KVM"
 )
+
+
+@contextlib.contextmanager
+def results_writer(out_dir: Path) -> Iterator[None]:
+    """Be the one writer of ``out_dir`` for the block, or raise BusyError (exit 8) at
+    once, before anything is read, booted or written. The lock dies with its holder, so
+    a run whose writer was killed can be resumed at once. A directory made here and left
+    holding nothing but the lock (the request was refused) is removed again."""
+    out_dir = out_dir.absolute()
+    made = not out_dir.exists()
+    lock = writer_lock_path(out_dir)
+    advice = "wait for it to finish, or stop it and then continue the run with --resume"
+    with exclusive(lock, f"results directory {out_dir}", advice):
+        try:
+            yield
+        except BaseException:
+            if made and [p.name for p in out_dir.iterdir()] == [lock.name]:
+                lock.unlink()
+                out_dir.rmdir()
+            raise
 
 
 @dataclass

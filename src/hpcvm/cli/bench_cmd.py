@@ -26,7 +26,7 @@ from hpcvm.bench.config import DEFAULT_MAX_REPS, DEFAULT_VM_MEMORY, BenchConfig
 from hpcvm.bench.environments import valid_env_names
 from hpcvm.bench.export import rows_csv, rows_json, write_atomic, write_exports
 from hpcvm.bench.results import summaries
-from hpcvm.bench.session import execute, prepare, recorded_config
+from hpcvm.bench.session import execute, prepare, recorded_config, results_writer
 from hpcvm.bench.suites import SuiteOptions, suite_names
 from hpcvm.cli.bench_view import print_report
 from hpcvm.cli.common import console, err_console
@@ -254,6 +254,12 @@ class _Bar:
 )
 def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
     """Run benchmarks natively and in VMs, interleaved, into OUT/hpcvm.db; print tables."""
+    with results_writer(out):
+        return _bench(out, resume, cast(Method, interval), kw)
+
+
+def _bench(out: Path, resume: bool, interval: Method, kw: dict[str, Any]) -> int:
+    """The bench command while this process is the one writer of ``out``."""
     if resume and not kw["env"]:
         config = _stopping_overrides(recorded_config(out), kw)
     else:
@@ -267,7 +273,7 @@ def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
         warn(f"run {run_id} in {out} had already finished; showing its results")
     with Store.open(prep.out_dir) as store:
         run = store.run(run_id)
-        rows = summaries(store, run_id, method=cast(Method, interval))
+        rows = summaries(store, run_id, method=interval)
         print_report(console, run, store.environments(run_id), rows)
         files = write_exports(prep.out_dir, rows, store.samples(run_id))
     click.echo(

@@ -68,7 +68,7 @@ def conditions(
     if run.stop_detail:
         stop += f" ({run.stop_detail})"
     lines = Text(
-        f"confidence {run.confidence:g}; stopped by: {stop}; status {run.status}; "
+        f"confidence {run.confidence:g}; stopped by: {stop}; status {run.status_text}; "
         f"seed {run.seed}; measured {run.elapsed_s:.0f} s"
     )
     return Group(table, lines)

@@ -89,7 +89,7 @@ def _run_info(
     return RunInfo(
         id=run.id,
         results_dir=str(results_dir),
-        status=run.status,
+        status=run.status_text,
         stop_reason=run.stop_reason,
         confidence=run.confidence,
         started_at=run.started_at,
@@ -247,7 +247,7 @@ def _warnings(
         out.append(
             ReportWarning(
                 kind="run",
-                text=f"run {run.id} is {run.status}: the report shows the samples finished so far",
+                text=f"run {run.id} is {run.status_text}: the report shows the samples finished so far",
             )
         )
     # the per-environment TCG warnings above say what the run's TCG warnings say

@@ -4,7 +4,7 @@ Read API for reports: ``Store.open(dir)``, ``store.runs()``, ``store.run(id|None
 ``store.environments(run_id)``, ``store.samples(run_id)``; schema in ``schema.py``.
 """
 
-from hpcvm.store.db import DB_NAME, Store, db_path
+from hpcvm.store.db import DB_NAME, WRITER_LOCK, Store, db_path, writer_lock_path
 from hpcvm.store.records import (
     EnvironmentRecord,
     MetricRecord,
@@ -20,6 +20,7 @@ from hpcvm.store.schema import SCHEMA_VERSION
 __all__ = [
     "DB_NAME",
     "SCHEMA_VERSION",
+    "WRITER_LOCK",
     "EnvironmentRecord",
     "MetricRecord",
     "NewEnvironment",
@@ -30,4 +31,5 @@ __all__ = [
     "SampleRecord",
     "Store",
     "db_path",
+    "writer_lock_path",
 ]

@@ -18,6 +18,7 @@ from typing import Any
 
 from hpcvm import __version__
 from hpcvm.errors import BenchmarkError
+from hpcvm.lock import is_held, read_holder
 from hpcvm.store.records import (
     EnvironmentRecord,
     MetricRecord,
@@ -31,12 +32,18 @@ from hpcvm.store.records import (
 from hpcvm.store.schema import SCHEMA_VERSION, TABLES
 
 DB_NAME = "hpcvm.db"
+WRITER_LOCK = "hpcvm.lock"  # held by the one process writing the directory (hpcvm.lock)
 NO_NP = 0  # the np column's value for suites that ignore the process count
 
 
 def db_path(path: Path) -> Path:
     """The database file for a results directory or a path to the file itself."""
     return path / DB_NAME if path.is_dir() or path.suffix != ".db" else path
+
+
+def writer_lock_path(results_dir: Path) -> Path:
+    """The lock file the one writer of a results directory holds."""
+    return results_dir / WRITER_LOCK
 
 
 def _dumps(value: object) -> str:
@@ -96,6 +103,8 @@ class Store:
                     f"{self.path} has schema version {found}, newer than this hpcvm's "
                     f"{SCHEMA_VERSION}: upgrade hpcvm to read it"
                 )
+            if found == SCHEMA_VERSION:
+                return  # nothing to write: a reader never waits on a running writer
         # executescript commits on its own; IF NOT EXISTS makes it a no-op on a database
         # of this version.
         self._db.executescript(TABLES)
@@ -168,7 +177,7 @@ class Store:
 
     def runs(self) -> list[RunRecord]:
         """Every run, oldest first."""
-        return [_run(r) for r in self._db.execute("SELECT * FROM runs ORDER BY id")]
+        return [self._live(_run(r)) for r in self._db.execute("SELECT * FROM runs ORDER BY id")]
 
     def run(self, run_id: int | None = None) -> RunRecord:
         """One run; the latest when ``run_id`` is None. BenchmarkError if there is none."""
@@ -179,7 +188,18 @@ class Store:
         if row is None:
             which = "no run" if run_id is None else f"no run {run_id}"
             raise BenchmarkError(f"{self.path} holds {which}")
-        return _run(row)
+        return self._live(_run(row))
+
+    def _live(self, run: RunRecord) -> RunRecord:
+        """A run recorded as running is in progress only while a writer holds the
+        directory's lock; otherwise its writer died and it reads back as abandoned."""
+        if run.status != "running":
+            return run
+        lock = writer_lock_path(self.path.parent)
+        if not is_held(lock):
+            return run.model_copy(update={"status": "abandoned"})
+        holder = read_holder(lock)
+        return run.model_copy(update={"writer": holder.describe() if holder else "a live process"})
 
     def set_status(
         self,

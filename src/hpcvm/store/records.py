@@ -13,7 +13,9 @@ from pydantic import Field
 
 from hpcvm.model import Frozen
 
-RunStatus = Literal["running", "finished", "interrupted", "failed"]
+RunStatus = Literal["running", "finished", "interrupted", "failed", "abandoned"]
+# "abandoned" is never written: a run recorded as running whose writer no longer holds
+# the results directory's lock (killed with SIGKILL, a power loss) reads back as it.
 EnvKind = Literal["native", "vm"]
 
 
@@ -34,6 +36,17 @@ class RunRecord(Frozen):
     error: str | None
     warnings: tuple[str, ...]
     hpcvm_version: str
+    writer: str | None = None  # the live writer (pid, host, start) while it runs
+
+    @property
+    def status_text(self) -> str:
+        """The status as a person reads it: who writes a run in progress, and what to do
+        with one whose writer is gone."""
+        if self.status == "running" and self.writer:
+            return f"running (in progress: {self.writer})"
+        if self.status == "abandoned":
+            return "abandoned (its writer died before finishing: continue it with --resume)"
+        return self.status
 
 
 class NewEnvironment(Frozen):

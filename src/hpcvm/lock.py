@@ -1,0 +1,101 @@
+"""One writer at a time for anything hpcvm writes that two processes could share.
+
+A results directory, a host's tuning state, a cluster job: each has a lock file that
+its writer holds with an advisory ``flock`` for as long as it runs. The kernel drops
+the lock when the holder's file is closed, so a writer killed with SIGKILL (or a power
+loss) leaves no stale lock: the next writer gets it at once. The holder writes who it
+is (pid, host, start time, command) into the file, so a refused process can say which
+process to wait for or stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcvm.errors import BusyError
+
+__all__ = ["BusyError", "Holder", "exclusive", "is_held", "read_holder"]
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock, as it wrote itself into the lock file."""
+
+    pid: int
+    host: str
+    started: str
+    command: str
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}, started {self.started} ({self.command})"
+
+
+def _me() -> Holder:
+    now = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    command = " ".join(["hpcvm", *sys.argv[1:]]) if sys.argv else "hpcvm"
+    return Holder(pid=os.getpid(), host=socket.gethostname(), started=now, command=command)
+
+
+def read_holder(path: Path) -> Holder | None:
+    """The holder recorded in ``path``; None when the file is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+        return Holder(
+            pid=int(data["pid"]),
+            host=str(data["host"]),
+            started=str(data["started"]),
+            command=str(data["command"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def is_held(path: Path) -> bool:
+    """Whether a live process holds the lock in ``path`` now (readers use this to mark
+    what they show as in progress)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, what: str, advice: str) -> Iterator[Holder]:
+    """Hold the lock in ``path`` for the block, or raise BusyError at once.
+
+    ``what`` names the thing written ("results directory r/"), ``advice`` what the
+    refused user should do ("wait for it, or stop it and run again with --resume").
+    The file is left in place after release: removing it would race with a process
+    that opened it a moment earlier and would then lock an unlinked file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = read_holder(path)
+            who = holder.describe() if holder else "another process"
+            raise BusyError(f"{what} is in use by {who}: {advice}") from None
+        me = _me()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me.__dict__).encode() + b"\n", 0)
+        yield me
+    finally:
+        os.close(fd)  # closing the only descriptor releases the flock
