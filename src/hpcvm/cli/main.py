@@ -26,6 +26,7 @@ COMMAND_MODULES: dict[str, str] = {
     "bench": "bench_cmd",
     "results": "bench_cmd",
     "report": "report_cmd",
+    "tune": "tune_cmd",
 }
 
 

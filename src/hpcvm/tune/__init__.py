@@ -1,0 +1,13 @@
+"""Host tuning derived from a VM's pin set: check, apply, revert (see docs/tuning.md).
+
+The settings are a registry (``hpcvm.tune.registry.REGISTRY``): each knows what it is
+for, whether it changes at run time or needs a reboot, whether this host has it, what
+the plan wants and which files to write. ``hpcvm.tune.engine`` applies them all or
+nothing, saving every value to disk before it changes, so ``--revert`` restores exactly
+what was there, also after a crash. ``snapshot_state`` is the cheap read-only view that
+``bench`` records with every run.
+"""
+
+from hpcvm.tune.snapshot import snapshot_state
+
+__all__ = ["snapshot_state"]

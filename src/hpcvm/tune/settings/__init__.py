@@ -1,0 +1,1 @@
+"""One module per family of host settings; ``hpcvm.tune.registry`` lists them."""

@@ -1,0 +1,99 @@
+"""The saved state on disk: what apply overwrote, kept until ``--revert`` succeeds.
+
+``$HPCVM_TUNE_DIR`` (tests, a guest's tmpfs) or /var/lib/hpcvm/tune holds
+``state.json`` and the lock file. Every save is a temp file, fsync and rename, and the
+directory is synced, so after a crash or power loss the file is either the previous
+complete version or the new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from hpcvm.lock import Holder, exclusive
+from hpcvm.tune.errors import TuneError
+from hpcvm.tune.model import SavedState, TuneTarget
+
+ENV_DIR = "HPCVM_TUNE_DIR"
+DEFAULT_DIR = Path("/var/lib/hpcvm/tune")
+STATE_FILE = "state.json"
+LOCK_FILE = "tune.lock"
+
+
+def state_dir(explicit: Path | None = None) -> Path:
+    if explicit is not None:
+        return explicit.absolute()
+    env = os.environ.get(ENV_DIR)
+    return Path(env).absolute() if env else DEFAULT_DIR
+
+
+def new_state(target: TuneTarget) -> SavedState:
+    now = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    return SavedState(target=target, started=now, pid=os.getpid())
+
+
+def load(directory: Path) -> SavedState | None:
+    """The saved state, None when nothing is applied; TuneError when the file exists but
+    cannot be read (it must never be silently ignored: it holds the host's old values)."""
+    path = directory / STATE_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise TuneError(f"cannot read saved tuning state {path}: {exc.strerror}") from exc
+    try:
+        return SavedState.model_validate_json(text)
+    except ValidationError:
+        raise TuneError(
+            f"saved tuning state {path} is damaged: restore the values listed in it by hand, "
+            "then remove it"
+        ) from None
+
+
+def save(directory: Path, state: SavedState) -> None:
+    """Write ``state`` durably (temp file, fsync, rename, fsync of the directory)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / STATE_FILE
+    tmp = directory / (STATE_FILE + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(state.model_dump_json(indent=2))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+        _sync_dir(directory)
+    except OSError as exc:
+        raise TuneError(f"cannot save the tuning state in {directory}: {exc.strerror}") from exc
+
+
+def remove(directory: Path) -> None:
+    (directory / STATE_FILE).unlink(missing_ok=True)
+    _sync_dir(directory)
+
+
+def _sync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def locked(directory: Path) -> Iterator[Holder]:
+    """One process changes the host's tuning at a time (BusyError, exit 8, otherwise)."""
+    with exclusive(
+        directory / LOCK_FILE,
+        "the host's tuning",
+        "wait for it to finish, then run `hpcvm tune --check`",
+    ) as holder:
+        yield holder
