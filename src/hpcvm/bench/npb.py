@@ -6,30 +6,63 @@ where the process count is compiled in (``cg.A.4``), and ``<kernel>.<class>.x`` 
 where it is chosen at run time. One suite per kernel and class (``npb:cg.A``); for each
 np it runs the 3.4 binary or the 3.3 binary built for that np.
 
-The report every kernel prints at the end (NPB's ``print_results``) is read from stdout:
-``Class``, ``Size``, ``Iterations``, ``Time in seconds``, ``Total processes``, 3.3's
-``Compiled procs`` or 3.4's ``Active processes``, ``Mop/s total``, ``Verification``
-(``SUCCESSFUL``, ``UNSUCCESSFUL``; anything but SUCCESSFUL is a failed sample).
+Which class runs: a plain kernel name (``cg``) runs the one class ``--size`` picks
+(quick S, small W, medium A: see :mod:`hpcvm.bench.npb_kernels`), ``cg.B`` names one;
+no kernel list runs every kernel found in the size's class. A binary's name is only a
+claim: the report says which kernel, class and process count really ran, and a
+mismatch is a failed sample, as is any run NPB did not verify (see
+:mod:`hpcvm.bench.npb_report` for how a failure's reason is found).
+
+Beyond the :class:`~hpcvm.bench.suite.Suite` protocol a suite here offers, as data for
+tables and reports: ``sample_facts`` (verification, class, process counts of one run,
+failed or not), ``label`` ("CG time, np 1"), ``resolution`` (the printing step of a
+metric) and ``resolution_warning``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from hpcvm.bench.launch import Bind, in_workdir, mpirun_argv
-from hpcvm.bench.metrics import Metric, MetricValue, ParseError, parse_number, tail
-from hpcvm.bench.suite import check_np_values, require_exit_ok
+from hpcvm.bench.metrics import Metric, MetricValue, ParseError
+from hpcvm.bench.npb_kernels import (
+    CLASS_BY_SIZE,
+    CLASSES,
+    KERNELS,
+    check_process_count,
+    class_for_size,
+    larger_class,
+    parse_selector,
+)
+from hpcvm.bench.npb_report import (
+    NpbReport,
+    failure_reason,
+    has_report,
+    no_report_reason,
+    parse_report,
+    verification,
+)
+from hpcvm.bench.npb_resolution import resolution_warning
+from hpcvm.bench.suite import check_np_values
 from hpcvm.errors import UsageError
-from hpcvm.model import Frozen
 
-# dt is left out: it needs a graph argument (BH, WH, SH) and reports no Mop/s.
-KERNELS = ("bt", "cg", "ep", "ft", "is", "lu", "mg", "sp")
+__all__ = [
+    "METRICS",
+    "MOPS",
+    "TIME",
+    "NpbReport",
+    "NpbSuite",
+    "discover",
+    "parse_report",
+    "report_metrics",
+    "sample_facts",
+]
+
 _BINARY = re.compile(r"^(?P<kernel>[a-z]{2})\.(?P<klass>[SWABCDEF])\.(?P<procs>x|[0-9]+)$")
-_COMPLETED = re.compile(r"^\s*(?P<name>[A-Z]{2}) Benchmark Completed\.?\s*$")
-_FIELD = re.compile(r"^\s*(?P<key>[A-Za-z][A-Za-z/ ]*?)\s*=\s*(?P<value>.*?)\s*$")
 
 TIME = Metric(name="Time_sec", unit="s", higher_is_better=False, description="NPB timed section")
 MOPS = Metric(
@@ -40,72 +73,14 @@ MOPS = Metric(
 )
 METRICS = (TIME, MOPS)
 
+# What each metric is called in a label, and the step NPB prints it in (f12.2 in
+# Fortran, %12.2f in C, in 3.3 and 3.4 alike).
+LABELS = {TIME.name: "time", MOPS.name: "Mop/s"}
+RESOLUTION = {TIME.name: 0.01, MOPS.name: 0.01}
 
-class NpbReport(Frozen):
-    """The fields of one NPB result report."""
-
-    benchmark: str  # "CG"
-    klass: str  # "A"
-    size: str  # "14000", "64x  64x  64"
-    iterations: int
-    time_s: float
-    mops_total: float
-    total_processes: int | None = None
-    compiled_procs: int | None = None  # NPB 3.3
-    active_processes: int | None = None  # NPB 3.4
-    verification: str
-    version: str | None = None
-
-
-def _report_fields(stdout: str) -> tuple[str, dict[str, str]]:
-    lines = stdout.splitlines()
-    starts = [(i, m["name"]) for i, line in enumerate(lines) if (m := _COMPLETED.match(line))]
-    if not starts:
-        raise ParseError(
-            f"no NPB result report ('.. Benchmark Completed.'): {tail(stdout, 2) or 'no output'}"
-        )
-    start, name = starts[-1]
-    fields: dict[str, str] = {}
-    for line in lines[start + 1 :]:
-        if line.strip() == "Compile options:":
-            break
-        if match := _FIELD.match(line):
-            fields.setdefault(match["key"], match["value"])
-    return name, fields
-
-
-def parse_report(stdout: str) -> NpbReport:
-    """Read NPB's final report; ParseError if it is missing or a needed field is not
-    there or not a number (Fortran prints ``****`` when a value overflows its field)."""
-    name, fields = _report_fields(stdout)
-
-    def need(key: str) -> str:
-        if key not in fields:
-            raise ParseError(f"NPB {name} report has no {key!r} line")
-        return fields[key]
-
-    def number(key: str) -> float:
-        try:
-            return parse_number(need(key))
-        except ValueError as exc:
-            raise ParseError(f"NPB {name}: {key} = {fields[key]!r} is not a number") from exc
-
-    def optional_int(key: str) -> int | None:
-        return int(number(key)) if key in fields else None
-
-    return NpbReport(
-        benchmark=name,
-        klass=need("Class"),
-        size=need("Size"),
-        iterations=int(number("Iterations")),
-        time_s=number("Time in seconds"),
-        mops_total=number("Mop/s total"),
-        total_processes=optional_int("Total processes"),
-        compiled_procs=optional_int("Compiled procs"),
-        active_processes=optional_int("Active processes"),
-        verification=need("Verification"),
-        version=fields.get("Version"),
-    )
+# Written by prepare into the run's directory, read back by parse: the process count
+# and binary of this very run, which the report is checked against.
+RUN_FILE = "hpcvm-npb-run.json"
 
 
 def report_metrics(report: NpbReport) -> list[MetricValue]:
@@ -117,6 +92,30 @@ def report_metrics(report: NpbReport) -> list[MetricValue]:
     return [TIME.value(report.time_s), MOPS.value(report.mops_total)]
 
 
+def sample_facts(stdout: str) -> dict[str, str]:
+    """What one run's output says about the run, failed or not, as strings to store
+    beside the sample: ``verification`` (SUCCESSFUL, UNSUCCESSFUL, not performed),
+    ``class``, ``processes``, ``active_processes`` (3.4), ``compiled_processes`` (3.3),
+    ``npb_version``. Keys whose value the output does not give are left out."""
+    facts: dict[str, str] = {}
+    verdict = verification(stdout)
+    if verdict is not None:
+        facts["verification"] = verdict
+    try:
+        report = parse_report(stdout)
+    except ParseError:
+        return facts
+    facts["class"] = report.klass
+    optional = {
+        "processes": report.total_processes,
+        "active_processes": report.active_processes,
+        "compiled_processes": report.compiled_procs,
+        "npb_version": report.version,
+    }
+    facts.update({key: str(value) for key, value in optional.items() if value is not None})
+    return facts
+
+
 class NpbSuite:
     """One NPB kernel and class, run under mpirun from the user's binaries."""
 
@@ -125,6 +124,8 @@ class NpbSuite:
     output_files: tuple[str, ...] = ()  # the report is on stdout
 
     def __init__(self, kernel: str, klass: str, binaries: dict[str, Path], *, bind: Bind = "core"):
+        if kernel not in KERNELS or klass not in CLASSES:
+            raise UsageError(f"npb: {kernel}.{klass} is no NPB kernel and class hpcvm runs")
         if not binaries:
             raise UsageError(f"npb: no binaries for {kernel}.{klass}")
         self.kernel = kernel
@@ -150,37 +151,142 @@ class NpbSuite:
     def validate(self, np_values: Sequence[int]) -> None:
         check_np_values(self.name, np_values)
         for np in np_values:
+            try:
+                check_process_count(self.kernel, np)
+            except UsageError as exc:
+                raise UsageError(f"{self.name}: {exc}") from None
             self.binary_for(np)
         mpirun_argv(1, ["npb"], bind=self.bind)
 
     def prepare(self, workdir: Path, np: int, memory_bytes: int) -> list[str]:
         workdir.mkdir(parents=True, exist_ok=True)
-        return in_workdir(workdir, mpirun_argv(np, [str(self.binary_for(np))], bind=self.bind))
+        binary = self.binary_for(np)
+        (workdir / RUN_FILE).write_text(json.dumps({"np": np, "binary": str(binary)}))
+        return in_workdir(workdir, mpirun_argv(np, [str(binary)], bind=self.bind))
 
     def parse(self, workdir: Path, stdout: str, stderr: str, exit_code: int) -> list[MetricValue]:
-        require_exit_ok(f"NPB {self.kernel}.{self.klass}", exit_code, stdout, stderr)
-        report = parse_report(stdout)
+        reason = failure_reason(stdout, stderr, exit_code)
+        if reason:
+            raise ParseError(f"{self.name}: {reason}")
+        if not has_report(stdout):
+            raise ParseError(f"{self.name}: {no_report_reason(stdout)}")
+        try:
+            report = parse_report(stdout)
+        except ParseError as exc:
+            raise ParseError(f"{self.name}: {exc}") from None
+        verdict = verification(stdout)
+        if verdict != "not performed":  # else the class is U: say why, not "class U"
+            self._check_report(report, _recorded_run(workdir))
+        if verdict != "SUCCESSFUL":
+            raise ParseError(f"{self.name}: {_VERDICTS.get(verdict or '', 'no verification')}")
+        return [TIME.value(report.time_s), MOPS.value(report.mops_total)]
+
+    def _check_report(self, report: NpbReport, run: tuple[int, str] | None) -> None:
+        """The report must be of this kernel and class, on all the processes started."""
+        binary = run[1] if run else ", ".join(sorted(p.name for p in self.binaries.values()))
         if report.benchmark.lower() != self.kernel or report.klass != self.klass:
             raise ParseError(
-                f"{self.name}: the binary reports {report.benchmark} class {report.klass}"
+                f"{self.name}: the binary {binary} reports {report.benchmark} class "
+                f"{report.klass}: rename it or rebuild it (make {self.kernel} CLASS={self.klass})"
             )
-        return report_metrics(report)
+        np = run[0] if run else None
+        compiled, total, active = (
+            report.compiled_procs,
+            report.total_processes,
+            report.active_processes,
+        )
+        if np is not None and compiled is not None and compiled != np:
+            raise ParseError(
+                f"{self.name}: the binary {binary} was compiled for {_processes(compiled)} "
+                f"(NPB 3.3), not {np}: rename it {self.kernel}.{self.klass}.{compiled} or "
+                f"rebuild it (make {self.kernel} CLASS={self.klass} NPROCS={np})"
+            )
+        if np is not None and total is not None and total != np:
+            raise ParseError(
+                f"{self.name}: NPB counted {total} processes where mpirun started {np}: "
+                f"the binary was built with another MPI than Open MPI (rebuild with "
+                f"Open MPI's mpif90 and mpicc)"
+            )
+        if total is not None and active is not None and active != total:
+            raise ParseError(
+                f"{self.name}: only {active} of {total} processes worked (NPB "
+                f"{self.kernel.upper()} needs a {KERNELS[self.kernel][1]} number of processes)"
+            )
+
+    def sample_facts(
+        self, workdir: Path, stdout: str, stderr: str, exit_code: int
+    ) -> dict[str, str]:
+        """:func:`sample_facts` of this run's output, with the binary that ran."""
+        facts = sample_facts(stdout)
+        run = _recorded_run(workdir)
+        if run:
+            facts["binary"] = Path(run[1]).name
+        return facts
+
+    def label(self, metric: str, np: int) -> str:
+        """Short name of a metric of this suite at ``np``: "CG time, np 1"."""
+        return f"{self.kernel.upper()} {LABELS.get(metric, metric)}, np {np}"
+
+    def resolution(self, metric: str) -> float | None:
+        """The step in which NPB prints ``metric`` (in its unit); None if unknown."""
+        return RESOLUTION.get(metric)
+
+    def resolution_warning(self, metric: str, np: int, values: Sequence[float]) -> str | None:
+        """One line when ``metric``'s printing step is coarser than 1% of the mean of
+        ``values``, saying what to do in ``bench``'s own options; None otherwise."""
+        step = RESOLUTION.get(metric)
+        unit = next((m.unit for m in METRICS if m.name == metric), "")
+        if step is None:
+            return None
+        return resolution_warning(self.label(metric, np), values, step, unit, self._advice(metric))
+
+    def _advice(self, metric: str) -> str:
+        bigger = larger_class(self.klass)
+        if bigger is None:
+            return "no larger NPB class exists"
+        sizes = [size for size, klass in CLASS_BY_SIZE.items() if klass == bigger]
+        how = (
+            f"--size {sizes[0]}, or --npb-kernels {self.kernel}.{bigger}"
+            if sizes
+            else (f"--npb-kernels {self.kernel}.{bigger}")
+        )
+        advice = f"run a larger class ({how})"
+        if metric == TIME.name:
+            advice += (
+                f", or compare {self.kernel.upper()} Mop/s, which NPB computes from the "
+                "unrounded time"
+            )
+        return advice
 
 
-def _selected(kernels: Sequence[str] | None, kernel: str, klass: str) -> bool:
-    if not kernels:
-        return True
-    return any(k.lower() in (kernel, f"{kernel}.{klass}".lower()) for k in kernels)
+_VERDICTS = {
+    "UNSUCCESSFUL": (
+        "verification UNSUCCESSFUL: NPB found the result wrong (a miscompiled binary, or a "
+        "fault in this environment); its time means nothing"
+    ),
+    "not performed": (
+        "verification not performed: the problem is none of NPB's classes, so NPB could not "
+        "check the result"
+    ),
+}
 
 
-def discover(
-    npb_dir: Path, kernels: Sequence[str] | None = None, *, bind: Bind = "core"
-) -> list[NpbSuite]:
-    """One suite per kernel.class found in ``npb_dir`` (only those in ``kernels``,
-    given as ``cg`` or ``cg.A``, if any). UsageError before anything starts when the
-    directory is missing, holds no NPB binary, or lacks a requested kernel."""
-    if not npb_dir.is_dir():
-        raise UsageError(f"NPB directory {npb_dir} does not exist: pass NPB's bin directory")
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
+
+
+def _recorded_run(workdir: Path) -> tuple[int, str] | None:
+    """np and binary that ``prepare`` recorded for this run; None when parse is called
+    without a prepared directory (then the process count is not checked)."""
+    try:
+        data = json.loads((workdir / RUN_FILE).read_text())
+        return int(data["np"]), str(data["binary"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _scan(npb_dir: Path) -> dict[tuple[str, str], dict[str, Path]]:
+    """Executable NPB binaries in ``npb_dir`` by (kernel, class) of the kernels hpcvm runs."""
     found: dict[tuple[str, str], dict[str, Path]] = {}
     for path in sorted(npb_dir.iterdir()):
         match = _BINARY.match(path.name)
@@ -189,14 +295,54 @@ def discover(
         if path.is_file() and os.access(path, os.X_OK):
             key = (match["kernel"], match["klass"])
             found.setdefault(key, {})[match["procs"]] = path.absolute()
+    return found
+
+
+def _missing(npb_dir: Path, kernel: str, klass: str, why: str, have: list[str]) -> UsageError:
+    others = [name for name in have if name.startswith(f"{kernel}.")]
+    named = f"; or name a class you have: --npb-kernels {others[0]}" if others else ""
+    return UsageError(
+        f"no NPB {kernel}.{klass} binary in {npb_dir} ({why}; have "
+        f"{', '.join(have)}): build it (make {kernel} CLASS={klass}){named}"
+    )
+
+
+def discover(
+    npb_dir: Path,
+    kernels: Sequence[str] | None = None,
+    *,
+    size: str | float = "small",
+    bind: Bind = "core",
+) -> list[NpbSuite]:
+    """The suites to run from ``npb_dir``: one per ``kernels`` entry (``cg`` in the
+    class ``size`` picks, ``cg.A`` as named), or without entries every kernel found in
+    the class ``size`` picks. UsageError before anything starts when the directory is
+    missing, holds no NPB binary, or lacks a requested kernel and class, or when a
+    kernel is unknown or one hpcvm does not run (dt, with the reason)."""
+    if not npb_dir.is_dir():
+        raise UsageError(f"NPB directory {npb_dir} does not exist: pass NPB's bin directory")
+    selectors = [parse_selector(text) for text in kernels or ()]
+    found = _scan(npb_dir)
     if not found:
         raise UsageError(f"no NPB binaries (named like cg.A.x or cg.A.4, executable) in {npb_dir}")
-    for wanted in kernels or ():
-        if not any(_selected([wanted], kernel, klass) for kernel, klass in found):
-            have = ", ".join(f"{k}.{c}" for k, c in sorted(found))
-            raise UsageError(f"NPB kernel {wanted!r} not in {npb_dir} (have {have})")
+    have = [f"{k}.{c}" for k, c in sorted(found)]
+    wanted: list[tuple[str, str]] = []
+    for kernel, named in selectors:
+        klass = named or class_for_size(size)
+        if (kernel, klass) not in found:
+            why = f"asked for {kernel}.{klass}" if named else f"--size {size} runs class {klass}"
+            raise _missing(npb_dir, kernel, klass, why, have)
+        wanted.append((kernel, klass))
+    if not selectors:
+        klass = class_for_size(size)
+        wanted = [key for key in sorted(found) if key[1] == klass]
+        if not wanted:
+            raise UsageError(
+                f"no class {klass} NPB binaries in {npb_dir} (--size {size} runs class "
+                f"{klass}; have {', '.join(have)}): name what to run (--npb-kernels "
+                f"{have[0]}) or build class {klass}"
+            )
     return [
-        NpbSuite(kernel, klass, binaries, bind=bind)
-        for (kernel, klass), binaries in sorted(found.items())
-        if _selected(kernels, kernel, klass)
+        NpbSuite(kernel, klass, found[(kernel, klass)], bind=bind)
+        for kernel, klass in dict.fromkeys(wanted)
     ]
