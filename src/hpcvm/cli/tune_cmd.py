@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from hpcvm.cli.common import console, warn
@@ -20,7 +21,11 @@ from hpcvm.tune.model import Change, Row, TuneTarget
 from hpcvm.tune.registry import REGISTRY
 from hpcvm.tune.settings.boot import BootParam, boot_advice
 
-ACTIONS = ("check", "apply", "revert")
+
+def say(text: str) -> None:
+    """One line of plain output: no rich markup (values like THP's '[madvise]' are
+    data) and no re-wrapping, so it can be read by scripts too."""
+    console.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
 def resolve_target(
@@ -54,7 +59,7 @@ def rows_table(rows: list[Row], title: str) -> Table:
     for r in rows:
         mark = {True: "[green]ok[/green]", False: "[red]NO[/red]", None: "[dim]absent[/dim]"}[r.ok]
         when = "runtime" if r.when == "runtime" else "reboot"
-        table.add_row(r.name, when, r.wanted, r.has, mark)
+        table.add_row(r.name, when, escape(r.wanted), escape(r.has), mark)
     return table
 
 
@@ -71,16 +76,15 @@ def print_check(t: TuneTarget, directory: Path) -> None:
     console.print(rows_table(rows, title))
     for r in rows:
         if r.note and r.ok is not True:
-            console.print(f"  {r.name}: {r.note}", highlight=False)
+            say(f"  {r.name}: {r.note}")
     for line in boot_advice(rows, _boot_tokens(t)):
-        console.print(line, highlight=False)
+        say(line)
     saved = engine.saved_state(directory)
     if saved is not None:
-        console.print(
+        say(
             f"applied by hpcvm {saved.started} for {saved.target.source}"
             f"{'' if saved.complete else ' (interrupted midway)'}: "
-            f"`hpcvm tune --revert` restores the {len(saved.changes)} saved values",
-            highlight=False,
+            f"`hpcvm tune --revert` restores the {len(saved.changes)} saved values"
         )
 
 
@@ -92,19 +96,18 @@ def do_apply(t: TuneTarget, directory: Path, dry_run: bool) -> None:
     result = engine.apply(t, directory, dry_run=dry_run)
     verb = "would write" if dry_run else "wrote"
     for c in result.changes:
-        console.print(_show_change(c, verb), highlight=False)
+        say(_show_change(c, verb))
     for path in result.refused:
         warn(
             f"the kernel keeps {path} where it is (it refused the move: a kernel-managed "
             "or platform-pinned interrupt)"
         )
     if not result.changes:
-        console.print("nothing to change: every run-time setting already matches", highlight=False)
+        say("nothing to change: every run-time setting already matches")
     elif not dry_run:
-        console.print(
+        say(
             f"saved the old values in {directory / state.STATE_FILE}; "
-            "`hpcvm tune --revert` restores them",
-            highlight=False,
+            "`hpcvm tune --revert` restores them"
         )
     if not dry_run:
         print_check(t, directory)
@@ -113,16 +116,13 @@ def do_apply(t: TuneTarget, directory: Path, dry_run: bool) -> None:
 def do_revert(directory: Path) -> None:
     result = engine.revert(directory)
     if result.state is None:
-        console.print(f"nothing to revert: no saved tuning in {directory}", highlight=False)
+        say(f"nothing to revert: no saved tuning in {directory}")
         return
     for c in result.restored:
-        console.print(f"restored {c.path}: {c.restore!r}", highlight=False)
+        say(f"restored {c.path}: {c.restore!r}")
     for path in result.gone:
         warn(f"{path} no longer exists (its IRQ or CPU went away): nothing to restore")
-    console.print(
-        f"reverted the tuning applied {result.state.started} for {result.state.target.source}",
-        highlight=False,
-    )
+    say(f"reverted the tuning applied {result.state.started} for {result.state.target.source}")
 
 
 def write_tuned_profile(t: TuneTarget, directory: Path) -> None:
@@ -131,10 +131,9 @@ def write_tuned_profile(t: TuneTarget, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "tuned.conf"
     path.write_text(tuned_profile(t))
-    console.print(
+    say(
         f"wrote {path}; on a host running tuned: cp -r {directory} /etc/tuned/ && "
-        f"tuned-adm profile {directory.name} (revert: tuned-adm profile <previous>)",
-        highlight=False,
+        f"tuned-adm profile {directory.name} (revert: tuned-adm profile <previous>)"
     )
 
 

@@ -1,0 +1,95 @@
+"""`hpcvm tune` flags: each misuse is a one-line error with its exit code and leaves
+nothing behind; --check reads the live host and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcvm.tune.registry import REGISTRY
+from hpcvm.tune.target import online_pus
+from hpcvm.units import format_cpu_list
+
+
+def tune(*args: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcvm.cli.main", "tune", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _last() -> str:
+    return str(max(online_pus()))
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "words"),
+    [
+        (["--vcpu-pus", "1", "--plan", "p.json"], 2, "give one of"),
+        (["--housekeeping-pus", "0"], 2, "goes with --vcpu-pus"),
+        (["--check", "--dry-run", "--vcpu-pus", "1"], 2, "--dry-run goes with --apply"),
+        (["--revert", "--vcpu-pus", "1"], 2, "takes no target"),
+        (["--check"], 2, "say what to tune for"),
+        (["--apply"], 2, "say what to tune for"),
+        (["--vcpu-pus", "x-y"], 2, "bad CPU list"),
+        (["--vcpu-pus", "4096"], 2, "not online"),
+        (["--plan", "/nonexistent/plan.json"], 2, "cannot read plan"),
+        (["--for", "no-such-vm"], 2, "no VM named"),
+    ],
+)
+def test_misuse_is_a_one_line_error(tmp_path: Path, args: list[str], code: int, words: str) -> None:
+    done = tune(*args, state_dir=tmp_path / "state")
+    assert done.returncode == code, done.stderr
+    assert words in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def test_all_pus_as_vcpus_leaves_no_housekeeping(tmp_path: Path) -> None:
+    everything = format_cpu_list(sorted(online_pus()))
+    done = tune("--apply", "--vcpu-pus", everything, state_dir=tmp_path / "s")
+    assert done.returncode == 3
+    assert "no housekeeping PU is left" in done.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_file_that_is_not_a_plan_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"name": "x"}')
+    done = tune("--check", "--plan", str(bad), state_dir=tmp_path / "s")
+    assert done.returncode == 2
+    assert "is not a plan" in done.stderr and "--format json" in done.stderr
+
+
+def test_check_json_has_every_setting_and_writes_nothing(tmp_path: Path) -> None:
+    done = tune("--check", "--json", "--vcpu-pus", _last(), state_dir=tmp_path / "s")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert [r["name"] for r in rows] == list(REGISTRY)
+    assert not (tmp_path / "s").exists()
+
+
+def test_revert_with_nothing_saved_says_so(tmp_path: Path) -> None:
+    done = tune("--revert", state_dir=tmp_path / "s")
+    assert done.returncode == 0, done.stderr
+    assert "nothing to revert" in done.stdout
+
+
+def test_dry_run_lists_writes_and_saves_nothing(tmp_path: Path) -> None:
+    done = tune("--apply", "--dry-run", "--vcpu-pus", _last(), state_dir=tmp_path / "s")
+    assert done.returncode == 0, done.stderr
+    assert "would write" in done.stdout or "nothing to change" in done.stdout
+    assert not (tmp_path / "s").exists()
+
+
+def test_tuned_profile_is_written_for_the_target(tmp_path: Path) -> None:
+    out = tmp_path / "hpcvm-quiet"
+    done = tune("--tuned-profile", str(out), "--vcpu-pus", _last(), state_dir=tmp_path / "s")
+    assert done.returncode == 0, done.stderr
+    assert f"isolated_cores={_last()}" in (out / "tuned.conf").read_text()
