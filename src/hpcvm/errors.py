@@ -65,3 +65,10 @@ class BusyError(HpcvmError):
     tuning, a cluster job); hpcvm.lock says which process."""
 
     exit_code = 8
+
+
+class SamplesFailed(HpcvmError):
+    """A bench run ended, but some environment x suite has no valid sample: it did not
+    measure what it was asked to (the table and the logs say why)."""
+
+    exit_code = 9

@@ -262,9 +262,13 @@ def test_no_tcg_warning_without_a_tcg_environment(db: Path) -> None:
 
 def test_failed_sample_is_warned_with_its_count_and_log(data: ReportData, out: Path) -> None:
     failed = [w for w in data.warnings if w.kind == "failed"]
-    assert len(failed) == 1 and failed[0].text.startswith("1 failed sample(s) of native")
+    assert len(failed) == 1 and failed[0].text.startswith("1 of 1 samples of native")
+    assert "no valid sample" in failed[0].text
     [failure] = data.failures
     assert failure.count == 1 and "exited with code 1" in failure.errors[0]
+    assert failure.reason == failure.errors[0] and (failure.samples, failure.valid) == (1, 0)
+    html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
+    assert "most frequent reason" in html and "most frequent reason" in md
     [log] = failure.log_paths
     assert Path(log).is_file()
     assert log in (out / "report.html").read_text()

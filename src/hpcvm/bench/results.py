@@ -8,7 +8,9 @@ where there is no native value to compare with, and where no finite interval exi
 (fewer than 2 values on a side, or Fieller's set unbounded): ``overhead_note`` then says
 why, and ``significant`` is False, because nothing can be claimed. A metric that failed
 in every sample of an environment still gets a row (``n`` 0, ``mean`` None), so a
-reader sees what is missing instead of a shorter table.
+reader sees what is missing instead of a shorter table (failed samples record the
+headline metrics they failed to measure, with the reason). A metric an environment did
+not measure at all (noise's per-CPU figure for a CPU it does not have) has no row.
 
 Every row carries the conditions: accelerator, CPU model, which rule stopped the run,
 and its warnings (TCG emulation, failed samples, clock drift, the run's own warnings).
@@ -17,7 +19,7 @@ and its warnings (TCG emulation, failed samples, clock drift, the run's own warn
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,11 +52,14 @@ class ResultRow(Frozen):
     detail: bool  # a per-CPU detail metric (``...@cpu1``), not a headline figure
     n: int  # values summarised (ok samples with this metric)
     failed: int  # samples of this cell that failed, or that lack this metric
+    failed_samples: int = 0  # samples of this cell that failed outright
+    failure_reason: str | None = None  # the most frequent reason, with its share
     mean: float | None
     stdev: float | None
     ci_low: float | None
     ci_high: float | None
     half_width: float | None
+    interval_note: str = ""  # why the interval should not be read as meaning something
     confidence: float
     overhead_pct: float | None = None
     overhead_ci_low: float | None = None
@@ -94,12 +99,13 @@ def summarize_run(
     for s in measured:
         by_cell[(s.env, s.suite, s.np)].append(s)
     env_by_name = {e.name: e for e in envs}
+    seen = {((s.env, s.suite, s.np), m.metric) for s in measured for m in s.metrics}
     rows: list[ResultRow] = []
     for suite, np_, metric in order:
         for env in envs:
             cell = (env.name, suite, np_)
-            if cell not in by_cell:
-                continue
+            if cell not in by_cell or (cell, metric) not in seen:
+                continue  # a metric this environment did not measure has no row
             rows.append(
                 _row(
                     run, env_by_name[env.name], cell, metric, meta[metric], values, by_cell, method
@@ -174,11 +180,35 @@ def _row(
         "drift_unresolved": sum(1 for s in ok if _clock(s).get("resolved") is False),
     }
     fields |= _summary_fields(vals, run.confidence)
+    fields |= _failure_fields(samples, metric)
+    if fields["ci_low"] is not None and fields["ci_low"] < 0 < fields["mean"]:
+        fields["interval_note"] = (
+            "too noisy to trust: the interval reaches below zero for a quantity that "
+            "cannot be negative; measure more repetitions or a larger problem"
+        )
     native_vals = values.get((NATIVE, suite, np_), {}).get(metric, [])
     if env_name != NATIVE:
         fields |= _overhead_fields(native_vals, vals, higher, run.confidence, method, cell)
     fields["warnings"] = tuple(_warnings(run, env, fields))
     return ResultRow.model_validate(fields)
+
+
+def _failure_fields(samples: Sequence[SampleRecord], metric: str) -> dict[str, Any]:
+    """How many samples of the cell failed outright and their most frequent reason (a
+    metric missing from an otherwise good sample counts in ``failed`` only)."""
+    reasons: list[str] = []
+    for s in samples:
+        if not s.ok:
+            reasons.append(s.error or "no reason recorded")
+            continue
+        missing = next((m for m in s.metrics if m.metric == metric and m.value is None), None)
+        if missing is not None:
+            reasons.append(missing.error or "no value")
+    if not reasons:
+        return {"failed_samples": 0, "failure_reason": None}
+    reason, count = Counter(reasons).most_common(1)[0]
+    share = "" if count == len(reasons) else f" ({count} of {len(reasons)})"
+    return {"failed_samples": sum(1 for s in samples if not s.ok), "failure_reason": reason + share}
 
 
 def _totals(samples: Sequence[SampleRecord], side: str) -> list[float]:
@@ -248,7 +278,12 @@ def _warnings(run: RunRecord, env: EnvironmentRecord, fields: dict[str, Any]) ->
     if env.accel == "tcg" and not any(w.startswith("TCG") for w in out):
         out.insert(0, TCG_ROW_WARNING)
     if fields["failed"]:
-        out.append(f"{fields['failed']} sample(s) failed or lack this metric; see their logs")
+        out.append(
+            f"{fields['failed']} sample(s) failed or lack this metric: "
+            f"{fields['failure_reason']}; see their logs"
+        )
+    if fields.get("interval_note"):
+        out.append(fields["interval_note"])
     if fields["drift_flagged"]:
         out.append(
             f"guest clock drift beyond 0.1% in {fields['drift_flagged']} sample(s): "

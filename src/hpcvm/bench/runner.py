@@ -21,19 +21,20 @@ import re
 import shlex
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.environments import CLEAN_ENV, Environment, RunOutput
+from hpcvm.bench.failures import CellKey, repeats_same_failure
 from hpcvm.bench.metrics import MetricValue
 from hpcvm.bench.suite import Suite
 from hpcvm.errors import HpcvmError
 from hpcvm.model import Frozen
 from hpcvm.stats import fixed_width_stop, interleaved_order
-from hpcvm.store import MetricRecord, NewSample, SampleKey, Store
+from hpcvm.store import MetricRecord, NewSample, SampleKey, SampleRecord, Store
 
 LOGS = "logs"
 WORK = "work"
@@ -101,6 +102,7 @@ class Runner:
         out_dir: Path,
         sizing_memory: int,
         progress: ProgressSink | None = None,
+        notify: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -116,6 +118,8 @@ class Runner:
         self._warmed: set[str] = set()
         self._done = store.completed(run_id)
         self._ran = 0
+        self.notify = notify or (lambda _text: None)
+        self._given_up: set[CellKey] = self._stored_given_up()
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -131,17 +135,57 @@ class Runner:
     def _block(self, block: int) -> None:
         order = interleaved_order(list(self.envs), block, self.seed)
         for position, name in enumerate(order):
-            pending = [c for c in self.cells if self._key(name, c, block, False) not in self._done]
+            pending = [
+                c
+                for c in self.cells
+                if self._key(name, c, block, False) not in self._done and self._live(name, c)
+            ]
             if not pending:
                 continue
             self._switch_to(name)
             if name not in self._warmed:
-                for cell in self.cells:
+                for cell in pending:
                     if self._key(name, cell, block, True) not in self._done:
                         self._sample(name, cell, block, position, warmup=True)
                 self._warmed.add(name)
             for cell in pending:
-                self._sample(name, cell, block, position, warmup=False)
+                if self._live(name, cell):
+                    self._sample(name, cell, block, position, warmup=False)
+
+    # -- failures -----------------------------------------------------------------------
+
+    def _live(self, env: str, cell: Cell) -> bool:
+        """False once the cell's warm-up and first repetition failed the same way."""
+        return (env, cell.suite.name, cell.np) not in self._given_up
+
+    def _cell_samples(self, key: CellKey) -> list[SampleRecord]:
+        return [
+            s
+            for s in self.store.samples(self.run_id)
+            if (s.env, s.suite, s.np) == key and s.env in self.envs
+        ]
+
+    def _stored_given_up(self) -> set[CellKey]:
+        """Cells a previous process gave up (a resumed run does not retry them)."""
+        keys = {(s.env, s.suite, s.np) for s in self.store.samples(self.run_id)}
+        return {k for k in keys if repeats_same_failure(self._cell_samples(k)) is not None}
+
+    def _failed(self, sample: NewSample, label: str) -> None:
+        """Say at once that a sample failed and why; give the cell up when its first two
+        samples failed the same way (say so, and keep it in the run's warnings)."""
+        kind = "warm-up" if sample.warmup else f"rep {sample.repetition + 1}"
+        self.notify(f"failed: {sample.env} {label} ({kind}): {sample.error}")
+        key = (sample.env, sample.suite, sample.np)
+        reason = repeats_same_failure(self._cell_samples(key))
+        if reason is None or key in self._given_up:
+            return
+        self._given_up.add(key)
+        text = (
+            f"{sample.env}: {label}: not repeated, its warm-up and first repetition failed "
+            f"the same way: {reason}"
+        )
+        self.store.add_warning(self.run_id, text)
+        self.notify(text)
 
     def _switch_to(self, name: str) -> None:
         """Pause every other environment, then resume this one (never two running)."""
@@ -286,12 +330,27 @@ class Runner:
             host_seconds=None if output is None else output.host_seconds,
             guest_seconds=None if output is None else output.guest_seconds,
             evidence={} if output is None else output.evidence,
-            metrics=tuple(_record(v) for v in values),
+            metrics=tuple(_record(v) for v in values)
+            if error is None
+            else _failed_metrics(cell.suite, error),
         )
         self.store.add_sample(self.run_id, sample)
         self.store.add_elapsed(self.run_id, time.monotonic() - clock)
         self._done.add(sample.key)
         self._ran += 1
+        if error is not None:
+            self._failed(sample, cell.label)
+
+
+def _failed_metrics(suite: Suite, error: str) -> tuple[MetricRecord, ...]:
+    """A failed sample names the headline metrics it failed to measure, so the summary
+    shows the cell as failed (n 0, the reason) instead of dropping it."""
+    return tuple(
+        MetricRecord(
+            metric=m.name, unit=m.unit, higher_is_better=m.higher_is_better, value=None, error=error
+        )
+        for m in suite.metrics
+    )
 
 
 def _record(value: MetricValue) -> MetricRecord:

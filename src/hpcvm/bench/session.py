@@ -275,6 +275,7 @@ def _measure(
                 out_dir=prep.out_dir,
                 sizing_memory=min(e.memory_bytes for e in prep.envs.values()),
                 progress=progress,
+                notify=notify,
             )
             outcome = runner.run()
     except KeyboardInterrupt:

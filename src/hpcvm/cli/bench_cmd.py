@@ -25,15 +25,17 @@ from rich.progress import (
 from hpcvm.bench.config import DEFAULT_MAX_REPS, DEFAULT_VM_MEMORY, BenchConfig
 from hpcvm.bench.environments import valid_env_names
 from hpcvm.bench.export import rows_csv, rows_json, write_atomic, write_exports
+from hpcvm.bench.failures import CellFailures, cell_failures, failure_line, without_valid_sample
 from hpcvm.bench.results import summaries
+from hpcvm.bench.runner import LOGS
 from hpcvm.bench.session import execute, prepare, recorded_config, results_writer
 from hpcvm.bench.suites import SuiteOptions, suite_names
 from hpcvm.cli.bench_view import print_report
 from hpcvm.cli.common import console, err_console
-from hpcvm.errors import UsageError
+from hpcvm.errors import SamplesFailed, UsageError
 from hpcvm.runtime.model import BackendName
 from hpcvm.stats.overhead import Method
-from hpcvm.store import Store
+from hpcvm.store import SampleRecord, Store
 from hpcvm.units import format_size, parse_size
 
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h)?\s*$")
@@ -118,11 +120,32 @@ def _suite_options(kw: dict[str, Any]) -> SuiteOptions:
     )
 
 
+# Options that belong to one suite: with no --suite they select it; with a --suite list
+# that lacks it they are refused (never silently ignored).
+_SUITE_OPTIONS = {
+    "npb_dir": ("--npb-dir", "npb"),
+    "npb_kernels": ("--npb-kernels", "npb"),
+    "cmd": ("--cmd", "cmd"),
+    "cmd_mpi": ("--cmd-mpi", "cmd"),
+}
+
+
+def _suites(kw: dict[str, Any]) -> list[str]:
+    given = list(kw["suite"])
+    used = {key: spec for key, spec in _SUITE_OPTIONS.items() if kw[key]}
+    if not given:
+        return list(dict.fromkeys(suite for _, suite in used.values())) or list(DEFAULT_SUITES)
+    for flag, suite in used.values():
+        if suite not in given:
+            raise UsageError(
+                f"{flag} is an option of --suite {suite}, which this run does not select: "
+                f"add --suite {suite} or drop {flag}"
+            )
+    return given
+
+
 def _config(kw: dict[str, Any]) -> BenchConfig:
-    suites = list(kw["suite"])
-    if kw["cmd"] is not None and "cmd" not in suites:
-        suites.append("cmd")
-    suites = suites or list(DEFAULT_SUITES)
+    suites = _suites(kw)
     memory = kw["vm_memory"]
     return BenchConfig(
         envs=tuple(kw["env"]) or DEFAULT_ENVS,
@@ -274,12 +297,36 @@ def _bench(out: Path, resume: bool, interval: Method, kw: dict[str, Any]) -> int
     with Store.open(prep.out_dir) as store:
         run = store.run(run_id)
         rows = summaries(store, run_id, method=interval)
-        print_report(console, run, store.environments(run_id), rows)
-        files = write_exports(prep.out_dir, rows, store.samples(run_id))
+        samples = store.samples(run_id)
+        failures = cell_failures(samples)
+        print_report(console, run, store.environments(run_id), rows, failures)
+        files = write_exports(prep.out_dir, rows, samples)
     click.echo(
         f"hpcvm: results in {store.path}; exports: {', '.join(f.name for f in files)}", err=True
     )
+    _judge(failures, samples, prep.out_dir)
     return 0
+
+
+def _judge(failures: list[CellFailures], samples: list[SampleRecord], out: Path) -> None:
+    """Say how the run ended: SamplesFailed (exit 9) when an environment x suite has no
+    valid sample; "finished with failures" when some samples failed."""
+    empty = without_valid_sample(samples)
+    if empty:
+        reasons = {(f.env, f.suite): f.reason for f in failures}
+        named = "; ".join(
+            f"{env} {suite}: {reasons.get((env, suite), '?')}" for env, suite in empty
+        )
+        raise SamplesFailed(
+            f"no valid sample for {named}; the failed-samples table above and the logs in "
+            f"{out / LOGS} say more"
+        )
+    if failures:
+        failed = sum(f.failed for f in failures)
+        warn(
+            f"finished with failures: {failed} of {len(samples)} samples failed; "
+            f"most: {failure_line(max(failures, key=lambda f: f.failed))}"
+        )
 
 
 @click.command("results")
@@ -296,12 +343,13 @@ def results_cmd(
         run = store.run(run_id)
         rows = summaries(store, run.id, method=cast(Method, interval))
         envs = store.environments(run.id)
+        failures = cell_failures(store.samples(run.id))
     if csv_file is not None:
         write_atomic(csv_file, rows_csv(rows))
     if as_json:
         sys.stdout.write(json.dumps(rows_json(rows), indent=2) + "\n")
     elif csv_file is None:
-        print_report(console, run, envs, rows)
+        print_report(console, run, envs, rows, failures)
     return 0
 
 

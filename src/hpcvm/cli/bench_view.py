@@ -16,10 +16,12 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from hpcvm.bench.failures import CellFailures
 from hpcvm.bench.results import ResultRow, noise_by_env
 from hpcvm.store import EnvironmentRecord, RunRecord
 
 SIGNIFICANT = "*"
+TOO_NOISY = "(too noisy)"
 WIDE = 160
 
 
@@ -48,14 +50,18 @@ def _noise(figures: dict[str, float | None] | None) -> str:
 
 
 def conditions(
-    run: RunRecord, envs: Sequence[EnvironmentRecord], rows: Sequence[ResultRow]
+    run: RunRecord,
+    envs: Sequence[EnvironmentRecord],
+    rows: Sequence[ResultRow],
+    failures: Sequence[CellFailures] = (),
 ) -> RenderableType:
     """Accelerator, CPU model, confidence, n and stopping rule, in a small table."""
     table = Table(title=f"run {run.id}: conditions", box=None, header_style="bold")
-    for col in ("env", "accel", "CPU model", "vCPUs", "memory", "n (reps)"):
+    for col in ("env", "accel", "CPU model", "vCPUs", "memory", "n (reps)", "failed"):
         table.add_column(col)
     for e in envs:
         ns = [r.n for r in rows if r.env == e.name and not r.detail]
+        failed = sum(f.failed for f in failures if f.env == e.name)
         table.add_row(
             e.name,
             e.accel,
@@ -63,12 +69,16 @@ def conditions(
             str(e.vcpus),
             f"{e.memory_bytes / 2**30:.1f} GiB",
             f"{min(ns)}-{max(ns)}" if ns and min(ns) != max(ns) else str(ns[0] if ns else 0),
+            str(failed) if failed else "-",
         )
     stop = run.stop_reason or "-"
     if run.stop_detail:
         stop += f" ({run.stop_detail})"
+    status = run.status_text
+    if failures and run.status == "finished":
+        status = "finished with failures"
     lines = Text(
-        f"confidence {run.confidence:g}; stopped by: {stop}; status {run.status_text}; "
+        f"confidence {run.confidence:g}; stopped by: {stop}; status {status}; "
         f"seed {run.seed}; measured {run.elapsed_s:.0f} s"
     )
     return Group(table, lines)
@@ -87,10 +97,11 @@ def warnings_block(run: RunRecord, envs: Sequence[EnvironmentRecord]) -> Rendera
 
 def _mean_cell(r: ResultRow) -> str:
     if r.mean is None:
-        return "-"
+        return "FAILED" if r.failed else "-"
     if r.half_width is None:
         return f"{r.mean:.4g}"
-    return f"{r.mean:.4g} ± {r.half_width:.2g} {_interval(r.ci_low, r.ci_high)}"
+    noisy = f" {TOO_NOISY}" if r.interval_note else ""
+    return f"{r.mean:.4g} ± {r.half_width:.2g} {_interval(r.ci_low, r.ci_high)}{noisy}"
 
 
 def _overhead_cell(r: ResultRow) -> str:
@@ -143,23 +154,53 @@ def metric_tables(rows: Sequence[ResultRow]) -> list[Table]:
     return tables
 
 
+def failure_table(failures: Sequence[CellFailures]) -> Table:
+    """Failed samples per environment, suite and np with the most frequent reason."""
+    table = Table(
+        title="failed samples",
+        box=box.SIMPLE_HEAD,
+        header_style="bold",
+        title_justify="left",
+        title_style="bold red",
+    )
+    for col in ("env", "suite", "np", "failed", "valid", "most frequent reason"):
+        table.add_column(col, justify="right" if col in ("np", "failed", "valid") else "left")
+    for f in failures:
+        reason = f.reason if f.reason_count == f.failed else f"{f.reason} ({f.reason_count}x)"
+        if f.given_up:
+            reason += " [not repeated: warm-up and rep 1 failed the same way]"
+        table.add_row(
+            f.env,
+            f.suite,
+            "-" if f.np is None else str(f.np),
+            f"{f.failed} of {f.samples}",
+            str(f.valid),
+            Text(reason),
+        )
+    return table
+
+
 def print_report(
     console: Console,
     run: RunRecord,
     envs: Sequence[EnvironmentRecord],
     rows: Sequence[ResultRow],
+    failures: Sequence[CellFailures] = (),
 ) -> None:
     """Warnings, conditions, the tables, and the warnings again. Into a file or pipe the
     tables are printed 160 columns wide rather than wrapped into unreadable cells."""
     if not console.is_terminal and console.width < WIDE:
         console = Console(file=console.file, width=WIDE, highlight=False)
     console.print(warnings_block(run, envs))
-    console.print(conditions(run, envs, rows))
+    console.print(conditions(run, envs, rows, failures))
     for table in metric_tables(rows):
         console.print(table)
+    if failures:
+        console.print(failure_table(failures))
     console.print(
         f"{SIGNIFICANT} significant: the overhead's {run.confidence:g} interval excludes 0; "
-        "overhead > 0 means the VM is worse; irq/s is the guest's own rate for a VM",
+        f"overhead > 0 means the VM is worse; irq/s is the guest's own rate for a VM; "
+        f"{TOO_NOISY}: the interval reaches below zero, do not trust it",
         highlight=False,
     )
     console.print(warnings_block(run, envs))

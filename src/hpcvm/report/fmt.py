@@ -8,7 +8,7 @@ import math
 
 from hpcvm.report.compare import CompareRow
 from hpcvm.report.labels import label
-from hpcvm.report.model import NATIVE, ReportData, Row
+from hpcvm.report.model import NATIVE, FailedSamples, ReportData, Row
 
 STOP_REASONS = {
     "target": "every metric's interval reached the target width (--reps auto)",
@@ -42,10 +42,31 @@ def num(x: float | None) -> str:
 
 def mean_text(r: Row) -> str:
     if r.mean is None:
-        return f"no value ({r.failed} failed)"
+        why = f": {r.failure_reason}" if r.failure_reason else ""
+        return f"FAILED, no value ({r.failed} failed{why})"
     if r.ci_low is None or r.ci_high is None:
         return f"{num(r.mean)} (n=1: no interval)"
-    return f"{num(r.mean)} [{num(r.ci_low)}, {num(r.ci_high)}]"
+    noisy = " (too noisy to trust: the interval reaches below zero)" if r.interval_note else ""
+    return f"{num(r.mean)} [{num(r.ci_low)}, {num(r.ci_high)}]{noisy}"
+
+
+FAILURE_HEADER = ("env", "suite", "np", "failed", "valid", "most frequent reason", "logs")
+
+
+def failure_cells(f: FailedSamples, log_separator: str) -> tuple[str, ...]:
+    """One row of the failed-samples table (HTML and Markdown build theirs from it)."""
+    reason = f.reason if f.reason_count == f.count else f"{f.reason} ({f.reason_count}x)"
+    if f.given_up:
+        reason += " [not repeated: warm-up and first repetition failed the same way]"
+    return (
+        f.env,
+        f.suite,
+        np_text(f.np),
+        f"{f.count} of {f.samples}",
+        str(f.valid),
+        reason,
+        log_separator.join(f.log_paths),
+    )
 
 
 def pct(x: float) -> str:

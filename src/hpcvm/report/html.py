@@ -17,9 +17,11 @@ from pathlib import Path
 from hpcvm.report.compare import CompareRow, Comparison
 from hpcvm.report.figures import FigureFile
 from hpcvm.report.fmt import (
+    FAILURE_HEADER,
     TABLE_HEADER,
     change_text,
     compare_significance,
+    failure_cells,
     mean_text,
     method_lines,
     np_text,
@@ -254,19 +256,8 @@ def _evidence(data: ReportData) -> str:
             )
         )
     if data.failures:
-        fail_rows = [
-            (
-                f.env,
-                f.suite,
-                np_text(f.np),
-                str(f.count),
-                " | ".join(f.errors),
-                "\n".join(f.log_paths),
-            )
-            for f in data.failures
-        ]
-        parts.append("<h3>Failed samples</h3>")
-        parts.append(table(("env", "suite", "np", "count", "error", "logs"), fail_rows, {3}))
+        fail_rows = [failure_cells(f, "\n") for f in data.failures]
+        parts.append(table(FAILURE_HEADER, fail_rows, {3, 4}))
     if data.noise:
         noise_rows = [(c.env, str(c.samples), f"{c.quanta:,}") for c in data.noise]
         parts.append("<h3>Noise runs drawn</h3>")

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcvm.bench.failures import NO_REASON, cell_failures
 from hpcvm.bench.metrics import ParseError
 from hpcvm.bench.noise import RAW_FILE, read_raw
 from hpcvm.report.describe import host_summary, plan_summary
@@ -62,7 +63,7 @@ def build_report(
     measured = [s for s in samples if not s.warmup]
     noise, notes = _noise_curves(envs, measured)
     drift = _drift(envs, measured)
-    failures = _failures(measured)
+    failures = _failures(samples)
     data = ReportData(
         run=_run_info(run, measured, samples, results_dir),
         host=host_summary(run.host),
@@ -187,22 +188,28 @@ def _drift(envs: Sequence[EnvironmentRecord], measured: Sequence[SampleRecord]) 
     return out
 
 
-def _failures(measured: Sequence[SampleRecord]) -> list[FailedSamples]:
-    per: dict[tuple[str, str, int | None], list[SampleRecord]] = defaultdict(list)
-    for s in measured:
-        if not s.ok:
-            per[(s.env, s.suite, s.np)].append(s)
-    return [
-        FailedSamples(
-            env=env,
-            suite=suite,
-            np=np_,
-            count=len(bad),
-            errors=tuple(dict.fromkeys(s.error or "no error recorded" for s in bad)),
-            log_paths=tuple(s.log_path for s in bad if s.log_path),
+def _failures(samples: Sequence[SampleRecord]) -> list[FailedSamples]:
+    """bench/failures.py's counts (the table and ``results`` show the same), plus every
+    distinct reason and log for the report's readers."""
+    out = []
+    for f in cell_failures(samples):
+        bad = [s for s in samples if (s.env, s.suite, s.np) == (f.env, f.suite, f.np) and not s.ok]
+        out.append(
+            FailedSamples(
+                env=f.env,
+                suite=f.suite,
+                np=f.np,
+                count=f.failed,
+                errors=tuple(dict.fromkeys(s.error or NO_REASON for s in bad)),
+                log_paths=f.logs,
+                samples=f.samples,
+                valid=f.valid,
+                reason=f.reason,
+                reason_count=f.reason_count,
+                given_up=f.given_up,
+            )
         )
-        for (env, suite, np_), bad in per.items()
-    ]
+    return out
 
 
 def _noise_curves(
@@ -247,7 +254,8 @@ def _warnings(
         out.append(
             ReportWarning(
                 kind="run",
-                text=f"run {run.id} is {run.status_text}: the report shows the samples finished so far",
+                text=f"run {run.id} is {run.status_text}: the report shows the samples "
+                "finished so far",
             )
         )
     # the per-environment TCG warnings above say what the run's TCG warnings say
@@ -281,13 +289,13 @@ def _warnings(
     ]
     for f in failures:
         where = f" np={f.np}" if f.np is not None else ""
-        logs = f"; logs: {', '.join(f.log_paths)}" if f.log_paths else ""
+        none = "; no valid sample" if f.valid == 0 else ""
         out.append(
             ReportWarning(
                 kind="failed",
                 env=f.env,
-                text=f"{f.count} failed sample(s) of {f.env} {f.suite}{where}: "
-                f"{' | '.join(f.errors)}{logs}",
+                text=f"{f.count} of {f.samples} samples of {f.env} {f.suite}{where} failed"
+                f"{none}: {f.reason}",
             )
         )
     return out

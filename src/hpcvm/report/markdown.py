@@ -8,9 +8,11 @@ from collections.abc import Iterable, Sequence
 from hpcvm.report.compare import Comparison
 from hpcvm.report.figures import FigureFile
 from hpcvm.report.fmt import (
+    FAILURE_HEADER,
     TABLE_HEADER,
     change_text,
     compare_significance,
+    failure_cells,
     mean_text,
     method_lines,
     np_text,
@@ -82,20 +84,7 @@ def _evidence(data: ReportData) -> list[str]:
         )
     if data.failures:
         lines += ["## Failed samples", ""]
-        lines += md_table(
-            ("env", "suite", "np", "count", "error", "logs"),
-            (
-                (
-                    f.env,
-                    f.suite,
-                    np_text(f.np),
-                    str(f.count),
-                    " / ".join(f.errors),
-                    ", ".join(f.log_paths),
-                )
-                for f in data.failures
-            ),
-        )
+        lines += md_table(FAILURE_HEADER, (failure_cells(f, ", ") for f in data.failures))
     return lines
 
 

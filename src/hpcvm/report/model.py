@@ -41,10 +41,12 @@ class Row(Frozen):
     detail: bool = False  # a per-CPU detail metric: tables only, not figures
     n: int
     failed: int = 0  # samples of this cell that failed or lack this metric
+    failure_reason: str | None = None  # the most frequent reason, with its share
     mean: float | None  # None when every sample failed
     stdev: float | None = None
     ci_low: float | None
     ci_high: float | None
+    interval_note: str = ""  # why the interval should not be trusted (below zero)
     overhead_pct: float | None = None
     overhead_ci_low: float | None = None
     overhead_ci_high: float | None = None
@@ -147,6 +149,11 @@ class FailedSamples(Frozen):
     count: int
     errors: tuple[str, ...]  # distinct messages
     log_paths: tuple[str, ...]
+    samples: int = 0  # every sample of the cell, warm-ups included
+    valid: int = 0  # measured samples that succeeded
+    reason: str = ""  # the most frequent reason
+    reason_count: int = 0
+    given_up: bool = False  # warm-up and first repetition failed the same way
 
 
 class NoiseCurve(Frozen):

@@ -31,6 +31,13 @@ COMPARE_NAMES: dict[Format, str] = {
 JSON_SCHEMA = "hpcvm-report/1"
 
 
+def _umask() -> int:
+    """The process umask (read by setting it, then putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_text(path: Path, content: str) -> None:
     """Replace ``path`` with ``content`` atomically (temp file in the same directory)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -38,6 +45,9 @@ def write_text(path: Path, content: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(content)
+            # mkstemp makes the file 0600; a report is read like the rest of the
+            # results (by the user's group, a web server), so give it the umask's mode
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
