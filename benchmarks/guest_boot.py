@@ -1,10 +1,10 @@
 """Boot time of the built-in guest alone: QEMU start -> agent answers -> first exec.
 
-Starts QEMU directly (TCG, 2 vCPUs, 1 GiB, the host root over 9p, the agent on
-virtio-serial), without the rest of hpcvm, so the guest's own share of `hpcvm up` is
-visible. With ``--compare`` it alternates the uncompressed PVH kernel and the packaged
-bzImage, run by run, so both see the same machine load. Prints each run and the
-medians; asserts nothing (a benchmark, not a test).
+Starts QEMU directly (TCG, 2 vCPUs, 1 GiB, /usr and /etc over 9p with the share table
+on fw_cfg, the agent on virtio-serial), without the rest of hpcvm, so the guest's own
+share of `hpcvm up` is visible. With ``--compare`` it alternates the uncompressed PVH
+kernel and the packaged bzImage, run by run, so both see the same machine load. Prints
+each run and the medians; asserts nothing (a benchmark, not a test).
 
     .venv/bin/python benchmarks/guest_boot.py [--runs 5] [--compare]
 """
@@ -12,6 +12,7 @@ medians; asserts nothing (a benchmark, not a test).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import tempfile
@@ -19,17 +20,23 @@ import time
 from pathlib import Path
 
 from hpcvm.guest import GuestImage, build_guest
+from hpcvm.render.model import SHARE_TABLE_FWCFG
 from hpcvm.runtime.agent import GuestAgent
 
 
 def argv(image: GuestImage, tmp: Path) -> list[str]:
-    share = f"local,id=r,path={image.share_root},security_model=none,readonly=on,multidevs=remap"
+    links = [p for p in ("/bin", "/sbin", "/lib", "/lib64") if os.path.islink(p)]
+    table = "".join(f"link {os.readlink(p)} {p}\n" for p in links) + "ro t0 /usr\nro t1 /etc\n"
+    shares: list[str] = []
+    for index, path in enumerate(("/usr", "/etc")):
+        fsdev = f"local,id=fs{index},path={path},security_model=none,readonly=on,multidevs=remap"
+        shares += ["-fsdev", fsdev, "-device", f"virtio-9p-pci,fsdev=fs{index},mount_tag=t{index}"]
     return [
         "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max",
         "-m", "1G", "-smp", "2", "-nodefaults", "-display", "none", "-no-reboot",
         "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", image.cmdline,
         "-serial", f"file:{tmp / 'console.log'}",
-        "-fsdev", share, "-device", f"virtio-9p-pci,fsdev=r,mount_tag={image.share_tag}",
+        *shares, "-fw_cfg", f"name={SHARE_TABLE_FWCFG},string={table.replace(',', ',,')}",
         "-chardev", f"socket,id=qga,path={tmp / 'agent.sock'},server=on,wait=off",
         "-device", "virtio-serial-pci",
         "-device", f"virtserialport,chardev=qga,name={image.agent_port_name}",

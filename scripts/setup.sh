@@ -63,3 +63,16 @@ if [ -c /dev/kvm ] && getent group kvm >/dev/null && [ "$(stat -c %G:%a /dev/kvm
   $SUDO chgrp kvm /dev/kvm && $SUDO chmod 0660 /dev/kvm
   echo "setup: /dev/kvm is now root:kvm 0660 (as udev makes it; libvirt needs it)"
 fi
+
+# The unprivileged user QEMU runs as (qemu backend: -runas; libvirt backend: its DAC
+# label) once hpcvm, as root, has opened what needs root. A system user with no home,
+# no shell and a group of its own: it can read only what any user may read, so a guest
+# cannot reach the host's root-only files whatever is shared. Not in group kvm: under
+# -runas QEMU opened /dev/kvm before dropping privileges; libvirt passes it in.
+if ! getent passwd hpcvm-qemu >/dev/null; then
+  $SUDO useradd --system --user-group --no-create-home --home-dir /nonexistent \
+    --shell /usr/sbin/nologin --comment "hpcvm unprivileged QEMU" hpcvm-qemu
+  echo "setup: created system user hpcvm-qemu (QEMU runs as it)"
+else
+  echo "setup: system user hpcvm-qemu exists"
+fi

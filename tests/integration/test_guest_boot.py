@@ -1,6 +1,7 @@
 """The built-in guest booted by a real QEMU under TCG, driven through GuestAgent.
 
-QEMU is started here with a minimal hand-written command line (not the renderer), so
+QEMU is started here with a minimal hand-written command line and share table (not the
+renderer), so
 these tests say whether the image and the agent client work, independently of the
 rest of hpcvm. The image is the real one: ``build_guest()`` with the distribution
 kernel package (downloaded once into hpcvm's cache).
@@ -23,6 +24,7 @@ import pytest
 
 from hpcvm.errors import RuntimeFailure
 from hpcvm.guest import GuestImage, build_guest
+from hpcvm.render.model import SHARE_TABLE_FWCFG
 from hpcvm.runtime.agent import GuestAgent
 
 pytestmark = pytest.mark.integration
@@ -37,6 +39,18 @@ def guest_image() -> GuestImage:
     image = build_guest()
     print(f"\nguest image: {image.size_bytes} bytes, built in {image.build_seconds:.1f} s")
     return image
+
+
+SYSTEM = ("/usr", "/etc")  # shared read-only; /bin, /lib... are links into /usr here
+
+
+def share_table(shared: Path) -> str:
+    """The share table, written by hand from the format in render/model.py: the host's
+    top-level links, /usr and /etc read-only (shadow hidden), ``shared`` writable."""
+    links = [p for p in ("/bin", "/sbin", "/lib", "/lib64") if os.path.islink(p)]
+    lines = [f"link {os.readlink(p)} {p}" for p in links]
+    lines += ["ro t0 /usr", "hide t1 shadow", "ro t1 /etc", f"rw t2 {shared}"]
+    return "".join(f"{line}\n" for line in lines)
 
 
 def qemu_argv(image: GuestImage, tmp: Path, *, agent: bool = True, share: bool = True) -> list[str]:
@@ -55,12 +69,17 @@ def qemu_argv(image: GuestImage, tmp: Path, *, agent: bool = True, share: bool =
         "-serial", f"file:{tmp / 'console.log'}",
     ]  # fmt: skip
     if share:
-        argv += [
-            "-fsdev",
-            f"local,id=root,path={image.share_root},security_model=none,readonly=on,"
-            "multidevs=remap",
-            "-device", f"virtio-9p-pci,fsdev=root,mount_tag={image.share_tag}",
-        ]  # fmt: skip
+        shared = tmp / "shared"
+        shared.mkdir(exist_ok=True)
+        exports = [(p, ",readonly=on") for p in SYSTEM] + [(str(shared), "")]
+        for index, (path, mode) in enumerate(exports):
+            fsdev = f"local,id=fs{index},path={path},security_model=none{mode},multidevs=remap"
+            argv += [
+                "-fsdev", fsdev,
+                "-device", f"virtio-9p-pci,fsdev=fs{index},mount_tag=t{index}",
+            ]  # fmt: skip
+        table = share_table(shared).replace(",", ",,")
+        argv += ["-fw_cfg", f"name={SHARE_TABLE_FWCFG},string={table}"]
     if agent:
         argv += [
             "-chardev", f"socket,id=qga,path={tmp / 'agent.sock'},server=on,wait=off",
@@ -167,13 +186,37 @@ def test_guest_runs_the_images_kernel_and_hostname(vm: Vm, guest_image: GuestIma
     assert run(vm, ["hostname"])[1].strip() == HOSTNAME
 
 
-def test_root_is_a_writable_overlay_and_the_host_is_untouched(vm: Vm) -> None:
-    name = f"/hpcvm-guest-test-{uuid.uuid4().hex}"
+def test_root_is_tmpfs_and_read_only_shares_are_writable_overlays(vm: Vm) -> None:
+    name = f"/usr/hpcvm-guest-test-{uuid.uuid4().hex}"
     code, out, err = run(vm, ["sh", "-c", f"echo written > {name} && cat {name}"])
     assert (code, out, err) == (0, "written\n", "")
-    assert not Path(name).exists()  # the host's root did not get it
-    code, out, _ = run(vm, ["sh", "-c", "awk '$2 == \"/\" {print $3}' /proc/mounts"])
-    assert out.split() == ["overlay"]
+    assert not Path(name).exists()  # the host's /usr did not get it
+    code, out, _ = run(vm, ["sh", "-c", "awk '{print $2, $3}' /proc/mounts"])
+    mounts = set(out.splitlines())
+    assert {"/ tmpfs", "/usr overlay", "/etc overlay", f"{vm.tmp / 'shared'} 9p"} <= mounts
+
+
+def test_only_the_table_is_there(vm: Vm) -> None:
+    """What the table does not list is absent; what it hides is gone; links are the
+    host's."""
+    code, out, _ = run(vm, ["ls", "-A", "/"])
+    assert code == 0
+    expected = {"usr", "etc", "proc", "sys", "dev", "run", "tmp", "var", "root"}
+    expected |= {p.strip("/") for p in ("/bin", "/sbin", "/lib", "/lib64") if os.path.islink(p)}
+    expected.add(str(vm.tmp).split("/")[1])  # the shared directory's top level
+    assert set(out.split()) == expected
+    assert run(vm, ["ls", "-A", "/var", "/root"])[1].split() == ["/root:", "/var:", "tmp"]
+    assert run(vm, ["test", "-e", "/etc/shadow"])[0] == 1
+    assert run(vm, ["test", "-e", "/etc/passwd"])[0] == 0
+    assert run(vm, ["readlink", "/bin"])[1].strip() == (
+        os.readlink("/bin") if os.path.islink("/bin") else ""
+    )
+
+
+def test_writable_share_writes_through_to_the_host(vm: Vm) -> None:
+    target = vm.tmp / "shared" / "from-guest.txt"
+    assert run(vm, ["sh", "-c", f"echo hello > {target}"])[0] == 0
+    assert target.read_text() == "hello\n"
 
 
 def test_host_programs_run_in_the_guest(vm: Vm) -> None:
@@ -196,15 +239,14 @@ def test_guest_has_loopback_and_pseudo_filesystems(vm: Vm) -> None:
     mounts = set(out.splitlines())
     for expected in ("/proc proc", "/sys sysfs", "/dev devtmpfs", "/dev/pts devpts"):
         assert expected in mounts
-    assert "/tmp tmpfs" not in mounts, "a tmpfs on /tmp would hide the host's /tmp"
+    assert run(vm, ["stat", "-c", "%a", "/tmp", "/var/tmp"])[1].split() == ["1777", "1777"]
 
 
-def test_host_tmp_is_visible_in_the_guest(vm: Vm, tmp_path: Path) -> None:
-    """The guest must see the host's files everywhere, /tmp included: a checkout or a
-    benchmark binary under the host's /tmp runs in the guest as it does natively."""
+def test_unshared_host_directory_is_absent(vm: Vm, tmp_path: Path) -> None:
+    """Only the table's directories are there: a host file outside them is not."""
     probe = tmp_path / "host-file.txt"
     probe.write_text("from the host\n")
-    assert run(vm, ["cat", str(probe)]) == (0, "from the host\n", "")
+    assert run(vm, ["cat", str(probe)])[0] != 0
 
 
 def test_stale_replies_from_a_departed_client_are_skipped(vm: Vm) -> None:
@@ -254,7 +296,7 @@ def test_agent_on_a_vm_without_agent_device_times_out_naming_the_log(
 
 
 def test_agent_on_a_vm_that_dies_fails_at_once(guest_image: GuestImage, tmp_path: Path) -> None:
-    """A guest whose root share is missing powers itself off; wait_ready sees QEMU go."""
+    """A guest without its share table powers itself off; wait_ready sees QEMU go."""
     proc = subprocess.Popen(
         qemu_argv(guest_image, tmp_path, share=False),
         stdin=subprocess.DEVNULL,
@@ -266,7 +308,7 @@ def test_agent_on_a_vm_that_dies_fails_at_once(guest_image: GuestImage, tmp_path
         with pytest.raises(RuntimeFailure, match="before the VM stopped"):
             machine.agent().wait_ready(time.monotonic() + BOOT_TIMEOUT, machine.alive)
         log = machine.console.read_text(errors="replace")
-        assert "cannot mount the host root" in log
+        assert "no share table" in log
     finally:
         stop_vm(machine)
     assert qemu_processes_using(tmp_path) == []

@@ -85,7 +85,8 @@ def test_up_exec_verify_down_from_a_disk_image(
     machine = state.load_machine("img1")
     run_dir = Path(machine.run_dir)
     assert machine.image == str(test_image) and machine.backend == backend
-    assert machine.boot.kernel is None and machine.boot.share_root is None
+    assert machine.boot.kernel is None and machine.boot.shares == ()  # no --share given
+    assert not machine.boot.share_table
     overlay, seed = Path(str(machine.boot.disk_image)), Path(str(machine.boot.seed_image))
     assert overlay.parent == run_dir and seed.parent == run_dir
     assert overlay.is_file() and seed.is_file()

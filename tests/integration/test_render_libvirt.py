@@ -16,6 +16,7 @@ import pytest
 
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, libvirt_xml
+from hpcvm.render.model import Share
 from hpcvm.units import parse_cpu_list
 from tests import render_plans as plans
 from tests.conftest import Snapshot
@@ -64,7 +65,11 @@ def boot_for(tmp: Path, *, disk: bool = False) -> BootSpec:
         kernel=str(tmp / "vmlinuz"),
         initrd=str(tmp / "initrd.img"),
         cmdline="console=ttyS0 quiet",
-        share_root="/",
+        shares=(
+            Share(host_path="/usr", guest_path="/usr", tag="hpcvm0"),
+            Share(host_path=str(tmp), guest_path="/data", tag="hpcvm1", writable=True),
+        ),
+        share_table=True,
         agent_socket=str(tmp / "qga.sock"),
         serial_log=str(tmp / "console.log"),
     )

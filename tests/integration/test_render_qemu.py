@@ -23,6 +23,7 @@ from qemu.qmp import QMPClient
 
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, qemu_argv
+from hpcvm.render.model import Share
 from tests import render_plans as plans
 from tests.render_checks import check_qemu_argv
 
@@ -285,7 +286,8 @@ def test_boot_devices_are_accepted_by_qemu(tmp_path: Path, hugepages: HugePages)
     boot = BootSpec(
         disk_image=str(disk),
         seed_image=str(seed),
-        share_root="/",
+        shares=(Share(host_path="/usr", guest_path="/usr", tag="hpcvm0"),),
+        share_table=True,
         agent_socket=str(tmp_path / "qga.sock"),
         serial_log=str(tmp_path / "console.log"),
         qmp_socket=str(tmp_path / "qmp.sock"),

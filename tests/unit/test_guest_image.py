@@ -18,6 +18,7 @@ from hpcvm.guest import hosttools, image, scripts
 from hpcvm.guest import kernel as kernels
 from hpcvm.guest.image import build_guest, cached_guest, ensure_guest, guest_inputs
 from hpcvm.guest.initramfs import read_initrd
+from hpcvm.render.model import SHARE_TABLE_FWCFG
 from tests.guest_support import unpacked_kernel
 
 
@@ -77,7 +78,8 @@ def test_build_then_cache_then_force(tree: kernels.KernelTree, tmp_path: Path) -
     assert first.kernel.read_bytes()[:4] == b"\x7fELF"
     assert first.size_bytes == first.kernel.stat().st_size + first.initrd.stat().st_size
     assert first.build_seconds > 0
-    assert "hpcvm.root=" + first.share_tag in first.cmdline.split()
+    assert "hpcvm.shares=" + SHARE_TABLE_FWCFG in first.cmdline.split()
+    assert first.boot_spec().share_table
     names = {e.name for e in read_initrd(first.initrd)}
     assert {"init", "bin/busybox"} <= names
     built_at = first.initrd.stat().st_mtime_ns

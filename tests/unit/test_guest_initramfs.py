@@ -88,7 +88,7 @@ def test_real_initramfs_lists_what_the_init_script_needs(initrd: Path) -> None:
         "dev/console",
         "proc",
         "sys",
-        "mnt/lower",
+        "mnt/9p",
         "mnt/rw",
         "newroot",
         "lib/modules/order",

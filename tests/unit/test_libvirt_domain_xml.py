@@ -8,6 +8,7 @@ backend really defines.
 
 from __future__ import annotations
 
+import pwd
 import shutil
 import subprocess
 import time
@@ -18,7 +19,7 @@ import pytest
 
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
-from hpcvm.render.model import BootSpec
+from hpcvm.render.model import BootSpec, Share
 from hpcvm.runtime import libvirt_backend as lb
 from hpcvm.runtime.model import Machine
 
@@ -30,8 +31,9 @@ def _machine(plan_file: Path, run_dir: str = "/run/hpcvm/job1") -> Machine:
     boot = BootSpec(
         kernel="/var/cache/hpcvm/guest/vmlinuz",
         initrd="/var/cache/hpcvm/guest/initrd.img",
-        cmdline="console=ttyS0 quiet panic=-1 hpcvm.root=hpcvmroot",
-        share_root="/",
+        cmdline="console=ttyS0 quiet panic=-1 hpcvm.shares=opt/org.hpcvm/shares",
+        shares=(Share(host_path="/usr", guest_path="/usr", tag="hpcvm0"),),
+        share_table=True,
         agent_socket=f"{run_dir}/agent.sock",
         serial_log=f"{run_dir}/console.log",
     )
@@ -60,12 +62,38 @@ def test_domain_is_named_and_marked_as_this_vms() -> None:
     assert lb.owner_run_dir("not xml") is None
 
 
-def test_qemu_runs_as_the_given_user_and_nothing_is_relabelled() -> None:
-    root = ET.fromstring(lb.domain_xml(_machine(NUMA), uid=1234, gid=99))
-    labels = root.findall("seclabel")
-    assert len(labels) == 1
-    assert labels[0].attrib == {"type": "static", "model": "dac", "relabel": "no"}
-    assert labels[0].findtext("label") == "+1234:+99"
+def test_libvirt_keeps_its_own_dac_label() -> None:
+    """No seclabel: libvirt's DAC driver runs QEMU as qemu.conf's user (never root,
+    see dac_user) and owns the kernel, initrd and its own files for the guest."""
+    root = ET.fromstring(lb.domain_xml(_machine(NUMA)))
+    assert root.findall("seclabel") == []
+
+
+CAPS = """<capabilities><host>
+  <secmodel><model>none</model><doi>0</doi></secmodel>
+  <secmodel><model>dac</model><doi>0</doi>
+    <baselabel type='kvm'>{label}</baselabel>
+    <baselabel type='qemu'>{label}</baselabel>
+  </secmodel>
+</host></capabilities>"""
+
+
+def test_dac_user_is_read_from_the_capabilities() -> None:
+    me = pwd.getpwnam("nobody")  # any user but root
+    user = lb.dac_user(CAPS.format(label=f"+{me.pw_uid}:+{me.pw_gid}"))
+    assert (user.name, user.uid, user.gid, user.switch) == (me.pw_name, me.pw_uid, me.pw_gid, True)
+    assert me.pw_gid in user.groups
+
+
+@pytest.mark.parametrize(
+    "caps",
+    [CAPS.format(label="+0:+0"), "<capabilities><host/></capabilities>"],
+    ids=["root", "no-dac"],
+)
+def test_libvirt_running_qemu_as_root_is_refused(caps: str) -> None:
+    with pytest.raises(UsageError, match=r"qemu\.conf") as info:
+        lb.dac_user(caps)
+    assert "\n" not in info.value.message
 
 
 def test_huge_pages_come_from_memfd_and_anonymous_memory_is_untouched() -> None:

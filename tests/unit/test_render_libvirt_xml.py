@@ -9,6 +9,7 @@ import pytest
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, libvirt_xml
+from hpcvm.render.model import SHARE_TABLE_FWCFG, Share, share_table
 from hpcvm.units import parse_cpu_list
 from tests import render_plans as plans
 
@@ -182,7 +183,11 @@ def test_boot_spec_devices() -> None:
         kernel="/k/vmlinuz",
         initrd="/k/initrd",
         cmdline="console=ttyS0 quiet",
-        share_root="/",
+        shares=(
+            Share(host_path="/usr", guest_path="/usr", tag="hpcvm0"),
+            Share(host_path="/srv/d", guest_path="/d", tag="hpcvm1", writable=True),
+        ),
+        share_table=True,
         agent_socket="/run/x/qga.sock",
         serial_log="/run/x/console.log",
         qmp_socket="/run/x/qmp.sock",  # libvirt's own: not in the XML
@@ -193,15 +198,17 @@ def test_boot_spec_devices() -> None:
         boot.initrd,
         boot.cmdline,
     ]
-    fs = _one(dom, "devices/filesystem")
-    assert (fs.get("type"), fs.get("accessmode"), fs.get("multidevs")) == (
-        "mount",
-        "passthrough",
-        "remap",
-    )
-    assert _one(fs, "source").get("dir") == "/"
-    assert _one(fs, "target").get("dir") == boot.share_tag
-    assert fs.find("readonly") is not None
+    filesystems = dom.findall("devices/filesystem")
+    assert {(f.get("type"), f.get("accessmode"), f.get("multidevs")) for f in filesystems} == {
+        ("mount", "passthrough", "remap")
+    }
+    assert [
+        (_one(f, "source").get("dir"), _one(f, "target").get("dir"), f.find("readonly") is not None)
+        for f in filesystems
+    ] == [(s.host_path, s.tag, not s.writable) for s in boot.shares]
+    entry = _one(dom, "sysinfo/entry")
+    assert _one(dom, "sysinfo").get("type") == "fwcfg"
+    assert (entry.get("name"), entry.text) == (SHARE_TABLE_FWCFG, share_table(boot))
     channel = _one(dom, "devices/channel")
     assert channel.get("type") == "unix"
     assert (_one(channel, "source").get("mode"), _one(channel, "source").get("path")) == (

@@ -9,6 +9,7 @@ import pytest
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, qemu_argv, qemu_command_line
+from hpcvm.render.model import SHARE_TABLE_FWCFG, GuestLink, Share, share_table
 from tests import render_parse as rp
 from tests import render_plans as plans
 
@@ -216,20 +217,30 @@ def _full_boot(root: str = NASTY) -> BootSpec:
         kernel=f"{root}/vmlinuz",
         initrd=f"{root}/initrd.img",
         cmdline="console=ttyS0 root=hpcvmroot rootfstype=9p quiet",
-        share_root="/",
+        shares=(
+            Share(host_path="/usr", guest_path="/usr", tag="hpcvm0"),
+            Share(host_path="/etc", guest_path="/etc", tag="hpcvm1", hide=("shadow", "ssh/k key")),
+            Share(host_path=f"{root}/data", guest_path="/data", tag="hpcvm2", writable=True),
+        ),
+        links=(GuestLink(guest_path="/bin", target="usr/bin"),),
+        share_table=True,
         agent_socket=f"{root}/qga.sock",
         serial_log=f"{root}/console.log",
         qmp_socket=f"{root}/qmp.sock",
         pidfile=f"{root}/qemu.pid",
         paused=True,
+        run_as="hpcvm-qemu",
+        sandbox=True,
     )
 
 
 def test_command_line_round_trips_through_the_shell(plan: VMPlan) -> None:
     boot = _full_boot()
     line = qemu_command_line(plan, boot)
-    assert "\n" not in line
     assert shlex.split(line) == qemu_argv(plan, boot)
+    # one line, except inside the quoted share table (one entry per line)
+    no_table = boot.model_copy(update={"share_table": False})
+    assert "\n" not in qemu_command_line(plan, no_table)
 
 
 def test_boot_spec_kernel_share_agent_console_qmp() -> None:
@@ -239,13 +250,7 @@ def test_boot_spec_kernel_share_agent_console_qmp() -> None:
     assert _single(argv, "-initrd") == boot.initrd
     assert _single(argv, "-append") == boot.cmdline
     assert _single(argv, "-pidfile") == boot.pidfile
-    fsdev = rp.parse_opts(_single(argv, "-fsdev"))
-    assert fsdev.head == "local"
-    assert (fsdev.get("path"), fsdev.get("readonly")) == ("/", "on")
-    assert (fsdev.get("security_model"), fsdev.get("multidevs")) == ("none", "remap")
     devices = {o.head: o for o in map(rp.parse_opts, rp.values(argv, "-device"))}
-    assert devices["virtio-9p-pci"].get("fsdev") == fsdev.get("id")
-    assert devices["virtio-9p-pci"].get("mount_tag") == boot.share_tag
     assert "virtio-serial-pci" in devices
     chardevs = {o.get("id"): o for o in map(rp.parse_opts, rp.values(argv, "-chardev"))}
     port = devices["virtserialport"]
@@ -260,6 +265,57 @@ def test_boot_spec_kernel_share_agent_console_qmp() -> None:
     qmp = rp.parse_opts(_single(argv, "-qmp"))
     assert qmp.head == f"unix:{boot.qmp_socket}"
     assert (qmp.get("server"), qmp.get("wait")) == ("on", "off")
+
+
+def test_each_share_is_a_9p_device_read_only_unless_writable() -> None:
+    boot = _full_boot()
+    argv = qemu_argv(plans.numa(), boot)
+    fsdevs = [rp.parse_opts(v) for v in rp.values(argv, "-fsdev")]
+    assert [(f.head, f.get("path"), f.get("readonly")) for f in fsdevs] == [
+        ("local", s.host_path, None if s.writable else "on") for s in boot.shares
+    ]
+    assert {(f.get("security_model"), f.get("multidevs")) for f in fsdevs} == {("none", "remap")}
+    nine_p = [
+        o for o in map(rp.parse_opts, rp.values(argv, "-device")) if o.head == "virtio-9p-pci"
+    ]
+    assert [d.get("fsdev") for d in nine_p] == [f.get("id") for f in fsdevs]
+    assert [d.get("mount_tag") for d in nine_p] == [s.tag for s in boot.shares]
+
+
+def test_share_table_on_fw_cfg_in_mount_order() -> None:
+    boot = _full_boot()
+    (entry,) = rp.values(qemu_argv(plans.numa(), boot), "-fw_cfg")
+    fw_cfg = rp.parse_opts(entry)
+    assert fw_cfg.get("name") == SHARE_TABLE_FWCFG
+    lines = fw_cfg.get("string").splitlines()
+    assert lines == [
+        "link usr/bin /bin",
+        "rw hpcvm2 /data",
+        "hide hpcvm1 shadow",
+        "hide hpcvm1 ssh/k key",
+        "ro hpcvm1 /etc",
+        "ro hpcvm0 /usr",
+    ]
+    no_table = boot.model_copy(update={"share_table": False})
+    assert rp.values(qemu_argv(plans.numa(), no_table), "-fw_cfg") == []
+
+
+def test_nested_shares_are_mounted_after_their_parent() -> None:
+    inner = Share(host_path="/w/a/b", guest_path="/w/a/b", tag="hpcvm0")
+    outer = Share(host_path="/w/a", guest_path="/w/a", tag="hpcvm1")
+    table = share_table(BootSpec(shares=(inner, outer)))
+    assert table == "ro hpcvm1 /w/a\nro hpcvm0 /w/a/b\n"
+
+
+def test_qemu_drops_to_its_user_under_the_sandbox() -> None:
+    argv = qemu_argv(plans.numa(), _full_boot())
+    assert _single(argv, "-runas") == "hpcvm-qemu"
+    sandbox = rp.parse_opts(_single(argv, "-sandbox"))
+    assert sandbox.head == "on"
+    for key in ("obsolete", "spawn", "resourcecontrol"):
+        assert sandbox.get(key) == "deny"
+    # QEMU 7.2 installs its filter before -runas: denying setuid would kill it
+    assert sandbox.get("elevateprivileges") is None
 
 
 def test_disk_and_seed_on_iothreads() -> None:
@@ -283,7 +339,18 @@ def test_disk_and_seed_on_iothreads() -> None:
 
 def test_no_boot_spec_means_no_boot_media(plan: VMPlan) -> None:
     argv = qemu_argv(plan)
-    for option in ("-kernel", "-drive", "-fsdev", "-chardev", "-qmp", "-serial", "-pidfile"):
+    for option in (
+        "-kernel",
+        "-drive",
+        "-fsdev",
+        "-fw_cfg",
+        "-chardev",
+        "-qmp",
+        "-serial",
+        "-pidfile",
+        "-runas",
+        "-sandbox",
+    ):
         assert option not in argv
 
 

@@ -12,6 +12,7 @@ import click
 
 from hpcvm.cli.common import console
 from hpcvm.guest.image import GuestImage, build_guest, cached_guest, default_cache_dir
+from hpcvm.runtime.shares import SHARES_SUMMARY
 from hpcvm.units import human_size
 
 _kernel_option = click.option(
@@ -41,7 +42,7 @@ _cache_option = click.option(
 @click.group("guest")
 def guest_group() -> None:
     """The built-in guest: the distribution kernel, an initramfs hpcvm generates, and
-    the host's root shared read-only under a tmpfs overlay."""
+    a list of host directories shared read-only under a tmpfs overlay."""
 
 
 def _print(image: GuestImage) -> None:
@@ -50,7 +51,7 @@ def _print(image: GuestImage) -> None:
         ("boot file", f"{image.kernel} ({image.kernel_format})"),
         ("initrd", str(image.initrd)),
         ("cmdline", image.cmdline),
-        ("root share", f"{image.share_root} (9p tag {image.share_tag}), tmpfs overlay"),
+        ("shares", SHARES_SUMMARY),
         ("modules", " ".join(image.modules)),
         ("busybox", image.busybox_version),
         ("qemu-ga", image.qemu_ga_version),

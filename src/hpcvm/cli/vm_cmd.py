@@ -25,6 +25,7 @@ from hpcvm.cli.common import console, err_console, warn
 from hpcvm.plan.model import PROFILE_NAMES, PlanRequest
 from hpcvm.runtime import lifecycle
 from hpcvm.runtime.model import BackendName, ExecResult, Machine
+from hpcvm.runtime.shares import describe as describe_shares
 from hpcvm.units import format_size, parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -65,6 +66,15 @@ def _vm_options(func: F) -> F:
         click.option("--initrd", default=None, help="Initramfs for --kernel."),
         click.option("--image", default=None, help="Boot a disk image instead of a kernel."),
         click.option(
+            "--share",
+            "shares",
+            multiple=True,
+            metavar="HOST_DIR[:GUEST_DIR][:rw]",
+            help="Share a host directory with the guest, read-only unless :rw "
+            "(repeatable). The built-in guest also sees /usr, /bin, /sbin, /lib*, /opt, "
+            "/etc without secrets and the working directory, read-only.",
+        ),
+        click.option(
             "--ready-timeout",
             type=float,
             default=None,
@@ -100,6 +110,7 @@ def _up_options(name: str, kw: dict[str, Any]) -> lifecycle.UpOptions:
         initrd=kw["initrd"],
         image=kw["image"],
         ready_timeout=kw["ready_timeout"],
+        shares=tuple(kw["shares"]),
     )
 
 
@@ -128,6 +139,12 @@ def _start(name: str, kw: dict[str, Any], *, out: Console = console) -> Machine:
         f"{machine.backend}, {plan.accel}, profile {plan.profile}, {plan.vcpus} vCPU, "
         f"{format_size(plan.memory_bytes)})",
         highlight=False,
+    )
+    lines = describe_shares(machine.boot.shares, machine.boot.links)
+    out.print(
+        f"{machine.name}: guest sees " + ("; ".join(lines) or "no host directory"),
+        highlight=False,
+        soft_wrap=True,
     )
     return machine
 
@@ -244,8 +261,8 @@ def run_cmd(name: str | None, timeout: float | None, argv: tuple[str, ...], **kw
 
 
 def _absolute_program(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """``./app`` as an absolute path: the guest sees the host's root at the same paths
-    but the agent starts commands in ``/``, not in the caller's directory."""
+    """``./app`` as an absolute path: the guest sees the working directory at the same
+    path but the agent starts commands in ``/``, not in the caller's directory."""
     program = argv[0]
     if "/" in program and not program.startswith("/"):
         return (str(Path(program).absolute()), *argv[1:])

@@ -33,13 +33,13 @@ from hpcvm.guest.initramfs import build_entries, write_initrd
 from hpcvm.guest.modules import GUEST_MODULES, ModuleIndex
 from hpcvm.guest.vmlinux import extract_pvh_vmlinux
 from hpcvm.model import Frozen
-from hpcvm.render.model import BootSpec
+from hpcvm.render.model import SHARE_TABLE_FWCFG, BootSpec
 
 ENV_CACHE = "HPCVM_CACHE"
-BUILDER_VERSION = 2  # bump when the builder itself changes what it writes
-SHARE_TAG = "hpcvmroot"
+BUILDER_VERSION = 3  # bump when the builder itself changes what it writes
 AGENT_PORT = "org.qemu.guest_agent.0"
-CMDLINE = f"console=ttyS0 quiet panic=-1 hpcvm.root={SHARE_TAG}"
+# hpcvm.shares= names the fw_cfg entry of the share table (and marks the built-in guest)
+CMDLINE = f"console=ttyS0 quiet panic=-1 hpcvm.shares={SHARE_TABLE_FWCFG}"
 KEEP_IMAGES = 3  # older images beyond this many are removed after a build
 
 IMAGE_FILE = "image.json"
@@ -50,7 +50,7 @@ INITRD_FILE = "initrd.img"
 
 class GuestImage(Frozen):
     """A built guest: what the runtime passes to QEMU (``-kernel``, ``-initrd``,
-    ``-append`` and the 9p share of ``share_root`` tagged ``share_tag``)."""
+    ``-append``); the runtime adds the shares and their table (runtime/shares.py)."""
 
     kernel: Path  # an uncompressed PVH vmlinux (kernel_format "elf-pvh") or the bzImage
     initrd: Path
@@ -58,8 +58,6 @@ class GuestImage(Frozen):
     kernel_source: str  # "linux-image-6.1.0-56-amd64 6.1.192-2 (apt)" or the --kernel path
     kernel_format: str = "bzimage"  # "elf-pvh": boots without decompressing under TCG
     cmdline: str
-    share_root: str = "/"
-    share_tag: str = SHARE_TAG
     agent_port_name: str = AGENT_PORT
     modules: tuple[str, ...]  # in load order
     busybox_version: str
@@ -76,8 +74,7 @@ class GuestImage(Frozen):
             kernel=str(self.kernel),
             initrd=str(self.initrd),
             cmdline=self.cmdline,
-            share_root=self.share_root,
-            share_tag=self.share_tag,
+            share_table=True,
             agent_port_name=self.agent_port_name,
             **endpoints,
         )

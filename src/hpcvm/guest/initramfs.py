@@ -25,7 +25,7 @@ TRAILER = "TRAILER!!!"
 _HEADER_LEN = 110
 
 # Directories the scripts mount on or write into.
-_DIRS = ("bin", "dev", "proc", "sys", "mnt", "mnt/lower", "mnt/rw", "newroot", "lib")
+_DIRS = ("bin", "dev", "proc", "sys", "mnt", "mnt/9p", "mnt/rw", "newroot", "lib")
 
 
 @dataclass(frozen=True)

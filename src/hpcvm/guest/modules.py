@@ -15,8 +15,9 @@ from hpcvm.errors import RuntimeFailure
 
 # What the guest needs, in the order a person would load them; dependencies are added
 # before the module that needs them. virtio-pci carries every device; 9p shares the
-# host root; virtio_console carries the guest agent; overlay makes the root writable;
-# virtio_blk is for user disk images. NUMA and hugetlbfs are built into distribution
+# host's directories; virtio_console carries the guest agent; overlay makes read-only
+# shares writable in the guest; qemu_fw_cfg reads the share table hpcvm passes on
+# fw_cfg; virtio_blk is for user disk images. NUMA and hugetlbfs are built into distribution
 # kernels (checked by kernel.check_config), so no module is needed for them.
 GUEST_MODULES: tuple[str, ...] = (
     "virtio_ring",
@@ -31,6 +32,7 @@ GUEST_MODULES: tuple[str, ...] = (
     "9p",
     "virtio_console",
     "overlay",
+    "qemu_fw_cfg",
     "virtio_blk",
 )
 

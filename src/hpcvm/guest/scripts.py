@@ -1,25 +1,31 @@
 """The built-in guest's boot scripts (busybox sh), kept here as text so that their hash
 is part of the image's cache key and a change to any of them rebuilds the image.
 
-Two stages. ``/init`` in the initramfs loads the modules, mounts the host's root
-read-only over virtio-9p with a tmpfs overlay on top, copies busybox and the stage-two
-files into the new root's ``/run/hpcvm`` (a tmpfs) and switches root to busybox
-``init``. That init is a real PID 1 (it reaps orphans); its inittab sets up the
-pseudo-file systems and starts the host's qemu-guest-agent. ``/sbin/shutdown`` and
-friends are replaced, in the overlay only, by a script that powers off at once:
-Debian's are systemctl, which cannot work without systemd, and qemu-ga's
-``guest-shutdown`` runs ``/sbin/shutdown``.
+Two stages. ``/init`` in the initramfs loads the modules, reads the share table that
+hpcvm passes on fw_cfg (render/model.py ``share_table``) and builds the guest's root
+from it: a tmpfs with the listed host directories mounted at their paths over
+virtio-9p, each read-only one under its own tmpfs overlay (writes stay in the guest)
+with the entries the table hides whited out, each ``rw`` one mounted as it is. Nothing
+else of the host is there: no /root, /home, /var, /srv or host /proc. It copies
+busybox and the stage-two files into the new root's ``/run/hpcvm`` (a tmpfs) and
+switches root to busybox ``init``. That init is a real PID 1 (it reaps orphans); its
+inittab sets up the pseudo-file systems and starts the host's qemu-guest-agent.
+``/sbin/shutdown`` and friends are replaced, in the overlay only, by a script that
+powers off at once: Debian's are systemctl, which cannot work without systemd, and
+qemu-ga's ``guest-shutdown`` runs ``/sbin/shutdown``.
 
 Kernel command line words they read:
-  hpcvm.root=TAG       9p mount tag of the host root (default hpcvmroot)
+  hpcvm.shares=NAME    fw_cfg entry of the share table (default opt/org.hpcvm/shares)
   hpcvm.hostname=NAME  guest host name (default hpcvm)
   hpcvm.agent=NAME     virtio-serial port name of the agent (default org.qemu.guest_agent.0)
 
 9p options: ``msize=512000`` is the largest the 6.1 virtio transport takes (larger is
-clamped with a warning). ``cache=loose`` caches metadata and data in the guest, which
-makes running the host's programs much faster; the overlay freezes the guest's view of
-the host root at boot anyway (overlayfs does not support changes to a lower layer while
-mounted), so a file created on the host after boot may not appear in the guest.
+clamped with a warning). Read-only shares use ``cache=loose``, which caches metadata
+and data in the guest and makes running the host's programs much faster; the overlay
+freezes the guest's view of them at boot anyway (overlayfs does not support changes to
+a lower layer while mounted), so a file created on the host after boot may not appear
+in the guest. Writable shares use ``cache=mmap``: writes reach the host at once and
+programs can still mmap files there.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ MODULE_ORDER_FILE = "lib/modules/order"
 STAGE2_DIR = "hpcvm"  # copied to /run/hpcvm in the new root
 
 INIT = r"""#!/bin/busybox sh
-# hpcvm guest, stage 1 (initramfs): mount the host's root read-only over virtio-9p,
-# put a tmpfs overlay on it so the guest can write, and switch into it.
+# hpcvm guest, stage 1 (initramfs): build the root from the share table on fw_cfg
+# (host directories over virtio-9p, read-only ones under a tmpfs overlay) and switch
+# into it.
 export PATH=/bin
 bb=/bin/busybox
 
@@ -44,10 +51,10 @@ $bb mount -t proc -o nosuid,nodev,noexec proc /proc
 $bb mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
 $bb mount -t devtmpfs -o nosuid,mode=0755 devtmpfs /dev
 
-tag=hpcvmroot
+table=opt/org.hpcvm/shares
 for arg in $($bb cat /proc/cmdline); do
     case "$arg" in
-        hpcvm.root=*) tag="${arg#*=}" ;;
+        hpcvm.shares=*) table="${arg#*=}" ;;
     esac
 done
 
@@ -55,17 +62,50 @@ while read -r mod; do
     $bb insmod "/lib/modules/$mod" || fail "cannot load kernel module $mod"
 done < /lib/modules/order
 
-opts=ro,trans=virtio,version=9p2000.L,msize=512000,cache=loose
-i=0
-until $bb mount -t 9p -o "$opts" "$tag" /mnt/lower 2>/dev/null; do
-    i=$((i + 1))
-    [ $i -lt 50 ] || fail "cannot mount the host root: no virtio-9p share with mount_tag=$tag"
-    $bb sleep 0.1
-done
+raw="/sys/firmware/qemu_fw_cfg/by_name/$table/raw"
+$bb cat "$raw" > /shares 2>/dev/null || fail "no share table: no fw_cfg entry $table"
+
+mount9p() {  # TAG OPTIONS DIR: the 9p devices may still be probing, so retry a while
+    i=0
+    until $bb mount -t 9p -o "$2,trans=virtio,version=9p2000.L,msize=512000" "$1" "$3" \
+        2>/dev/null; do
+        i=$((i + 1))
+        [ $i -lt 50 ] || fail "cannot mount host share $1 (no virtio-9p with mount_tag=$1)"
+        $bb sleep 0.1
+    done
+}
+
+$bb mount -t tmpfs -o mode=0755 hpcvm-root /newroot
 $bb mount -t tmpfs -o mode=0755 hpcvm-rw /mnt/rw
-$bb mkdir -p /mnt/rw/upper /mnt/rw/work
-$bb mount -t overlay -o lowerdir=/mnt/lower,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work \
-    hpcvm-root /newroot || fail "cannot mount the overlay root"
+while read -r kind tag path; do
+    case "$kind" in
+        link)
+            $bb mkdir -p "/newroot$($bb dirname "$path")"
+            $bb ln -s "$tag" "/newroot$path" || fail "cannot make the link $path"
+            ;;
+        hide)  # a whiteout (char device 0:0) in the share's upper layer hides the entry
+            $bb mkdir -p "/mnt/rw/$tag/upper/$($bb dirname "$path")"
+            $bb mknod "/mnt/rw/$tag/upper/$path" c 0 0 || fail "cannot hide $path"
+            ;;
+        ro)
+            $bb mkdir -p "/mnt/9p/$tag" "/mnt/rw/$tag/upper" "/mnt/rw/$tag/work" "/newroot$path"
+            mount9p "$tag" ro,cache=loose "/mnt/9p/$tag"
+            $bb mount -t overlay -o \
+                "lowerdir=/mnt/9p/$tag,upperdir=/mnt/rw/$tag/upper,workdir=/mnt/rw/$tag/work" \
+                "hpcvm-$tag" "/newroot$path" || fail "cannot mount the overlay on $path"
+            ;;
+        rw)
+            $bb mkdir -p "/newroot$path"
+            mount9p "$tag" cache=mmap "/newroot$path"
+            ;;
+        *) fail "bad share table line: $kind $tag $path" ;;
+    esac
+done < /shares
+[ -d /newroot/etc ] || fail "the share table gives the guest no /etc"
+$bb mkdir -p /newroot/proc /newroot/sys /newroot/dev /newroot/run /newroot/tmp \
+    /newroot/var/tmp /newroot/root
+$bb chmod 1777 /newroot/tmp /newroot/var/tmp
+$bb chmod 0700 /newroot/root
 
 # Our own files live in the new root's /run (a tmpfs), so the host needs none of them
 # and nothing of ours shows up elsewhere in the guest's file system.
@@ -94,8 +134,8 @@ bb=/run/hpcvm/busybox
 $bb mkdir -p /dev/pts /dev/shm
 $bb mount -t devpts -o nosuid,noexec,gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
 $bb mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /dev/shm
-# No tmpfs on /tmp: the guest sees the host's /tmp through the overlay (writes stay in
-# the guest), so programs and data under the host's /tmp run in the guest as natively.
+# /tmp and /var/tmp are the guest's own (in its root tmpfs): the host's are not shared;
+# a directory under them that is shared (the working directory, --share) is mounted there.
 $bb ln -sf /proc/self/fd /dev/fd
 $bb ln -sf /proc/self/fd/0 /dev/stdin
 $bb ln -sf /proc/self/fd/1 /dev/stdout
@@ -151,8 +191,8 @@ done
 
 SHUTDOWN = r"""#!/run/hpcvm/busybox sh
 # shutdown/poweroff/reboot/halt for the hpcvm guest: nothing on disk to flush (the
-# root is a read-only share under tmpfs), so act at once. qemu-ga's guest-shutdown
-# runs "shutdown -h -P|-H|-r +0 MESSAGE".
+# root is tmpfs and read-only shares; sync flushes writable ones), so act at once.
+# qemu-ga's guest-shutdown runs "shutdown -h -P|-H|-r +0 MESSAGE".
 action=poweroff
 case "${0##*/}" in
     reboot) action=reboot ;;

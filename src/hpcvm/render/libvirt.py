@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
 from hpcvm.render.checks import check_renderable
-from hpcvm.render.model import BootSpec
+from hpcvm.render.model import SHARE_TABLE_FWCFG, BootSpec, share_table
 from hpcvm.render.qemu import disk_format, passthrough_bdfs
 from hpcvm.units import KIB, format_cpu_list
 
@@ -40,6 +40,7 @@ def libvirt_xml(
         _sub(domain, "iothreads", str(plan.iothreads))
     _cputune(domain, plan)
     _numatune(domain, plan)
+    _sysinfo(domain, boot)
     _os(domain, boot)
     ET.SubElement(ET.SubElement(domain, "features"), "acpi")
     _cpu(domain, plan)
@@ -218,15 +219,25 @@ def _disks(devices: ET.Element, plan: VMPlan, boot: BootSpec) -> None:
 
 
 def _share(devices: ET.Element, boot: BootSpec) -> None:
-    """The read-only 9p root share; ``multidevs='remap'`` as in the QEMU line."""
-    if boot.share_root is None:
+    """Each shared directory as a 9p ``<filesystem>`` (``multidevs='remap'`` as in the
+    QEMU line), read-only unless the share is writable. ``accessmode='passthrough'``
+    accesses files as QEMU's user, like ``security_model=none`` there."""
+    for share in boot.shares:
+        fs = ET.SubElement(
+            devices, "filesystem", type="mount", accessmode="passthrough", multidevs="remap"
+        )
+        ET.SubElement(fs, "source", dir=share.host_path)
+        ET.SubElement(fs, "target", dir=share.tag)
+        if not share.writable:
+            ET.SubElement(fs, "readonly")
+
+
+def _sysinfo(domain: ET.Element, boot: BootSpec) -> None:
+    """The built-in guest's share table on fw_cfg (``-fw_cfg`` in the QEMU line)."""
+    if not boot.share_table:
         return
-    fs = ET.SubElement(
-        devices, "filesystem", type="mount", accessmode="passthrough", multidevs="remap"
-    )
-    ET.SubElement(fs, "source", dir=boot.share_root)
-    ET.SubElement(fs, "target", dir=boot.share_tag)
-    ET.SubElement(fs, "readonly")
+    sysinfo = ET.SubElement(domain, "sysinfo", type="fwcfg")
+    _sub(sysinfo, "entry", share_table(boot), name=SHARE_TABLE_FWCFG)
 
 
 def _agent(devices: ET.Element, boot: BootSpec) -> None:

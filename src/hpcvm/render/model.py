@@ -1,11 +1,41 @@
-"""What the runtime adds to a plan to make it bootable: boot media, the shared root,
-the agent channel, sockets and logs. Kept apart from VMPlan because one plan boots in
-many ways (built-in guest, a disk image) and renders for targets that boot nothing
-(``hpcvm plan --format qemu``)."""
+"""What the runtime adds to a plan to make it bootable: boot media, the host directories
+shared with the guest, the agent channel, sockets and logs, and how QEMU is confined.
+Kept apart from VMPlan because one plan boots in many ways (built-in guest, a disk
+image) and renders for targets that boot nothing (``hpcvm plan --format qemu``)."""
 
 from __future__ import annotations
 
 from hpcvm.model import Frozen
+
+SHARE_TABLE_FWCFG = "opt/org.hpcvm/shares"  # fw_cfg entry the built-in guest reads
+SANDBOX = (  # QEMU's seccomp filter, everything QEMU 7.2 can deny together with -runas
+    ("obsolete", "deny"),
+    ("spawn", "deny"),
+    ("resourcecontrol", "deny"),
+)
+
+
+class Share(Frozen):
+    """One host directory the guest mounts at ``guest_path`` over virtio-9p.
+
+    Read-only shares get a tmpfs overlay in the built-in guest (writes stay in the
+    guest); ``hide`` names entries (relative to ``host_path``) the guest must not see:
+    the built-in guest whites them out in that overlay before mounting it.
+    """
+
+    host_path: str
+    guest_path: str
+    tag: str  # 9p mount tag (at most 31 bytes)
+    writable: bool = False
+    hide: tuple[str, ...] = ()
+
+
+class GuestLink(Frozen):
+    """A symbolic link in the built-in guest's root, as on the host (``/bin`` ->
+    ``usr/bin`` on a merged-/usr system)."""
+
+    guest_path: str
+    target: str
 
 
 class BootSpec(Frozen):
@@ -17,11 +47,31 @@ class BootSpec(Frozen):
     cmdline: str | None = None  # kernel command line (with --kernel only)
     disk_image: str | None = None  # a qcow2/raw disk booted instead of --kernel
     seed_image: str | None = None  # cloud-init NoCloud seed (attached as a second disk)
-    share_root: str | None = None  # host directory shared read-only over virtio-9p
-    share_tag: str = "hpcvmroot"
+    shares: tuple[Share, ...] = ()  # host directories over virtio-9p
+    links: tuple[GuestLink, ...] = ()  # symlinks the built-in guest makes in its root
+    share_table: bool = False  # pass the share table to the guest (fw_cfg), built-in only
     agent_socket: str | None = None  # unix socket for qemu-guest-agent (virtio-serial)
     agent_port_name: str = "org.qemu.guest_agent.0"
     serial_log: str | None = None  # file receiving the guest console (ttyS0)
     qmp_socket: str | None = None  # QMP unix socket (QEMU backend)
     pidfile: str | None = None
     paused: bool = False  # start with vCPUs stopped (-S)
+    run_as: str | None = None  # QEMU drops to this user once set up (-runas)
+    sandbox: bool = False  # QEMU's seccomp sandbox (-sandbox on,...)
+
+
+def share_table(boot: BootSpec) -> str:
+    """The text the built-in guest's init reads to build its root (guest/scripts.py).
+
+    One entry per line, in mount order (a parent before what is mounted inside it):
+    ``hide TAG RELPATH`` (whiteout in that share's overlay, given before the share),
+    ``ro TAG PATH``, ``rw TAG PATH`` and ``link TARGET PATH``. The last field is the rest
+    of the line, so paths may hold spaces; newlines are refused where shares are made.
+    """
+    lines: list[str] = []
+    for link in boot.links:
+        lines.append(f"link {link.target} {link.guest_path}")
+    for share in sorted(boot.shares, key=lambda s: (s.guest_path.count("/"), s.guest_path)):
+        lines += [f"hide {share.tag} {rel}" for rel in share.hide]
+        lines.append(f"{'rw' if share.writable else 'ro'} {share.tag} {share.guest_path}")
+    return "".join(f"{line}\n" for line in lines)

@@ -16,7 +16,7 @@ import shlex
 
 from hpcvm.plan.model import MemoryRegion, VMPlan
 from hpcvm.render.checks import check_renderable
-from hpcvm.render.model import BootSpec
+from hpcvm.render.model import SANDBOX, SHARE_TABLE_FWCFG, BootSpec, share_table
 from hpcvm.units import format_size
 
 Args = list[str]
@@ -284,7 +284,7 @@ def _mem_lock(plan: VMPlan) -> Args:
 
 def _boot(plan: VMPlan, boot: BootSpec) -> Args:
     argv: Args = []
-    for group in (_kernel, _disks, _share, _agent, _console, _control):
+    for group in (_kernel, _disks, _share, _agent, _console, _control, _confine):
         argv += group(plan, boot)
     return argv
 
@@ -331,21 +331,29 @@ def _disks(plan: VMPlan, boot: BootSpec) -> Args:
 
 
 def _share(plan: VMPlan, boot: BootSpec) -> Args:
-    """The host root over virtio-9p, read-only (the guest puts a tmpfs overlay on it).
-    ``multidevs=remap`` keeps inode numbers unique across the host's several file
-    systems under one export; ``security_model=none`` reads files as QEMU's user."""
-    if boot.share_root is None:
-        return []
-    fsdev = opts(
-        "local",
-        ("id", "fsroot"),
-        ("path", boot.share_root),
-        ("security_model", "none"),
-        ("readonly", "on"),
-        ("multidevs", "remap"),
-    )
-    device = opts("virtio-9p-pci", ("fsdev", "fsroot"), ("mount_tag", boot.share_tag))
-    return ["-fsdev", fsdev, "-device", device]
+    """Each shared host directory over virtio-9p (read-only unless the share is
+    writable), and for the built-in guest the share table on fw_cfg, where its init
+    reads what to mount where (render/model.py ``share_table``). ``multidevs=remap``
+    keeps inode numbers unique when a directory spans several host file systems;
+    ``security_model=none`` reads and writes files as QEMU's own (unprivileged) user,
+    so the host's permissions decide what the guest can reach."""
+    argv: Args = []
+    for index, share in enumerate(boot.shares):
+        fsdev_id = f"fs{index}"
+        pairs: list[tuple[str, str | int]] = [
+            ("id", fsdev_id),
+            ("path", share.host_path),
+            ("security_model", "none"),
+        ]
+        if not share.writable:
+            pairs.append(("readonly", "on"))
+        pairs.append(("multidevs", "remap"))
+        device = opts("virtio-9p-pci", ("fsdev", fsdev_id), ("mount_tag", share.tag))
+        argv += ["-fsdev", opts("local", *pairs), "-device", device]
+    if boot.share_table:
+        table = opts("", ("name", SHARE_TABLE_FWCFG), ("string", share_table(boot)))
+        argv += ["-fw_cfg", table]
+    return argv
 
 
 def _agent(plan: VMPlan, boot: BootSpec) -> Args:
@@ -386,4 +394,20 @@ def _control(plan: VMPlan, boot: BootSpec) -> Args:
         argv += ["-pidfile", boot.pidfile]
     if boot.paused:
         argv.append("-S")
+    return argv
+
+
+def _confine(plan: VMPlan, boot: BootSpec) -> Args:
+    """``-runas USER``: QEMU opens what needs root (hugetlbfs files, /dev/kvm, VFIO
+    groups, sockets, the shares' roots) and then drops to an unprivileged user before
+    the guest runs. ``-sandbox on,...``: QEMU's seccomp filter, denying obsolete system
+    calls, spawning processes and changing scheduling or resource limits (hpcvm pins
+    QEMU's threads from outside). QEMU 7.2 installs the filter before ``-runas`` takes
+    effect, so ``elevateprivileges=deny`` would kill QEMU at its own setuid (measured);
+    once it has dropped every uid, the kernel refuses to give root back anyway."""
+    argv: Args = []
+    if boot.run_as is not None:
+        argv += ["-runas", boot.run_as]
+    if boot.sandbox:
+        argv += ["-sandbox", opts("on", *SANDBOX)]
     return argv

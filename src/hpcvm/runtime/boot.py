@@ -1,17 +1,20 @@
-"""What a VM boots: the built-in guest, a user's kernel and initrd, or a disk image.
+"""What a VM boots: the built-in guest, a user's kernel and initrd, or a disk image;
+what of the host it sees (runtime/shares.py) and who its QEMU runs as (confine.py).
 
-Checked before anything starts: a missing kernel, initrd or image is a usage error, not
-a QEMU that dies later with a less helpful message.
+Checked before anything starts: a missing kernel, initrd or image, or a bad
+``--share``, is a usage error, not a QEMU that dies later with a less helpful message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hpcvm.errors import UsageError
 from hpcvm.render.model import BootSpec
+from hpcvm.runtime import shares as sharing
+from hpcvm.runtime.confine import QemuUser
 
 
 @dataclass(frozen=True)
@@ -71,13 +74,12 @@ def _builtin_media(kernel: str | None) -> BootMedia:
 
 
 def _own_media(kernel: str, initrd: str) -> BootMedia:
-    """A user's kernel and initramfs, booted with the built-in guest's command line and
-    shared root; nothing is built, so what they contain is the user's business."""
-    from hpcvm.guest.image import CMDLINE, SHARE_TAG
+    """A user's kernel and initramfs, booted with the built-in guest's command line,
+    shares and share table; nothing is built, so what they contain is the user's
+    business."""
+    from hpcvm.guest.image import CMDLINE
 
-    boot = BootSpec(
-        kernel=kernel, initrd=initrd, cmdline=CMDLINE, share_root="/", share_tag=SHARE_TAG
-    )
+    boot = BootSpec(kernel=kernel, initrd=initrd, cmdline=CMDLINE, share_table=True)
     return BootMedia(boot=boot, label=kernel, kernel=kernel)
 
 
@@ -92,3 +94,46 @@ def _image_media(image: str) -> BootMedia:
         disk=str(info.path),
         ready_timeouts=DISK_READY_TIMEOUT,
     )
+
+
+def with_shares(
+    media: BootMedia,
+    requests: tuple[sharing.ShareRequest, ...],
+    *,
+    workdir: str | None,
+    user: QemuUser,
+    opened_by_root: bool,
+    warn: sharing.Warn | None = None,
+) -> BootMedia:
+    """``media`` with what the guest sees: for a guest that reads the share table (the
+    built-in one, a user's kernel) the built-in list (shares.py), for a disk image only
+    ``requests``; each checked against what QEMU's ``user`` can reach."""
+    if media.boot.share_table:
+        wanted, links = sharing.builtin_requests(requests, workdir, warn)
+    else:
+        wanted, links = list(requests), []
+    kept = sharing.reachable(wanted, user, opened_by_root=opened_by_root, warn=warn)
+    listed = sharing.share_list(kept, links)
+    boot = media.boot.model_copy(update={"shares": listed.shares, "links": listed.links})
+    return replace(media, boot=boot)
+
+
+def confined(boot: BootSpec, backend: str, user: QemuUser) -> BootSpec:
+    """The QEMU backend's QEMU drops to ``user`` (``-runas``) when hpcvm is root, and
+    always runs under its seccomp sandbox; libvirt does both itself (its DAC label,
+    qemu.conf's ``seccomp_sandbox``)."""
+    if backend != "qemu":
+        return boot
+    return boot.model_copy(update={"run_as": user.name if user.switch else None, "sandbox": True})
+
+
+def with_guest_kernel_args(boot: BootSpec, args: tuple[str, ...]) -> BootSpec:
+    """The plan's recommended guest kernel arguments appended to the built-in guest's
+    command line (a user's disk image keeps its own boot loader's)."""
+    if not args or boot.cmdline is None or not boot.share_table:
+        return boot
+    present = set(boot.cmdline.split())
+    extra = [arg for arg in args if arg not in present]
+    if not extra:
+        return boot
+    return boot.model_copy(update={"cmdline": " ".join([boot.cmdline, *extra])})

@@ -5,13 +5,15 @@ reads the affinities back (``pins_itself``). The domain XML comes from
 ``render.libvirt.libvirt_xml``; this module adds only what depends on the libvirtd it
 talks to, not on the plan (see ``domain_xml``):
 
-- QEMU runs as the user who runs hpcvm (a per-domain DAC ``seclabel``, ``relabel='no'``)
-  instead of libvirt's ``libvirt-qemu`` user. Measured on this machine (Debian 12,
-  libvirt 9.0, no AppArmor, DAC only): as ``libvirt-qemu`` QEMU cannot open a kernel
-  under a 0700 directory (``Permission denied``), and the 9p share of ``/`` would hide
-  every file only root may read, so the guest would not see the host the QEMU backend
-  shows it. The setting is per domain: nothing in /etc/libvirt changes, and
-  ``relabel='no'`` keeps libvirt from chowning the shared kernel and root files.
+- QEMU never runs as root. The domain keeps libvirt's own DAC label: QEMU runs as
+  qemu.conf's ``user``/``group`` (``libvirt-qemu`` on Debian) and, with qemu.conf's
+  ``dynamic_ownership`` (on by default), libvirt gives that user the kernel, initrd,
+  logs and its own per-domain files for the guest's lifetime. ``qemu_user`` reads that
+  user back from libvirt's capabilities and refuses to start a guest when it is root.
+  libvirt also applies its seccomp sandbox (qemu.conf ``seccomp_sandbox``, on by
+  default): ``-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,
+  resourcecontrol=deny``. libvirt's QEMU opens the shared directories itself, as that
+  user, so each must be reachable by it (checked before start, runtime/shares.py).
 - Guest RAM on huge pages uses ``<source type='memfd'/>`` (memory-backend-memfd with
   hugetlb=on): libvirtd learns hugetlbfs mounts only when it starts, so a mount made by
   hpcvm after that (runtime/hugetlbfs.py) is invisible to it and the domain would be
@@ -45,12 +47,13 @@ from typing import Any, Literal
 
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.runtime import paths, state
+from hpcvm.runtime.confine import QemuUser, user_by_ids
 from hpcvm.runtime.model import BackendName, Machine
 
 DEFAULT_URI = "qemu:///system"
 LIBVIRT_AGENT_PORT = "org.qemu.guest_agent.0"  # libvirtd connects to this one itself
 AGENT_PORT = "org.hpcvm.guest_agent.0"  # not libvirt's agent name: libvirtd leaves it alone
-BUILTIN_MARKER = "hpcvm.root="  # the built-in guest's init reads hpcvm.* arguments
+BUILTIN_MARKER = "hpcvm.shares="  # the built-in guest's init reads hpcvm.* arguments
 DOMAIN_PREFIX = "hpcvm-"
 METADATA_NS = "https://hpcvm.invalid/libvirt/1"
 SYSTEM_PID_DIR = Path("/run/libvirt/qemu")
@@ -112,7 +115,7 @@ def _error_text(exc: Exception) -> str:
 # -- the domain XML ---------------------------------------------------------------------
 
 
-def domain_xml(machine: Machine, *, uid: int | None = None, gid: int | None = None) -> str:
+def domain_xml(machine: Machine) -> str:
     """The rendered domain for ``machine``, adapted to libvirtd as the module doc says."""
     from hpcvm.render.libvirt import libvirt_xml  # the renderer owns the domain
 
@@ -123,7 +126,6 @@ def domain_xml(machine: Machine, *, uid: int | None = None, gid: int | None = No
     name.text = domain_name(machine)
     _add_metadata(root, machine)
     _use_memfd_for_hugepages(root)
-    _run_as(root, os.geteuid() if uid is None else uid, os.getegid() if gid is None else gid)
     ET.indent(root, space="  ")
     return ET.tostring(root, encoding="unicode") + "\n"
 
@@ -149,12 +151,27 @@ def _use_memfd_for_hugepages(root: ET.Element) -> None:
     backing.insert(index, source)
 
 
-def _run_as(root: ET.Element, uid: int, gid: int) -> None:
-    for old in root.findall("seclabel"):
-        if old.get("model") == "dac":
-            root.remove(old)
-    label = ET.SubElement(root, "seclabel", type="static", model="dac", relabel="no")
-    ET.SubElement(label, "label").text = f"+{uid}:+{gid}"
+def dac_user(capabilities: str) -> QemuUser:
+    """The user libvirt runs QEMU as: the DAC ``baselabel`` (``+uid:+gid``) in its
+    capabilities XML. UsageError when it is root or libvirt has no DAC driver."""
+    try:
+        root = ET.fromstring(capabilities)
+    except ET.ParseError as exc:
+        raise RuntimeFailure(f"libvirt's capabilities are not XML: {exc}") from exc
+    for model in root.iterfind("host/secmodel"):
+        label = model.find("baselabel")
+        if model.findtext("model") != "dac" or label is None or not label.text:
+            continue
+        uid_text, _, gid_text = label.text.partition(":")
+        uid, gid = int(uid_text.lstrip("+")), int(gid_text.lstrip("+"))
+        if uid == 0:
+            break
+        return user_by_ids(uid, gid, switch=True)
+    raise UsageError(
+        "libvirt would run QEMU as root (no DAC user in its capabilities): set user and "
+        'group in /etc/libvirt/qemu.conf (Debian: user = "libvirt-qemu") and restart '
+        "libvirtd, or use --backend qemu"
+    )
 
 
 def owner_run_dir(xml: str) -> str | None:
@@ -261,6 +278,11 @@ class LibvirtBackend:
             return func(*args)
         except libvirt.libvirtError as exc:
             raise RuntimeFailure(f"libvirt could not {what}: {_error_text(exc)}") from exc
+
+    def qemu_user(self) -> QemuUser:
+        """Who libvirt's QEMU runs as (its DAC label); never root (see ``dac_user``)."""
+        caps = self._call("read the host capabilities", self.connection().getCapabilities)
+        return dac_user(str(caps))
 
     # -- start ------------------------------------------------------------------------
 

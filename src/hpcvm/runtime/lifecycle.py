@@ -21,8 +21,17 @@ from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageE
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import MemoryRegion, PlanRequest, VMPlan
 from hpcvm.runtime import accel, hugetlbfs, paths, pinning, state
+from hpcvm.runtime import shares as sharing
 from hpcvm.runtime.backends import get_backend
-from hpcvm.runtime.boot import BootMedia, in_run_dir, resolve_boot_media
+from hpcvm.runtime.boot import (
+    BootMedia,
+    confined,
+    in_run_dir,
+    resolve_boot_media,
+    with_guest_kernel_args,
+    with_shares,
+)
+from hpcvm.runtime.confine import QemuUser
 from hpcvm.runtime.model import Backend, BackendName, ExecResult, Machine
 from hpcvm.signals import signals_deferred
 
@@ -51,6 +60,8 @@ class UpOptions:
     initrd: str | None = None
     image: str | None = None  # a disk image booted instead of a kernel
     ready_timeout: float | None = None  # None: $HPCVM_READY_TIMEOUT or READY_TIMEOUT
+    shares: tuple[str, ...] = ()  # --share HOST_DIR[:GUEST_DIR][:rw] (runtime/shares.py)
+    workdir: str | None = None  # shared with the built-in guest; None: the current directory
 
 
 # -- up -----------------------------------------------------------------------------------
@@ -111,6 +122,7 @@ def up(
     """Start a VM for a request (planned here) or a ready plan; return when the guest
     agent answers. Raises HpcvmError (one line) with nothing left behind on failure."""
     name = paths.check_name(options.name)
+    requests = sharing.parse_shares(options.shares)
     _refuse_if_in_use(name)
     media = resolve_boot_media(kernel=options.kernel, initrd=options.initrd, image=options.image)
     if isinstance(target, PlanRequest):
@@ -119,12 +131,21 @@ def up(
     else:
         plan = target
     backend = get_backend(options.backend, options.connect_uri)
+    user = backend.qemu_user()
+    media = with_shares(
+        media,
+        requests,
+        workdir=options.workdir or os.getcwd(),
+        user=user,
+        opened_by_root=getattr(backend, "opens_shares_as_root", False) and user.switch,
+        warn=warn,
+    )
     for region in plan.memory:
         if region.backend == "file" and region.mem_path:
             hugetlbfs.ensure_mount(region.mem_path, region.page_size_bytes)
     ready_timeout = _ready_timeout(options, plan, media)
     with _claimed_run_dir(name) as run_dir:
-        machine = _new_machine(name, run_dir, plan, media, backend, options)
+        machine = _new_machine(name, run_dir, plan, media, backend, options, user)
         try:
             return _start(machine, backend, ready_timeout)
         except BaseException as exc:
@@ -189,9 +210,11 @@ def _new_machine(
     media: BootMedia,
     backend: Backend,
     options: UpOptions,
+    user: QemuUser,
 ) -> Machine:
-    """The record before QEMU starts: sockets and logs in the run dir, and for the QEMU
-    backend a private hugetlbfs directory per mount (see hugetlbfs.py)."""
+    """The record before QEMU starts: sockets and logs in the run dir, for the QEMU
+    backend a private hugetlbfs directory per mount (see hugetlbfs.py), QEMU's user and
+    sandbox, and for an hpc plan its guest kernel arguments."""
     media_boot = in_run_dir(media, run_dir, name)  # first: it may fail, leaving only run_dir
     vm_dirs: list[str] = []
     if backend.name == "qemu":
@@ -205,6 +228,7 @@ def _new_machine(
             "paused": True,  # pin before any vCPU runs, then resume
         }
     )
+    boot = with_guest_kernel_args(confined(boot, backend.name, user), plan.guest_kernel_args)
     machine = Machine(
         name=name,
         backend=backend.name,

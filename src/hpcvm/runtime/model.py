@@ -13,6 +13,7 @@ from typing import Literal, Protocol
 from hpcvm.model import Frozen
 from hpcvm.plan.model import VMPlan
 from hpcvm.render.model import BootSpec
+from hpcvm.runtime.confine import QemuUser
 
 BackendName = Literal["qemu", "libvirt"]
 MACHINE_SCHEMA_VERSION = 1
@@ -52,6 +53,10 @@ class Backend(Protocol):
     """
 
     name: BackendName
+
+    def qemu_user(self) -> QemuUser:
+        """Who this backend's QEMU runs as (never root; runtime/confine.py)."""
+        ...
 
     def start(self, machine: Machine) -> Machine:
         """Start QEMU for ``machine`` (pid unset) and return it with the pid set.

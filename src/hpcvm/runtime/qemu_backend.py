@@ -1,5 +1,9 @@
 """The QEMU backend: QEMU started directly from the plan's command line, driven over QMP.
 
+QEMU starts as hpcvm's user and, when that is root, drops to ``hpcvm-qemu`` with
+``-runas`` once it has opened what needs root; it always runs under its seccomp sandbox
+(render/qemu.py ``_confine``, runtime/confine.py).
+
 QEMU runs as a child detached into its own session (so it outlives ``hpcvm up`` and a
 Ctrl-C in the terminal does not reach it), with its stdout/stderr in ``qemu.log`` in the
 VM's directory. When the plan restricts QEMU's own threads (``emulator_pus``), QEMU
@@ -19,6 +23,7 @@ from typing import Literal
 
 from hpcvm.errors import RuntimeFailure
 from hpcvm.runtime import paths, qmp, state
+from hpcvm.runtime.confine import QemuUser, qemu_user
 from hpcvm.runtime.model import BackendName, Machine
 
 STARTUP_TIMEOUT = 60.0  # QEMU up to its QMP socket; huge page preallocation can be slow
@@ -40,10 +45,15 @@ class QemuBackend:
 
     name: BackendName = "qemu"
     pins_itself = False  # the runtime pins vCPU and emulator threads (runtime/pinning.py)
+    opens_shares_as_root = True  # -runas: QEMU opens its shares before dropping to its user
 
     def __init__(self, connect_uri: str | None = None) -> None:
         # connect_uri is a libvirt notion; accepted so every backend is built alike.
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def qemu_user(self) -> QemuUser:
+        """``hpcvm-qemu`` when hpcvm is root (``-runas``), else the caller (confine.py)."""
+        return qemu_user()
 
     # -- start ------------------------------------------------------------------------
 

@@ -1,0 +1,309 @@
+"""What of the host a guest sees: a list of shared directories, never the whole host.
+
+The built-in guest gets, read-only: the system directories programs need to run as
+they do natively (``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/opt``; on a merged-/usr
+host the ``/bin``-style ones are the same symlinks as on the host), ``/etc`` with its
+secrets hidden, hpcvm's own helper programs, the working directory of the command, and
+every ``--share HOST_DIR[:GUEST_DIR][:rw]``. All at the same paths as on the host, so
+the guest runs the very binaries and libraries of a native run. Read-only shares get a
+tmpfs overlay in the guest (writes stay in the guest); ``:rw`` shares write through to
+the host. ``/root``, ``/home``, ``/var``, ``/run``, ``/srv`` and the host's ``/proc``
+are not there. A disk image (``--image``) gets only the ``--share`` directories.
+
+Two layers keep secrets out. QEMU runs unprivileged (runtime/confine.py), so whatever
+is shared, a file only root may read stays unreadable. And ``/etc``'s secrets (shadow
+files, sudoers, SSH host keys, and anything there not readable by every user) are
+whited out in the guest's overlay, so the guest does not even see their names.
+
+Every ``--share`` is checked before anything starts; each bad one is a one-line usage
+error naming the fix.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import hpcvm
+from hpcvm.errors import UsageError
+from hpcvm.render.model import GuestLink, Share
+from hpcvm.runtime import paths
+from hpcvm.runtime.confine import QemuUser, can_access, describe_mode
+
+# Candidates for the read-only system shares, in this order; those the host lacks are
+# skipped, symlinks are recreated in the guest as symlinks.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/etc")
+ETC = "/etc"
+# Hidden in /etc whatever their mode (relative glob patterns), besides every entry that
+# not every user may read.
+ETC_SECRETS = (
+    "shadow",
+    "shadow-",
+    "gshadow",
+    "gshadow-",
+    "sudoers",
+    "sudoers.d",
+    "security/opasswd",
+    "ssh/ssh_host_*_key",
+    "ssl/private",
+)
+GUEST_RESERVED = ("/", "/proc", "/sys", "/dev", "/run")  # the guest's own, never a share
+TAG_PREFIX = "hpcvm"
+SHARES_SUMMARY = (
+    "read-only /usr, /bin, /sbin, /lib*, /opt and /etc without secrets, hpcvm's helpers "
+    "and the working directory; plus each --share (added by `hpcvm up`)"
+)
+
+Warn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ShareRequest:
+    """A directory to share: where it is on the host, where the guest sees it."""
+
+    host_path: str  # absolute, symlinks resolved
+    guest_path: str  # absolute, normalised
+    writable: bool = False
+    origin: str = "--share"  # system, working directory, hpcvm helpers, --share
+
+
+@dataclass(frozen=True)
+class ShareList:
+    """What the guest mounts: 9p shares and symlinks for its root."""
+
+    shares: tuple[Share, ...]
+    links: tuple[GuestLink, ...]
+    origins: tuple[str, ...]  # per share, for ``describe``
+
+
+# -- --share ---------------------------------------------------------------------------
+
+
+def parse_share(spec: str) -> ShareRequest:
+    """``HOST_DIR[:GUEST_DIR][:rw]`` (``:ro`` is the default and may be written).
+
+    UsageError for a relative or missing path, a path that is or contains ``/`` or the
+    runtime directory, a guest path the guest keeps for itself, or ``:rw`` on a
+    read-only file system.
+    """
+    text = spec
+    writable = False
+    for suffix, flag in ((":rw", True), (":ro", False)):
+        if text.endswith(suffix):
+            text, writable = text[: -len(suffix)], flag
+            break
+    if "\n" in text or "\0" in text:
+        raise UsageError(f"--share {spec!r}: a path with a newline cannot be shared")
+    parts = text.split(":")
+    if len(parts) > 2 or not parts[0]:
+        raise UsageError(
+            f"--share {spec!r}: write HOST_DIR[:GUEST_DIR][:rw] (a path with ':' cannot be shared)"
+        )
+    host, guest = parts[0], parts[1] if len(parts) == 2 else parts[0]
+    for what, path in (("host", host), ("guest", guest)):
+        if not path.startswith("/"):
+            raise UsageError(f"--share {spec!r}: the {what} path must be absolute, not {path!r}")
+    real = os.path.realpath(host)
+    if not os.path.isdir(real):
+        raise UsageError(f"--share {spec!r}: {host} does not exist or is not a directory")
+    _refuse_host_path(spec, real)
+    guest_path = os.path.normpath(guest)
+    if any(_within(guest_path, reserved) for reserved in GUEST_RESERVED if reserved != "/"):
+        raise UsageError(f"--share {spec!r}: {guest_path} is the guest's own; pick another")
+    if guest_path == "/":
+        raise UsageError(f"--share {spec!r}: the guest path cannot be /; pick a directory")
+    if writable and os.statvfs(real).f_flag & os.ST_RDONLY:
+        raise UsageError(
+            f"--share {spec!r}: {host} is on a read-only file system; drop ':rw' or "
+            "share a writable directory"
+        )
+    return ShareRequest(real, guest_path, writable)
+
+
+def _refuse_host_path(spec: str, real: str) -> None:
+    if real == "/":
+        raise UsageError(
+            f"--share {spec!r} would share the host's whole root; share the directories "
+            "the guest needs instead"
+        )
+    runtime = os.path.realpath(paths.runtime_root())
+    if _within(runtime, real):
+        raise UsageError(
+            f"--share {spec!r} contains hpcvm's runtime directory {runtime} (the VMs' "
+            "control sockets); share a directory that does not"
+        )
+
+
+def parse_shares(specs: Iterable[str]) -> tuple[ShareRequest, ...]:
+    """Every ``--share``, checked; two shares at one guest path are an error."""
+    requests = tuple(parse_share(spec) for spec in specs)
+    seen: dict[str, str] = {}
+    for request in requests:
+        if request.guest_path in seen:
+            raise UsageError(
+                f"--share: {seen[request.guest_path]} and {request.host_path} are both "
+                f"shared at {request.guest_path}; give each its own guest path"
+            )
+        seen[request.guest_path] = request.host_path
+    return requests
+
+
+def _within(path: str, parent: str) -> bool:
+    """``path`` is ``parent`` or lies under it (both absolute and normalised)."""
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+# -- the built-in guest's list ---------------------------------------------------------
+
+
+def helpers_dir() -> Path:
+    """hpcvm's own programs the guest runs (the noise benchmark), wherever it is
+    installed."""
+    return Path(hpcvm.__file__).resolve().parent / "data"
+
+
+def builtin_requests(
+    user: Sequence[ShareRequest], workdir: str | None, warn: Warn | None = None
+) -> tuple[list[ShareRequest], list[GuestLink]]:
+    """The built-in guest's shares (module doc) and root symlinks, in that order."""
+    requests: list[ShareRequest] = []
+    links: list[GuestLink] = []
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            links.append(GuestLink(guest_path=path, target=os.readlink(path)))
+        elif os.path.isdir(path):
+            requests.append(ShareRequest(path, path, origin="system"))
+    if workdir is not None:
+        requests += _workdir_request(workdir, [*requests, *user], warn)
+    helpers = str(helpers_dir())
+    if os.path.isdir(helpers) and not _covered(helpers, [*requests, *user]):
+        requests.append(ShareRequest(helpers, helpers, origin="hpcvm helpers"))
+    return requests + list(user), links
+
+
+def _covered(path: str, shares: Sequence[ShareRequest]) -> bool:
+    return any(s.host_path == s.guest_path and _within(path, s.host_path) for s in shares)
+
+
+def _workdir_request(
+    workdir: str, taken: Sequence[ShareRequest], warn: Warn | None
+) -> list[ShareRequest]:
+    """The working directory, read-only, unless it is already visible or would expose
+    too much (``/``, or a directory holding the runtime directory)."""
+    real = os.path.realpath(workdir)
+    if _covered(real, taken):
+        return []
+    try:
+        _refuse_host_path("", real)
+    except UsageError:
+        if warn:
+            warn(
+                f"the working directory {real} is not shared with the guest (it is / or "
+                "holds hpcvm's runtime directory); use --share for what the guest needs"
+            )
+        return []
+    return [ShareRequest(real, real, origin="working directory")]
+
+
+def etc_hidden(etc: str = ETC) -> tuple[str, ...]:
+    """Entries of ``etc`` (relative paths) the guest must not see: the ``ETC_SECRETS``
+    and everything not readable by every user (a directory: not searchable by all).
+    Nothing below a hidden directory is listed; an unreadable directory is hidden."""
+    hidden: list[str] = []
+    for root, dirs, files in os.walk(etc, onerror=None):
+        rel_root = os.path.relpath(root, etc)
+        kept_dirs = []
+        for name in sorted(dirs) + sorted(files):
+            rel = name if rel_root == "." else f"{rel_root}/{name}"
+            full = os.path.join(root, name)
+            if _secret(rel, full):
+                hidden.append(rel)
+            elif name in dirs and not os.path.islink(full):
+                kept_dirs.append(name)
+        dirs[:] = kept_dirs
+    return tuple(h for h in hidden if "\n" not in h)
+
+
+def _secret(rel: str, full: str) -> bool:
+    if any(fnmatch.fnmatchcase(rel, pattern) for pattern in ETC_SECRETS):
+        return True
+    try:
+        st = os.lstat(full)
+    except OSError:
+        return True
+    if os.path.islink(full):
+        return False  # a link's mode means nothing; its target is checked where it is
+    need = 0o005 if os.path.isdir(full) else 0o004
+    return st.st_mode & need != need
+
+
+def share_list(requests: Sequence[ShareRequest], links: Sequence[GuestLink] = ()) -> ShareList:
+    """Tags (``hpcvm0``, ``hpcvm1``...) and ``/etc``'s hidden entries for ``requests``."""
+    shares = []
+    for index, request in enumerate(requests):
+        hide = (
+            etc_hidden(request.host_path)
+            if request.origin == "system" and (request.host_path == ETC)
+            else ()
+        )
+        shares.append(
+            Share(
+                host_path=request.host_path,
+                guest_path=request.guest_path,
+                tag=f"{TAG_PREFIX}{index}",
+                writable=request.writable,
+                hide=hide,
+            )
+        )
+    return ShareList(tuple(shares), tuple(links), tuple(r.origin for r in requests))
+
+
+def describe(shares: Sequence[Share], links: Sequence[GuestLink] = ()) -> list[str]:
+    """One line per share for ``up`` and ``plan``: guest path, host path when it
+    differs, ro/rw, hidden entries."""
+    lines = []
+    for share in sorted(shares, key=lambda s: s.guest_path):
+        where = share.guest_path
+        if share.host_path != share.guest_path:
+            where += f" <- {share.host_path}"
+        mode = "rw" if share.writable else "ro"
+        hidden = f", {len(share.hide)} secret entries hidden" if share.hide else ""
+        lines.append(f"{where} ({mode}{hidden})")
+    lines += [f"{link.guest_path} -> {link.target}" for link in links]
+    return lines
+
+
+def reachable(
+    requests: Sequence[ShareRequest],
+    user: QemuUser,
+    *,
+    opened_by_root: bool,
+    warn: Warn | None = None,
+) -> list[ShareRequest]:
+    """``requests`` whose directories QEMU's user can read (and write, for ``:rw``).
+
+    A ``--share`` it cannot reach is a usage error (the guest would see an empty or
+    unwritable directory); the working directory or hpcvm's helpers, shared on their
+    own, are left out with a warning instead. The system directories are not asked.
+    """
+    kept = []
+    for request in requests:
+        if request.origin == "system" or can_access(
+            request.host_path, user, write=request.writable, opened_by_root=opened_by_root
+        ):
+            kept.append(request)
+            continue
+        what = "write" if request.writable else "read"
+        detail = (
+            f"QEMU runs as {user.name}, which cannot {what} {request.host_path} "
+            f"({describe_mode(request.host_path)})"
+        )
+        if request.origin == "--share":
+            fix = f"setfacl -m u:{user.name}:{'rwx' if request.writable else 'rx'}"
+            raise UsageError(f"--share {request.host_path}: {detail}; allow it ({fix} DIR)")
+        if warn:
+            warn(f"{detail}: the {request.origin} is not shared with the guest")
+    return kept
