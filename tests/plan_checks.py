@@ -57,7 +57,9 @@ def roomy(host: HostTopology, memory: int = 32 * GIB) -> HostTopology:
                 HugePagePool(size_bytes=2 * MIB, total=4096, free=4096),
                 HugePagePool(size_bytes=GIB, total=4, free=4),
             )
-            node = node.model_copy(update={"memory_bytes": memory, "hugepages": pools})
+            node = node.model_copy(
+                update={"memory_bytes": memory, "hugepages": pools, "available_bytes": None}
+            )
         nodes.append(node)
     return host.model_copy(update={"nodes": tuple(nodes)})
 
@@ -66,10 +68,10 @@ def usable_pus(host: HostTopology) -> set[int]:
     return {p.os_index for p in host.pus if p.online and p.allowed}
 
 
-def usable_cores(host: HostTopology) -> dict[int, list[list[int]]]:
-    """node -> its cores' usable PUs, cores ordered by their lowest usable PU."""
+def usable_cores(host: HostTopology) -> dict[int | None, list[list[int]]]:
+    """node (None: no node) -> its cores' usable PUs, ordered by their lowest usable PU."""
     usable = usable_pus(host)
-    by_node: dict[int, list[list[int]]] = defaultdict(list)
+    by_node: dict[int | None, list[list[int]]] = defaultdict(list)
     node_of = {p.os_index: p.node for p in host.pus}
     for core in sorted(host.cores, key=lambda c: min(c.pus)):
         pus = sorted(pu for pu in core.pus if pu in usable)
@@ -86,7 +88,7 @@ def housekeeping_cores(request: PlanRequest) -> int:
     return 1 if request.housekeeping is None else request.housekeeping
 
 
-def vcpu_capacity(host: HostTopology, request: PlanRequest) -> dict[int, int]:
+def vcpu_capacity(host: HostTopology, request: PlanRequest) -> dict[int | None, int]:
     """node -> PUs available for vCPUs (usable, minus the hpc housekeeping cores)."""
     k = housekeeping_cores(request)
     return {
@@ -142,8 +144,19 @@ def _check_pins(host: HostTopology, request: PlanRequest, plan: VMPlan) -> None:
     _check_fewest_nodes(host, request, plan)
 
 
+def allowed_memory_nodes(host: HostTopology) -> set[int]:
+    return {n.os_index for n in host.nodes if n.allowed and n.kind == "normal"}
+
+
+def _local_capacity(host: HostTopology, request: PlanRequest) -> int:
+    allowed = allowed_memory_nodes(host)
+    return sum(c for n, c in vcpu_capacity(host, request).items() if n in allowed)
+
+
 def _check_smt_rule(host: HostTopology, request: PlanRequest, plan: VMPlan) -> None:
-    """One PU per physical core before any sibling; guest threads only for siblings."""
+    """--smt cores: one PU per physical core unless the candidate PUs (those with local
+    allowed memory when they suffice, else all) have fewer cores than vCPUs; pack and
+    require: a core's PUs filled before the next. Guest threads only for siblings."""
     k = housekeeping_cores(request)
     core_of = {pu: c.index for c in host.cores for pu in c.pus}
     node_of = {p.os_index: p.node for p in host.pus}
@@ -152,11 +165,31 @@ def _check_smt_rule(host: HostTopology, request: PlanRequest, plan: VMPlan) -> N
     given = Counter(core_of[pu] for pu in pinned)
     deepest = max(given.values())
     cores = usable_cores(host)
-    for core_pus in (c for n in sorted(used_nodes) for c in cores[n][k:]):
-        taken = given.get(core_of[core_pus[0]], 0)
-        assert taken >= min(len(core_pus), deepest - 1), (
-            f"a core gives {deepest} PUs while core {core_pus} gives only {taken}"
-        )
+    smt = request.smt or "cores"
+    if smt == "cores":
+        allowed = allowed_memory_nodes(host)
+        local_only = _local_capacity(host, request) >= plan.vcpus
+        tier = [n for n in cores if n in allowed] if local_only else list(cores)
+        free_cores = sum(len(cores[n][k:]) for n in tier)
+        if deepest > 1:
+            assert free_cores < plan.vcpus, (
+                f"SMT siblings used although {free_cores} free cores hold {plan.vcpus} vCPUs"
+            )
+        for core_pus in (c for n in used_nodes for c in cores[n][k:]):
+            taken = given.get(core_of[core_pus[0]], 0)
+            assert taken >= min(len(core_pus), deepest - 1), (
+                f"a core gives {deepest} PUs while core {core_pus} gives only {taken}"
+            )
+    else:
+        for n in used_nodes:
+            eligible = [c for c in cores[n][k:] if smt == "pack" or len(c) > 1]
+            counts = [given.get(core_of[c[0]], 0) for c in eligible]
+            pairs = zip(eligible, counts, strict=True)
+            partial = [c for c, t in pairs if 0 < t < len(c)]
+            assert len(partial) <= 1, f"--smt {smt}: more than one core partly used on {n}"
+            assert sum(counts) == sum(1 for pu in pinned if node_of[pu] == n), (
+                f"--smt {smt}: a vCPU on a core the policy does not allow"
+            )
     t = plan.topology.threads
     if t > 1:
         assert set(given.values()) == {t}, "guest threads only when every core gives t PUs"
@@ -170,14 +203,34 @@ def _check_smt_rule(host: HostTopology, request: PlanRequest, plan: VMPlan) -> N
 
 
 def _check_fewest_nodes(host: HostTopology, request: PlanRequest, plan: VMPlan) -> None:
+    """The fewest domains (nodes, or the PUs without one) that hold the vCPUs by the
+    policy's measure (free cores for --smt cores when they suffice, else PUs); more only
+    when memory decided, which the plan must then say. Local memory first."""
     if request.passthrough:
         return  # the device's node comes first; checked in the passthrough tests
     node_of = {p.os_index: p.node for p in host.pus}
     used = {node_of[pu] for pu in plan.vcpu_pus()}
-    caps = sorted(vcpu_capacity(host, request).values(), reverse=True)
-    assert sum(caps[: len(used) - 1]) < plan.vcpus, (
-        f"{len(used)} host nodes used where {len(used) - 1} could hold {plan.vcpus} vCPUs"
-    )
+    allowed = allowed_memory_nodes(host)
+    local_cap = _local_capacity(host, request)
+    smt = request.smt or "cores"
+    k = housekeeping_cores(request)
+    cores = usable_cores(host)
+    memory_said = any("memory decided" in d.text for d in plan.decisions)
+    if local_cap >= plan.vcpus and not memory_said:
+        assert used <= allowed, f"nodes without local memory {used - allowed} used needlessly"
+    tier = [n for n in cores if n in allowed] if used <= allowed else list(cores)
+
+    def measure(n: int | None) -> int:
+        eligible = [c for c in cores[n][k:] if smt != "require" or len(c) > 1]
+        if smt == "cores" and sum(len(cores[m][k:]) for m in tier) >= plan.vcpus:
+            return len(eligible)
+        return sum(len(c) for c in eligible)
+
+    caps = sorted((measure(n) for n in tier), reverse=True)
+    if sum(caps[: len(used) - 1]) >= plan.vcpus:
+        assert memory_said, (
+            f"{len(used)} domains used where {len(used) - 1} could hold {plan.vcpus} vCPUs"
+        )
 
 
 def _check_memory_regions(plan: VMPlan, request: PlanRequest) -> None:
@@ -213,13 +266,22 @@ def _check_guest_nodes(host: HostTopology, plan: VMPlan) -> None:
     by_vcpu = {p.vcpu: p for p in plan.placements}
     regions = {r.guest_node: r for r in plan.memory}
     total_pages = plan.memory_bytes // page
+    allowed = allowed_memory_nodes(host)
     for n in nodes:
+        assert n.host_node in allowed, f"guest node {n.index} bound to barred {n.host_node}"
         for v in n.vcpus:
             pu = by_vcpu[v].host_pu
-            assert pu is not None and node_of[pu] == n.host_node, (
-                f"vCPU {v} of guest node {n.index} on PU {pu}, not on host node {n.host_node}"
+            assert pu is not None and node_of[pu] == n.cpu_node, (
+                f"vCPU {v} of guest node {n.index} on PU {pu}, not on host node {n.cpu_node}"
             )
             assert by_vcpu[v].guest_node == n.index
+        if n.cpu_node in allowed:
+            assert n.local and n.host_node == n.cpu_node, "local memory where allowed"
+        else:
+            assert not n.local
+            if n.cpu_node is not None:
+                nearest = min(allowed, key=lambda a: (host.distance(n.cpu_node, a), a))  # type: ignore[arg-type]
+                assert n.host_node == nearest, "memory on the nearest allowed node"
         region = regions[n.index]
         assert region.host_nodes == (n.host_node,) and region.size_bytes == n.memory_bytes
         exact = total_pages * len(n.vcpus) / plan.vcpus
@@ -231,8 +293,8 @@ def _check_guest_nodes(host: HostTopology, plan: VMPlan) -> None:
         assert all(by_vcpu[v].socket == n.index for n in nodes for v in n.vcpus)
     else:
         assert plan.topology.sockets == 1
-    used_hosts = [n.host_node for n in nodes]
-    assert used_hosts == sorted(used_hosts), "guest nodes in host node order"
+    order = [(n.cpu_node is None, n.cpu_node or 0) for n in nodes]
+    assert order == sorted(order), "guest nodes in host node order, PUs without a node last"
     for i, a in enumerate(nodes):
         for j, b in enumerate(nodes):
             want = host.distance(a.host_node, b.host_node)

@@ -210,13 +210,24 @@ def test_memory_that_cannot_be_split_names_the_smallest_size(snap: Load) -> None
     check_plan(host, fixed, plan(host, fixed))
 
 
-def test_memory_beyond_a_node_names_a_size_that_fits(snap: Load) -> None:
+def test_memory_decides_the_nodes_and_refusal_names_a_size_that_fits(snap: Load) -> None:
+    """Issue 8: nodes hold the vCPUs *and* their memory. 8G of ordinary memory per node:
+    2 vCPUs with 12G fit one node by CPU but not by memory, so they spread over two
+    nodes (6G each); 20G fits no choice (2 vCPUs use at most 2 nodes), and the refusal
+    names the largest size that does, which then plans while 1M more does not."""
     host = roomy(snap("40intel64-2g2n4c+pci"), memory=8 * GIB)  # 2M pools hold 8G: 0 left
     host = with_pools(host, TWO_M, total=0, free=0)
     host = with_pools(host, GIB, total=0, free=0)
     request = _req(profile="numa", vcpus=2, memory_bytes=12 * GIB, page_size_bytes=4096)
-    with pytest.raises(InfeasiblePlanError, match=r"host node 0 has 8G") as info:
-        plan(host, request)
+    spread = plan(host, request)
+    check_plan(host, request, spread)
+    assert [n.memory_bytes for n in spread.guest_nodes] == [6 * GIB, 6 * GIB]
+    assert any("memory decided" in d.text for d in spread.decisions)
+    big = request.model_copy(update={"memory_bytes": 20 * GIB})
+    with pytest.raises(
+        InfeasiblePlanError, match=r"no choice of host nodes holds 2 vCPU\(s\)"
+    ) as info:
+        plan(host, big)
     best = int(re.search(r"use --memory (\d+)M or less", str(info.value))[1]) * MIB  # type: ignore[index]
     ok = request.model_copy(update={"memory_bytes": best})
     check_plan(host, ok, plan(host, ok))
@@ -271,10 +282,13 @@ def test_unknown_free_counts_are_checked_against_totals_with_a_warning(snap: Loa
     check_plan(host, request, p)
     assert any("could not be checked" in w for w in p.warnings)
     short = with_pools(base, TWO_M, total=1000, free=None)
+    # 2 vCPUs now spread over two nodes (memory decides, issue 8); 1 vCPU cannot
+    spread = plan(short, request)
+    assert [n.memory_bytes for n in spread.guest_nodes] == [GIB, GIB]
     with pytest.raises(
         InfeasiblePlanError, match=r"1000 are reserved .*reserve 24 more: echo 1024 "
     ):
-        plan(short, request)
+        plan(short, request.model_copy(update={"vcpus": 1}))
 
 
 def test_one_gig_pages_hint_at_boot_reservation(snap: Load) -> None:

@@ -59,6 +59,25 @@ def summary(host: HostTopology) -> Table:
     disallowed = [p.os_index for p in host.pus if p.online and not p.allowed]
     if disallowed:
         rows.append(("disallowed CPUs", format_cpu_list(disallowed) + " (cgroup cpuset)"))
+    barred = [n.os_index for n in host.nodes if not n.allowed]
+    if barred:
+        kept = [n.os_index for n in host.allowed_nodes()]
+        rows.append(
+            (
+                "disallowed memory nodes",
+                f"{format_cpu_list(barred)} (cgroup cpuset.mems): guest memory is bound only "
+                f"to nodes {format_cpu_list(kept) or 'none'}",
+            )
+        )
+    nodeless = host.nodeless_pus()
+    if nodeless:
+        rows.append(
+            (
+                "CPUs without a node",
+                f"{format_cpu_list(nodeless)}: Linux lists them in no NUMA node (node offline "
+                "or absent), so they have no local memory",
+            )
+        )
     rows += [
         ("THP", host.thp or "unknown"),
         ("KVM", _kvm(host)),
@@ -98,21 +117,30 @@ def _iommu(host: HostTopology) -> str:
 
 
 def nodes(host: HostTopology) -> Table:
+    """One row per node; "available" is free memory plus inactive page cache, where the
+    source says; "memory allowed" appears when cpuset.mems bars some node."""
+    barred = any(not n.allowed for n in host.nodes)
     table = Table(title="NUMA nodes", title_justify="left")
     table.add_column("node", justify="right")
-    table.add_column("kind")
+    table.add_column("kind", no_wrap=True)
     table.add_column("PUs", overflow="fold")
-    table.add_column("memory", justify="right", no_wrap=True)
+    table.add_column("memory (available)", justify="right")
     table.add_column("huge pages total/free")
+    if barred:
+        table.add_column("memory allowed")
     for node in host.nodes:
         kind = node.kind + (f" ({node.subtype})" if node.subtype else "")
-        table.add_row(
-            str(node.os_index),
-            kind,
-            format_cpu_list(node.pus) or "-",
-            human_size(node.memory_bytes),
-            _pools(node),
-        )
+        size = human_size(node.memory_bytes)
+        if node.available_bytes is not None:
+            size += f" ({human_size(node.available_bytes)})"
+        row = [str(node.os_index), kind, format_cpu_list(node.pus) or "-", size, _pools(node)]
+        if barred:
+            row.append("yes" if node.allowed else "no (cpuset.mems)")
+        table.add_row(*row)
+    nodeless = host.nodeless_pus()
+    if nodeless:
+        row = ["none", "CPUs without a node", format_cpu_list(nodeless), "-", "-"]
+        table.add_row(*row, *(["-"] if barred else []))
     return table
 
 
@@ -143,12 +171,12 @@ def cores(host: HostTopology) -> Table:
     table.add_column("cores", justify="right")
     table.add_column("PUs/core", justify="right")
     table.add_column("siblings (PUs of one core)", overflow="fold")
-    per_node: dict[int, list[tuple[int, ...]]] = defaultdict(list)
+    per_node: dict[int | None, list[tuple[int, ...]]] = defaultdict(list)
     for core in host.cores:
         if _has_online(host, core.pus):
             per_node[core.node].append(core.pus)
-    for node in host.nodes:
-        groups = per_node.get(node.os_index, [])
+    for node in [*(n.os_index for n in host.nodes), None]:
+        groups = per_node.get(node, [])
         if not groups:
             continue
         widths = sorted({len(g) for g in groups})
@@ -157,7 +185,8 @@ def cores(host: HostTopology) -> Table:
             if widths == [1]
             else " ".join("(" + ",".join(map(str, g)) + ")" for g in groups)
         )
-        table.add_row(str(node.os_index), str(len(groups)), "/".join(map(str, widths)), siblings)
+        label = "none" if node is None else str(node)
+        table.add_row(label, str(len(groups)), "/".join(map(str, widths)), siblings)
     return table
 
 

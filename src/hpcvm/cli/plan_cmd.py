@@ -13,7 +13,7 @@ import click
 from hpcvm.cli.common import console, host_source_options, warn
 from hpcvm.host import discover
 from hpcvm.plan import plan as make_plan
-from hpcvm.plan.model import PROFILE_NAMES, PlanRequest, VMPlan
+from hpcvm.plan.model import PROFILE_NAMES, SMT_POLICIES, PlanRequest, VMPlan
 from hpcvm.units import parse_size
 
 RENDERED = ("qemu", "libvirt", "openstack", "kubevirt")
@@ -31,6 +31,14 @@ FORMATS = ("table", "json", *RENDERED)
 @click.option("--guest-nodes", type=int, default=None, help="numa/hpc: number of guest nodes.")
 @click.option("--passthrough", multiple=True, help="hpc: PCI device to pass (repeatable).")
 @click.option("--accel", type=click.Choice(("auto", "kvm", "tcg")), default="auto")
+@click.option(
+    "--smt",
+    type=click.Choice(SMT_POLICIES),
+    default=None,
+    help="SMT siblings: cores (default: one vCPU per physical core, siblings only when "
+    "cores run out), pack (fill siblings, fewest nodes), require (siblings only). "
+    "OpenStack hw:cpu_thread_policy isolate / prefer / require.",
+)
 @click.option("--name", default="hpcvm", show_default=True, help="VM name.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @host_source_options
@@ -43,6 +51,7 @@ def plan_command(
     guest_nodes: int | None,
     passthrough: tuple[str, ...],
     accel: str,
+    smt: str | None,
     name: str,
     fmt: str,
     sysfs_root: Path | None,
@@ -61,6 +70,7 @@ def plan_command(
             "guest_nodes": guest_nodes,
             "passthrough": passthrough,
             "accel": accel,
+            "smt": smt,
         }
     )
     host = discover(sysfs_root=sysfs_root, xml=topology)

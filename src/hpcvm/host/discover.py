@@ -130,7 +130,11 @@ def _build(text: str, source: _Source) -> HostTopology:
 
     cpu = sysfs.cpuinfo(source.root) if source.root is not None else None
     single = len(nodes_hw) == 1
-    nodes = [_node(n, memory_only, pus, source, draft, single_node=single) for n in nodes_hw]
+    allowed = view.allowed_nodeset
+    nodes = [
+        _node(n, memory_only, pus, source, draft, single_node=single, allowed_nodes=allowed)
+        for n in nodes_hw
+    ]
     order = [n.os_index for n in nodes]
     groups = _iommu_groups(source)
     pci = _pci(view, source, order, memory_only, groups)
@@ -161,7 +165,7 @@ def _build(text: str, source: _Source) -> HostTopology:
 
 
 def _cores_and_pus(
-    view: hwloc.HwlocView, pu_node: dict[int, int], offline_node: dict[int, int]
+    view: hwloc.HwlocView, pu_node: dict[int, int | None], offline_node: dict[int, int | None]
 ) -> tuple[list[Core], list[PU]]:
     """Cores ordered by their first PU; each offline CPU (unknown to hwloc's tree)
     becomes a core of its own, so every PU still sits in exactly one core."""
@@ -218,38 +222,40 @@ def _is_memory_only(node: hwloc.HwNode) -> bool:
 
 def _pu_nodes(
     view: hwloc.HwlocView, normal: list[hwloc.HwNode], all_nodes: list[hwloc.HwNode]
-) -> dict[int, int]:
-    """Each online PU's node: the lowest normal node whose cpuset holds it."""
-    out: dict[int, int] = {}
+) -> dict[int, int | None]:
+    """Each online PU's node: the lowest normal node whose cpuset holds it (else a
+    memory-only one). None when no node holds it: its node is offline or absent, and
+    hwloc leaves it outside every node, as Linux leaves it out of every node cpulist."""
+    out: dict[int, int | None] = {}
     for pu in view.pus:
+        out[pu] = None
         for candidates in (normal, all_nodes):
             hit = next((n.os_index for n in candidates if pu in n.cpuset), None)
             if hit is not None:
                 out[pu] = hit
                 break
-        else:
-            out[pu] = normal[0].os_index
     return out
 
 
 def _place_offline(
     offline: list[int], source: _Source, normal: list[hwloc.HwNode], draft: _Draft
-) -> dict[int, int]:
+) -> dict[int, int | None]:
     """hwloc does not place offline CPUs; the kernel's node cpulists (same root) do.
-    Without them an offline CPU is shown on the only node, or the first with a warning."""
-    placed: dict[int, int] = {}
+    Without them an offline CPU is on the only node, or on no known node."""
+    placed: dict[int, int | None] = {}
     if source.root is not None:
         for node in normal:
             for cpu in sysfs.node_cpus(source.root, node.os_index) or []:
                 if cpu in offline:
                     placed.setdefault(cpu, node.os_index)
     unplaced = [cpu for cpu in offline if cpu not in placed]
+    single = normal[0].os_index if len(normal) == 1 else None
     for cpu in unplaced:
-        placed[cpu] = normal[0].os_index
-    if unplaced and len(normal) > 1:
+        placed[cpu] = single
+    if unplaced and single is None:
         draft.warnings.append(
-            f"NUMA node of offline CPUs {format_cpu_list(unplaced)} is unknown; "
-            f"they are listed under node {normal[0].os_index}"
+            f"NUMA node of offline CPUs {format_cpu_list(unplaced)} is unknown: they are "
+            "shown without a node"
         )
     return placed
 
@@ -262,8 +268,10 @@ def _node(
     draft: _Draft,
     *,
     single_node: bool,
+    allowed_nodes: frozenset[int] | None,
 ) -> NumaNode:
     kind = "memory-only" if hw.os_index in memory_only else "normal"
+    allowed = allowed_nodes is None or hw.os_index in allowed_nodes
     if hw.memory_bytes == 0:
         draft.warnings.append(
             f"NUMA node {hw.os_index} has no memory: guest memory cannot be bound to it"
@@ -275,7 +283,20 @@ def _node(
         hugepages=tuple(_pools(hw, source, single_node=single_node)),
         kind=kind,
         subtype=hw.subtype,
+        allowed=allowed,
+        available_bytes=_available(source, hw.os_index),
     )
+
+
+def _available(source: _Source, node: int) -> int | None:
+    """MemFree + Inactive(file) of the node's meminfo: free now, plus page cache the
+    kernel drops first. None when the root has no node meminfo (or no root)."""
+    if source.root is None:
+        return None
+    info = sysfs.node_meminfo(source.root, node)
+    if "MemFree" not in info:
+        return None
+    return info["MemFree"] + info.get("Inactive(file)", 0)
 
 
 def _pools(hw: hwloc.HwNode, source: _Source, *, single_node: bool) -> list[HugePagePool]:
@@ -345,13 +366,30 @@ def _warn_cpus(pus: list[PU], view: hwloc.HwlocView, order: list[int], draft: _D
             f"CPUs {format_cpu_list(disallowed)} are outside this process's cpuset (cgroup): "
             "plans will not use them"
         )
+    nodeless = [p.os_index for p in pus if p.node is None and p.online]
+    if nodeless:
+        draft.warnings.append(
+            f"CPUs {format_cpu_list(nodeless)} belong to no NUMA node (their node is offline "
+            "or absent): they have no local memory, so plans use them only after every CPU "
+            "with one, and bind their memory to the nearest allowed node"
+        )
     if view.allowed_nodeset is not None:
         barred = sorted(set(order) - view.allowed_nodeset)
         if barred:
-            draft.warnings.append(
-                f"NUMA nodes {format_cpu_list(barred)} are outside this process's memory "
-                "set (cgroup cpuset.mems): memory bound there will be refused by the kernel"
+            kept = sorted(set(order) & view.allowed_nodeset)
+            local = [p.os_index for p in pus if p.node in barred and p.online and p.allowed]
+            text = (
+                f"NUMA nodes {format_cpu_list(barred)} are outside this process's memory set "
+                f"(cgroup cpuset.mems): plans bind guest memory only to nodes "
+                f"{format_cpu_list(kept) or 'none'}"
             )
+            if local:
+                text += (
+                    f"; usable CPUs {format_cpu_list(local)} are local to a barred node, so "
+                    "plans use them only after the others, with memory on the nearest "
+                    "allowed node"
+                )
+            draft.warnings.append(text)
 
 
 def _warn_memory(nodes: list[NumaNode], source: _Source, draft: _Draft) -> None:

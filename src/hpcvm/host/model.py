@@ -30,12 +30,17 @@ class HugePagePool(Frozen):
 
 
 class PU(Frozen):
-    """A processing unit (hardware thread) as the OS numbers it."""
+    """A processing unit (hardware thread) as the OS numbers it.
+
+    ``node`` is None when the CPU belongs to no NUMA node: its node is offline or
+    absent, so Linux lists it in no ``node*/cpulist`` and hwloc in no node's cpuset.
+    Such a CPU has no local memory; claiming one would make a "mirrored" guest lie.
+    """
 
     os_index: int
     core: int  # index into HostTopology.cores
     package: int  # os_index of the package (socket); -1 when unknown
-    node: int  # os_index of the NUMA node holding it
+    node: int | None  # os_index of the NUMA node holding it; None: no local node
     online: bool = True
     allowed: bool = True  # False when outside this process's cpuset (cgroup)
 
@@ -46,7 +51,7 @@ class Core(Frozen):
     index: int  # position in HostTopology.cores
     os_index: int | None  # core id within its package, when known
     package: int
-    node: int
+    node: int | None  # None: its PUs have no local NUMA node (see PU)
     pus: tuple[int, ...]  # os_index of its PUs (online or not)
 
 
@@ -66,6 +71,12 @@ class NumaNode(Frozen):
     hugepages: tuple[HugePagePool, ...] = ()
     kind: NodeKind = "normal"
     subtype: str | None = None
+    # False when outside this process's memory set (cgroup cpuset.mems): the kernel
+    # refuses memory bound there, so plans never bind to it.
+    allowed: bool = True
+    # What the kernel can give now without swapping: MemFree + Inactive(file) of the
+    # node's meminfo. None when the source does not say (hwloc XML, synthetic).
+    available_bytes: int | None = None
 
     def pool(self, size_bytes: int) -> HugePagePool | None:
         """The pool of the given page size on this node, if the node has one."""
@@ -165,3 +176,11 @@ class HostTopology(Frozen):
     def usable_pus(self) -> tuple[PU, ...]:
         """PUs a VM may be pinned to: online and allowed."""
         return tuple(p for p in self.pus if p.online and p.allowed)
+
+    def allowed_nodes(self) -> tuple[NumaNode, ...]:
+        """Normal nodes guest memory may be bound to (inside cpuset.mems)."""
+        return tuple(n for n in self.nodes if n.allowed and n.kind == "normal")
+
+    def nodeless_pus(self) -> tuple[int, ...]:
+        """PUs (online or not) that belong to no NUMA node."""
+        return tuple(p.os_index for p in self.pus if p.node is None)

@@ -73,6 +73,19 @@ def _pools(base: Path) -> list[Pool]:
     return sorted(pools, key=lambda p: p.size_bytes)
 
 
+def node_meminfo(root: Path, node: int) -> dict[str, int]:
+    """sys/devices/system/node/nodeN/meminfo in bytes ("Node 0 MemFree: 12 kB")."""
+    text = read_text(root / "sys" / "devices" / "system" / "node" / f"node{node}" / "meminfo")
+    out: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        # "Node", N, "Key:", value, ["kB"]
+        if len(parts) >= 4 and parts[0] == "Node" and parts[3].isdigit():
+            value = int(parts[3])
+            out[parts[2].rstrip(":")] = value * KIB if parts[4:5] == ["kB"] else value
+    return out
+
+
 def node_cpus(root: Path, node: int) -> list[int] | None:
     """The CPUs the kernel lists for a node (offline ones included on most kernels);
     used only to place offline CPUs that hwloc cannot place."""

@@ -18,7 +18,7 @@ from hpcvm.host.model import HostTopology, NumaNode
 from hpcvm.plan.model import MemoryRegion
 from hpcvm.plan.notes import Notes
 from hpcvm.plan.profiles import SMALL_PAGE, page_dir_name
-from hpcvm.units import GIB, MIB, format_size
+from hpcvm.units import GIB, MIB, format_cpu_list, format_size
 
 OVERHEAD_BASE = 256 * MIB
 DEFAULT_MOUNTS = {2 * MIB: "/dev/hugepages", GIB: "/dev/hugepages1G"}
@@ -74,8 +74,8 @@ def flat_memory(
 ) -> MemoryPlan:
     """One unbound region: anonymous memory, or hugetlbfs for the hugepages profile."""
     overhead = qemu_overhead(total)
-    normal = [n for n in host.nodes if n.kind == "normal"]
-    _check_host_total(host, total, overhead, page)
+    normal = list(host.allowed_nodes())
+    check_host_total(host, total, overhead, page)
     limit = sum(_node_limit(n, page) for n in normal)
     if total + overhead > limit:
         raise _too_big_flat(total, overhead, limit, normal, page)
@@ -127,7 +127,7 @@ def numa_memory(
     """One region per guest node, bound to its host node. ``guest_nodes`` is a list of
     (host node, vCPU count). Returns the plan and each guest node's size."""
     overhead = qemu_overhead(total)
-    _check_host_total(host, total, overhead, page)
+    check_host_total(host, total, overhead, page)
     sizes = split_memory(total, page, [v for _, v in guest_nodes])
     per_host = _per_host(guest_nodes, sizes)
     first = min(per_host)
@@ -142,9 +142,7 @@ def numa_memory(
     for h, guest_bytes in per_host.items():
         oh = overhead if h == first else 0
         if guest_bytes + oh > _node_limit(nodes[h], page):
-            raise _too_big_node(
-                nodes[h], guest_bytes, oh, page, _largest_fitting(fits, total, page)
-            )
+            raise _too_big_node(nodes[h], guest_bytes, oh, page, largest_fitting(fits, total, page))
     needed = {h: b // page for h, b in per_host.items()} if page > SMALL_PAGE else {}
     if needed:
         _check_free_bound(host, needed, page, notes)
@@ -210,14 +208,52 @@ def _pools_bytes(node: NumaNode, *, except_size: int | None = None) -> int:
     return sum(p.total * p.size_bytes for p in node.hugepages if p.size_bytes != except_size)
 
 
+def ordinary_bytes(node: NumaNode) -> int:
+    """Ordinary (4K) memory a node can give now: memory outside every pool, and no more
+    than the kernel reports available (free + inactive page cache) where it says."""
+    outside = node.memory_bytes - _pools_bytes(node)
+    if node.available_bytes is None:
+        return outside
+    return min(outside, node.available_bytes)
+
+
 def _node_limit(node: NumaNode, page: int) -> int:
-    """What one node can give a guest: ordinary pages for 4K (memory outside every
-    pool); for huge pages, memory outside the pools of other sizes (the pool of this
-    size can grow)."""
-    return node.memory_bytes - _pools_bytes(node, except_size=None if page == SMALL_PAGE else page)
+    """What one node could give a guest: ordinary pages for 4K; for huge pages, memory
+    outside the pools of other sizes (the pool of this size can grow)."""
+    if page == SMALL_PAGE:
+        return ordinary_bytes(node)
+    return node.memory_bytes - _pools_bytes(node, except_size=page)
 
 
-def _largest_fitting(fits: Callable[[int], bool], total: int, page: int) -> int:
+def memory_fits(
+    host: HostTopology, total: int, page: int, loads: Sequence[tuple[int, int]], strict: bool
+) -> bool:
+    """Whether ``total`` bytes split over ``loads`` ((memory node, vCPUs) per guest
+    node, in proportion to vCPUs) fit their nodes, with QEMU's overhead on the lowest
+    node. strict: huge pages must be free now; else the pools may grow (the plan then
+    says what to reserve)."""
+    parts = _largest_remainder(total // page, [v for _, v in loads])
+    per_node: dict[int, int] = {}
+    for (node, _), part in zip(loads, parts, strict=True):
+        per_node[node] = per_node.get(node, 0) + part * page
+    first = min(per_node)
+    overhead = qemu_overhead(total)
+    nodes = {n.os_index: n for n in host.nodes}
+    for node, guest in per_node.items():
+        oh = overhead if node == first else 0
+        if not _holds(nodes[node], guest, oh, page, strict=strict):
+            return False
+    return True
+
+
+def _holds(node: NumaNode, guest: int, overhead: int, page: int, *, strict: bool) -> bool:
+    if page == SMALL_PAGE or not strict:
+        return guest + overhead <= _node_limit(node, page)
+    _total, free, _known = _free_pages(node, page)
+    return guest <= free * page and overhead <= ordinary_bytes(node)
+
+
+def largest_fitting(fits: Callable[[int], bool], total: int, page: int) -> int:
     """The largest multiple of ``page`` (and of 1 MiB) up to ``total`` that fits."""
     step = max(page, MIB)
     lo, hi = 0, total // step
@@ -230,17 +266,20 @@ def _largest_fitting(fits: Callable[[int], bool], total: int, page: int) -> int:
     return lo * step
 
 
-def _check_host_total(host: HostTopology, total: int, overhead: int, page: int) -> None:
-    have = sum(n.memory_bytes for n in host.nodes if n.kind == "normal")
+def check_host_total(host: HostTopology, total: int, overhead: int, page: int) -> None:
+    have = sum(n.memory_bytes for n in host.allowed_nodes())
+    barred = [n.os_index for n in host.nodes if not n.allowed and n.kind == "normal"]
+    kept = format_cpu_list([n.os_index for n in host.allowed_nodes()])
+    where = f" on the nodes cpuset.mems allows ({kept})" if barred else ""
     if total + overhead > have:
 
         def fits(candidate: int) -> bool:
             return candidate + qemu_overhead(candidate) <= have
 
-        best = _largest_fitting(fits, total, page)
+        best = largest_fitting(fits, total, page)
         raise InfeasiblePlanError(
             f"--memory {format_size(total)} plus about {format_size(overhead)} of QEMU overhead "
-            f"is more than this host's {format_size(have)} of RAM: "
+            f"is more than this host's {format_size(have)} of RAM{where}: "
             + (f"use --memory {format_size(best)} or less" if best else "the host is too small")
         )
 
@@ -249,7 +288,7 @@ def _too_big_flat(
     total: int, overhead: int, limit: int, normal: Sequence[NumaNode], page: int
 ) -> InfeasiblePlanError:
     pools = sum(_pools_bytes(n, except_size=None if page == SMALL_PAGE else page) for n in normal)
-    best = _largest_fitting(lambda c: c + qemu_overhead(c) <= limit, total, page)
+    best = largest_fitting(lambda c: c + qemu_overhead(c) <= limit, total, page)
     fix = (
         f"use --memory {format_size(best)} or less, or shrink the pools"
         if best

@@ -22,6 +22,18 @@ PLAN_SCHEMA_VERSION = 1
 ProfileName = Literal["naive", "pinned", "hugepages", "numa", "hpc"]
 PROFILE_NAMES: tuple[ProfileName, ...] = ("naive", "pinned", "hugepages", "numa", "hpc")
 AccelChoice = Literal["auto", "kvm", "tcg"]
+# How vCPUs meet SMT siblings (docs/planning.md); OpenStack's hw:cpu_thread_policy in
+# brackets: "cores" one vCPU per physical core, siblings only when the host has fewer
+# free cores than vCPUs (isolate, as long as the cores suffice); "pack" fewest nodes,
+# a core's siblings filled together (prefer); "require" like pack on cores with
+# siblings only, refused on a host without SMT (require).
+SmtPolicy = Literal["cores", "pack", "require"]
+SMT_POLICIES: tuple[SmtPolicy, ...] = ("cores", "pack", "require")
+NOVA_THREAD_POLICY: dict[SmtPolicy, str] = {
+    "cores": "isolate",
+    "pack": "prefer",
+    "require": "require",
+}
 Accel = Literal["kvm", "tcg"]
 
 
@@ -37,6 +49,7 @@ class PlanRequest(Frozen):
     guest_nodes: int | None = None  # numa/hpc: guest nodes; None: one per used host node
     passthrough: tuple[str, ...] = ()  # PCI addresses as typed (normalised by plan)
     accel: AccelChoice = "auto"
+    smt: SmtPolicy | None = None  # pinned profiles; None: "cores"
 
 
 class Profile(Frozen):
@@ -74,12 +87,20 @@ class VcpuPlacement(Frozen):
 
 
 class GuestNode(Frozen):
-    """A guest NUMA node mirroring one host node."""
+    """A guest NUMA node mirroring one host node.
+
+    ``host_node`` holds the node's memory. ``cpu_node`` is the node of the PUs running
+    its vCPUs: the same unless that node is outside cpuset.mems (memory then goes to
+    the nearest allowed node) or the PUs have no node at all (None); ``local`` says
+    whether the guest's claim "these vCPUs are local to this memory" is true.
+    """
 
     index: int
     host_node: int
     vcpus: tuple[int, ...]
     memory_bytes: int
+    cpu_node: int | None = None  # None with local=True: same as host_node (old plans)
+    local: bool = True
 
 
 class MemoryRegion(Frozen):

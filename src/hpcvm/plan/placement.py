@@ -2,12 +2,13 @@
 
 Rules (the reference study's and the usual HPC practice):
 - only online PUs inside this process's cpuset are usable; memory-only nodes hold none;
-- hpc reserves housekeeping first: the K lowest-numbered cores of every used node, so
+- usable PUs are grouped in *domains*: the PUs of one host node, or the PUs that have no
+  node at all (their node is offline or absent). A domain's memory goes to its own node
+  when cpuset.mems allows it ("local"), else to the nearest allowed node by distance;
+- hpc reserves housekeeping first: the K lowest-numbered cores of every used domain, so
   QEMU's emulator and I/O threads never steal time from a vCPU;
-- the fewest NUMA nodes that hold the vCPUs (a passthrough device's node first), the
-  vCPUs split over them as evenly as possible, so guest sockets come out uniform;
-- inside a node one PU per physical core before any SMT sibling, because two vCPUs on
-  siblings share one core's execution units.
+- the SMT policy (``--smt``) decides how vCPUs meet SMT siblings (see SMT_POLICIES);
+- domains are chosen by ``choice.choose_domains`` (CPUs and memory both decide).
 
 Everything is computed from dicts built once, so a 1024-PU host plans in milliseconds.
 """
@@ -19,47 +20,96 @@ from dataclasses import dataclass
 
 from hpcvm.errors import InfeasiblePlanError
 from hpcvm.host.model import HostTopology
+from hpcvm.plan.model import SmtPolicy
 from hpcvm.units import format_cpu_list
+
+NODELESS = -1  # domain key of the PUs that belong to no NUMA node
+FAR = 10_000  # distance to or from the node-less domain: unknown, so farthest
 
 
 @dataclass(frozen=True)
 class CpuLayout:
-    """The host's usable PUs grouped by node and core, minus housekeeping."""
+    """The host's usable PUs grouped by domain and core, minus housekeeping."""
 
-    # node -> its cores with usable PUs (each a tuple of PUs), lowest-numbered first
+    # domain -> its cores with usable PUs (each a tuple of PUs), lowest-numbered first
     node_cores: dict[int, tuple[tuple[int, ...], ...]]
-    # node -> housekeeping cores (hpc), taken from the front of node_cores
+    # domain -> housekeeping cores (hpc), taken from the front of node_cores
     housekeeping: dict[int, tuple[tuple[int, ...], ...]]
-    # node -> cores left for vCPUs
+    # domain -> cores left for vCPUs
     vcpu_cores: dict[int, tuple[tuple[int, ...], ...]]
+    # domain -> the allowed node its memory is bound to (None: no node is allowed)
+    mem_node: dict[int, int | None]
 
     def capacity(self, node: int) -> int:
         return sum(len(core) for core in self.vcpu_cores.get(node, ()))
 
+    def local(self, node: int) -> bool:
+        """The domain's PUs are local to the node its memory is bound to."""
+        return node != NODELESS and self.mem_node.get(node) == node
 
-def host_layout(host: HostTopology, housekeeping_cores: int) -> CpuLayout:
-    """Group usable PUs by node and core; reserve ``housekeeping_cores`` per node."""
+
+def domain_name(key: int) -> str:
+    return "the PUs without a node" if key == NODELESS else f"host node {key}"
+
+
+def host_layout(
+    host: HostTopology, housekeeping_cores: int, distance: Mapping[tuple[int, int], int]
+) -> CpuLayout:
+    """Group usable PUs by domain and core; reserve ``housekeeping_cores`` per domain."""
     grouped: dict[int, dict[int, list[int]]] = {}
     for pu in sorted(host.usable_pus(), key=lambda p: p.os_index):
-        grouped.setdefault(pu.node, {}).setdefault(pu.core, []).append(pu.os_index)
-    node_cores = {
-        node: tuple(tuple(pus) for pus in cores.values()) for node, cores in sorted(grouped.items())
-    }
+        key = NODELESS if pu.node is None else pu.node
+        grouped.setdefault(key, {}).setdefault(pu.core, []).append(pu.os_index)
+    order = sorted(grouped, key=lambda k: (k == NODELESS, k))
+    node_cores = {k: tuple(tuple(pus) for pus in grouped[k].values()) for k in order}
     housekeeping = {n: cores[:housekeeping_cores] for n, cores in node_cores.items()}
     vcpu_cores = {n: cores[housekeeping_cores:] for n, cores in node_cores.items()}
-    return CpuLayout(node_cores=node_cores, housekeeping=housekeeping, vcpu_cores=vcpu_cores)
+    mem_node = {k: memory_node(host, k, distance, node_cores[k]) for k in order}
+    return CpuLayout(node_cores, housekeeping, vcpu_cores, mem_node)
+
+
+def memory_node(
+    host: HostTopology,
+    key: int,
+    distance: Mapping[tuple[int, int], int],
+    cores: Sequence[tuple[int, ...]],
+) -> int | None:
+    """Where a domain's memory goes: its own node when allowed; else the nearest
+    allowed node by distance (ties: lowest number); for PUs without a node, an allowed
+    node of their package, else the lowest-numbered allowed node (no distance exists)."""
+    allowed = [n.os_index for n in host.allowed_nodes()]
+    if not allowed:
+        return None
+    if key in allowed:
+        return key
+    if key != NODELESS:
+        return min(allowed, key=lambda n: (distance[key, n], n))
+    packages = {host.pu(pu).package for core in cores for pu in core}
+    near = sorted(n for p in host.packages if p.os_index in packages for n in p.nodes)
+    return next((n for n in near if n in allowed), allowed[0])
+
+
+def domain_distance(distance: Mapping[tuple[int, int], int], a: int, b: int) -> int:
+    if a == b:
+        return 0
+    if NODELESS in (a, b):
+        return FAR
+    return distance[a, b]
 
 
 @dataclass(frozen=True)
 class Selection:
-    """The chosen host side: nodes, PUs per node in vCPU order, SMT use."""
+    """The chosen host side: domains, PUs per domain in vCPU order, SMT use."""
 
-    nodes: tuple[int, ...]  # used host nodes, os_index order
-    pus: dict[int, tuple[int, ...]]  # node -> PUs in vCPU order
-    cores: dict[int, tuple[tuple[int, ...], ...]]  # node -> chosen PUs grouped by core
+    nodes: tuple[int, ...]  # used domains (host node, or NODELESS last), guest order
+    pus: dict[int, tuple[int, ...]]  # domain -> PUs in vCPU order
+    cores: dict[int, tuple[tuple[int, ...], ...]]  # domain -> chosen PUs grouped by core
     threads: int  # t > 1 when every chosen core gives exactly t PUs (siblings adjacent)
     siblings_used: bool  # some chosen core gives more than one PU
-    housekeeping_pus: tuple[int, ...]  # of the used nodes (hpc), sorted
+    housekeeping_pus: tuple[int, ...]  # of the used domains (hpc), sorted
+    mem_node: dict[int, int | None]  # domain -> the node its memory is bound to
+    smt: SmtPolicy = "cores"
+    why: str = ""  # why these domains, in words
 
 
 def too_many_vcpus(
@@ -94,66 +144,20 @@ def too_many_vcpus(
     )
 
 
-def select_pus(
-    host: HostTopology,
-    layout: CpuLayout,
-    vcpus: int,
-    prefer_nodes: Sequence[int],
-    distance: Mapping[tuple[int, int], int],
-    housekeeping_cores: int,
-) -> Selection:
-    """Choose nodes and PUs for ``vcpus`` vCPUs (raises when they do not fit)."""
-    caps = {n: layout.capacity(n) for n in layout.vcpu_cores if layout.capacity(n) > 0}
-    if sum(caps.values()) < vcpus:
-        raise too_many_vcpus(host, layout, vcpus, housekeeping_cores)
-    required = [n for n in dict.fromkeys(prefer_nodes) if n in caps]
-    nodes = choose_nodes(caps, vcpus, required, distance)
-    shares = even_split(vcpus, [caps[n] for n in nodes])
-    # a required node can get no vCPU (two devices' nodes, one vCPU): it is not used
-    picked = {
-        n: pick_in_node(layout.vcpu_cores[n], s)
-        for n, s in zip(nodes, shares, strict=True)
-        if s > 0
-    }
-    nodes = tuple(picked)
-    per_core = [len(core) for cores in picked.values() for core in cores]
-    threads = per_core[0] if len(set(per_core)) == 1 else 1
-    pus = {n: _vcpu_order(cores, threads) for n, cores in picked.items()}
-    housekeeping = sorted(pu for n in nodes for core in layout.housekeeping[n] for pu in core)
-    return Selection(
-        nodes=nodes,
-        pus=pus,
-        cores={n: tuple(c) for n, c in picked.items()},
-        threads=threads,
-        siblings_used=max(per_core) > 1,
-        housekeeping_pus=tuple(housekeeping),
-    )
+def smt_cores(cores: Sequence[tuple[int, ...]], smt: SmtPolicy) -> tuple[tuple[int, ...], ...]:
+    """The cores a policy may use: --smt require takes only cores with siblings."""
+    if smt == "require":
+        return tuple(c for c in cores if len(c) > 1)
+    return tuple(cores)
 
 
-def choose_nodes(
-    caps: Mapping[int, int],
-    vcpus: int,
-    required: Sequence[int],
-    distance: Mapping[tuple[int, int], int],
-) -> tuple[int, ...]:
-    """The fewest nodes holding ``vcpus``: ``required`` first, then the nodes nearest to
-    the first one (ties by os_index); the first that works among the anchors in
-    os_index order; failing that, the largest nodes. Returned in os_index order."""
-    anchors = list(required[:1]) or list(caps)
-    for count in range(max(1, len(required)), len(caps) + 1):
-        for anchor in anchors:
-            chosen = list(dict.fromkeys([anchor, *required]))
-            others = sorted(
-                (n for n in caps if n not in chosen), key=lambda n: (distance[anchor, n], n)
-            )
-            chosen += others[: count - len(chosen)]
-            if sum(caps[n] for n in chosen) >= vcpus:
-                return tuple(sorted(chosen))
-        biggest = sorted((n for n in caps if n not in required), key=lambda n: (-caps[n], n))
-        chosen = [*required, *biggest[: count - len(required)]]
-        if sum(caps[n] for n in chosen) >= vcpus:
-            return tuple(sorted(chosen))
-    raise AssertionError("unreachable: total capacity was checked")
+def split_shares(total: int, caps: Sequence[int], whole: Sequence[int]) -> list[int]:
+    """Split ``total`` vCPUs over domains: first one per core (``whole`` cores each),
+    evenly, then the rest evenly over what is left of ``caps`` (siblings). With no
+    siblings needed this is a plain even split over the cores."""
+    first = even_split(min(total, sum(whole)), whole)
+    rest = even_split(total - sum(first), [c - f for c, f in zip(caps, first, strict=True)])
+    return [a + b for a, b in zip(first, rest, strict=True)]
 
 
 def even_split(total: int, caps: Sequence[int]) -> list[int]:
@@ -175,9 +179,22 @@ def even_split(total: int, caps: Sequence[int]) -> list[int]:
     return shares
 
 
-def pick_in_node(cores: Sequence[tuple[int, ...]], count: int) -> list[tuple[int, ...]]:
-    """``count`` PUs from ``cores``: the first PU of every core, then second PUs, ...
-    Returns the chosen PUs grouped by core, cores in order (cores given none dropped)."""
+def pick_in_node(
+    cores: Sequence[tuple[int, ...]], count: int, smt: SmtPolicy
+) -> list[tuple[int, ...]]:
+    """``count`` PUs from ``cores``, grouped by core (cores given none dropped).
+
+    cores: the first PU of every core, then second PUs, ... (siblings last);
+    pack/require: every PU of a core before the next core (siblings together)."""
+    if smt != "cores":
+        out: list[tuple[int, ...]] = []
+        left = count
+        for core in cores:
+            if left == 0:
+                break
+            out.append(core[:left])
+            left -= len(out[-1])
+        return out
     taken = [0] * len(cores)
     left = count
     rank = 0
@@ -191,6 +208,37 @@ def pick_in_node(cores: Sequence[tuple[int, ...]], count: int) -> list[tuple[int
                 left -= 1
         rank += 1
     return [core[:n] for core, n in zip(cores, taken, strict=True) if n]
+
+
+def make_selection(
+    layout: CpuLayout,
+    domains: Sequence[int],
+    shares: Sequence[int],
+    smt: SmtPolicy,
+    why: str,
+) -> Selection:
+    """The Selection for ``shares`` vCPUs on ``domains`` (a share of 0 drops it)."""
+    picked = {
+        n: pick_in_node(smt_cores(layout.vcpu_cores[n], smt), s, smt)
+        for n, s in zip(domains, shares, strict=True)
+        if s > 0
+    }
+    nodes = tuple(n for n in layout.vcpu_cores if n in picked)  # guest order
+    per_core = [len(core) for n in nodes for core in picked[n]]
+    threads = per_core[0] if len(set(per_core)) == 1 else 1
+    pus = {n: _vcpu_order(picked[n], threads) for n in nodes}
+    housekeeping = sorted(pu for n in nodes for core in layout.housekeeping[n] for pu in core)
+    return Selection(
+        nodes=nodes,
+        pus=pus,
+        cores={n: tuple(picked[n]) for n in nodes},
+        threads=threads,
+        siblings_used=max(per_core) > 1,
+        housekeeping_pus=tuple(housekeeping),
+        mem_node={n: layout.mem_node[n] for n in nodes},
+        smt=smt,
+        why=why,
+    )
 
 
 def _vcpu_order(cores: Sequence[tuple[int, ...]], threads: int) -> tuple[int, ...]:

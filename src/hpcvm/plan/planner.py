@@ -8,19 +8,40 @@ accelerator, CPUs, guest topology, memory, QEMU's threads, tuning.
 
 from __future__ import annotations
 
-from hpcvm.errors import UsageError
+from collections.abc import Sequence
+
+from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host.model import HostTopology
+from hpcvm.plan.choice import MemoryFit, choose_domains
 from hpcvm.plan.cpu import choose_cpu
 from hpcvm.plan.distances import distance_map
-from hpcvm.plan.memory import MemoryPlan, flat_memory, numa_memory
-from hpcvm.plan.model import GuestNode, PlanRequest, Profile, VMPlan
+from hpcvm.plan.explain import describe_pinning, explain_selection
+from hpcvm.plan.memory import (
+    MemoryPlan,
+    check_host_total,
+    flat_memory,
+    largest_fitting,
+    memory_fits,
+    numa_memory,
+    qemu_overhead,
+)
+from hpcvm.plan.model import GuestNode, PlanRequest, Profile, SmtPolicy, VMPlan
 from hpcvm.plan.notes import Notes
 from hpcvm.plan.passthrough import CheckedDevice, check_passthrough, passthrough_devices
-from hpcvm.plan.placement import CpuLayout, Selection, host_layout, select_pus, too_many_vcpus
-from hpcvm.plan.profiles import PROFILES
+from hpcvm.plan.placement import (
+    NODELESS,
+    CpuLayout,
+    Selection,
+    domain_name,
+    host_layout,
+    make_selection,
+    smt_cores,
+    too_many_vcpus,
+)
+from hpcvm.plan.profiles import PROFILES, SMALL_PAGE
 from hpcvm.plan.topology import GuestCpus, flat_guest, guest_distances, naive_guest, numa_guest
 from hpcvm.plan.tuning import guest_kernel_args, host_tuning
-from hpcvm.units import format_cpu_list
+from hpcvm.units import format_cpu_list, format_size
 
 
 def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
@@ -33,8 +54,10 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
     cpu = choose_cpu(host, request, profile, notes)
     distance = distance_map(host, notes)
     housekeeping = _housekeeping_cores(request, profile)
-    layout = host_layout(host, housekeeping)
-    selection = _select(host, request, profile, layout, devices, distance, housekeeping, notes)
+    layout = host_layout(host, housekeeping, distance)
+    selection = _select(
+        host, request, profile, layout, devices, distance, housekeeping, page, notes
+    )
     guest = _guest_cpus(request, profile, selection, layout, notes)
     guest_nodes, memory = _memory(host, request, profile, page, selection, guest, notes)
     host_of_guest = [g.host_node for g in guest_nodes]
@@ -106,6 +129,7 @@ def _select(
     devices: list[CheckedDevice],
     distance: dict[tuple[int, int], int],
     housekeeping: int,
+    page: int,
     notes: Notes,
 ) -> Selection | None:
     if not profile.pin:
@@ -118,26 +142,78 @@ def _select(
             "scheduler places and moves them, as QEMU does by default",
         )
         return None
+    smt: SmtPolicy = request.smt or "cores"
+    if sum(layout.capacity(n) for n in layout.vcpu_cores) < request.vcpus:
+        raise too_many_vcpus(host, layout, request.vcpus, housekeeping)
+    _check_smt_possible(layout, request.vcpus, smt)
     prefer = [d.device.numa_node for d in devices if d.device.numa_node is not None]
-    selection = select_pus(host, layout, request.vcpus, prefer, distance, housekeeping)
-    if prefer:
-        notes.decide(
-            "nodes",
-            f"host nodes {', '.join(map(str, selection.nodes))} chosen, the passthrough "
-            f"device's node {prefer[0]} first, then the fewest nodes that hold the vCPUs",
-        )
-    else:
-        notes.decide(
-            "nodes",
-            f"host node(s) {', '.join(map(str, selection.nodes))} chosen: the fewest nodes that "
-            f"hold {request.vcpus} vCPUs, vCPUs split as evenly as they fit",
-        )
-    if selection.siblings_used:
-        notes.warn(
-            "some vCPUs run on SMT siblings of other vCPUs' cores (more vCPUs than free "
-            "physical cores on the chosen nodes): siblings share a core's execution units"
-        )
+    fits: MemoryFit | None = None
+    if profile.vnuma:
+        if not host.allowed_nodes():
+            raise InfeasiblePlanError(
+                "no NUMA node with memory is inside this process's memory set (cgroup "
+                "cpuset.mems), so guest memory cannot be bound: widen cpuset.mems or use "
+                "--profile pinned"
+            )
+
+        total = request.memory_bytes
+        check_host_total(host, total, qemu_overhead(total), page)
+
+        def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
+            return memory_fits(host, total, page, loads, strict)
+
+    choice = choose_domains(layout, request.vcpus, prefer, smt, distance, fits)
+    if choice is None:
+        raise _memory_refusal(host, request, layout, prefer, smt, distance, page)
+    selection = make_selection(layout, choice.domains, choice.shares, smt, "")
+    explain_selection(host, request.vcpus, layout, selection, choice, prefer, distance, notes)
     return selection
+
+
+def _check_smt_possible(layout: CpuLayout, vcpus: int, smt: SmtPolicy) -> None:
+    if smt != "require":
+        return
+    have = sum(len(c) for cores in layout.vcpu_cores.values() for c in smt_cores(cores, smt))
+    if have >= vcpus:
+        return
+    if have == 0:
+        raise InfeasiblePlanError(
+            "--smt require but no usable core of this host has two usable SMT siblings: "
+            "use --smt cores or --smt pack"
+        )
+    raise InfeasiblePlanError(
+        f"--smt require: only {have} PUs sit on cores whose siblings are all usable, "
+        f"{vcpus} vCPUs requested: use --vcpus {have} or fewer, or --smt pack"
+    )
+
+
+def _memory_refusal(
+    host: HostTopology,
+    request: PlanRequest,
+    layout: CpuLayout,
+    prefer: Sequence[int],
+    smt: SmtPolicy,
+    distance: dict[tuple[int, int], int],
+    page: int,
+) -> InfeasiblePlanError:
+    """No choice of nodes holds the memory: name the largest size one would hold."""
+
+    def fits_total(total: int) -> bool:
+        def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
+            return memory_fits(host, total, page, loads, strict)
+
+        return choose_domains(layout, request.vcpus, prefer, smt, distance, fits) is not None
+
+    best = largest_fitting(fits_total, request.memory_bytes, page)
+    allowed = format_cpu_list([n.os_index for n in host.allowed_nodes()])
+    fix = f"use --memory {format_size(best)} or less" if best else "use fewer --vcpus"
+    kind = "ordinary memory" if page == SMALL_PAGE else f"memory for {format_size(page)} pages"
+    return InfeasiblePlanError(
+        f"no choice of host nodes holds {request.vcpus} vCPU(s) with "
+        f"{format_size(request.memory_bytes)} of guest memory plus about "
+        f"{format_size(qemu_overhead(request.memory_bytes))} of QEMU overhead ({kind} on the "
+        f"allowed nodes {allowed}, shared in proportion to vCPUs): {fix}"
+    )
 
 
 def _guest_cpus(
@@ -154,31 +230,8 @@ def _guest_cpus(
         if profile.vnuma
         else flat_guest(selection, notes)
     )
-    _describe_pinning(guest, selection, layout, notes)
+    describe_pinning(guest, selection, layout, notes)
     return guest
-
-
-def _describe_pinning(
-    guest: GuestCpus, selection: Selection, layout: CpuLayout, notes: Notes
-) -> None:
-    by_node: dict[int, list[tuple[int, int]]] = {}
-    node_of_pu = {pu: n for n, pus in selection.pus.items() for pu in pus}
-    for p in guest.placements:
-        assert p.host_pu is not None
-        by_node.setdefault(node_of_pu[p.host_pu], []).append((p.vcpu, p.host_pu))
-    for node, pairs in by_node.items():
-        vcpus = format_cpu_list([v for v, _ in pairs])
-        pus = ",".join(str(pu) for _, pu in pairs)
-        cores = selection.cores[node]
-        deep = sum(1 for c in cores if len(c) > 1)
-        smt = any(len(c) > 1 for c in layout.vcpu_cores[node])
-        if deep:
-            how = f"{len(cores)} physical cores, {deep} of them with SMT siblings pinned too"
-        elif smt:
-            how = "one PU per physical core; SMT siblings left idle"
-        else:
-            how = "one PU per physical core; the cores have no SMT siblings"
-        notes.decide("vcpus", f"vCPU {vcpus} -> host PUs {pus} on host node {node} ({how})")
 
 
 def _memory(
@@ -191,21 +244,47 @@ def _memory(
     notes: Notes,
 ) -> tuple[tuple[GuestNode, ...], MemoryPlan]:
     if not profile.vnuma:
-        first = selection.nodes[0] if selection else None
+        first = selection.mem_node[selection.nodes[0]] if selection else None
         return (), flat_memory(host, request.memory_bytes, page, first, notes)
-    counts = [(h, len(v)) for h, v in guest.nodes]
+    assert selection is not None  # vnuma profiles pin
+    mem_of = {d: m for d, m in selection.mem_node.items() if m is not None}
+    counts = [(mem_of[d], len(v)) for d, v in guest.nodes]
     memory, sizes = numa_memory(host, request.memory_bytes, page, counts, notes)
     nodes = tuple(
-        GuestNode(index=g, host_node=h, vcpus=v, memory_bytes=s)
-        for g, ((h, v), s) in enumerate(zip(guest.nodes, sizes, strict=True))
+        GuestNode(
+            index=g,
+            host_node=mem_of[d],
+            vcpus=v,
+            memory_bytes=s,
+            cpu_node=None if d == NODELESS else d,
+            local=mem_of[d] == d,
+        )
+        for g, ((d, v), s) in enumerate(zip(guest.nodes, sizes, strict=True))
     )
     for n in nodes:
-        notes.decide(
-            "numa",
-            f"guest node {n.index} mirrors host node {n.host_node}: vCPUs "
-            f"{format_cpu_list(list(n.vcpus))}, memory bound to host node {n.host_node}",
-        )
+        notes.decide("numa", _mirror_text(n))
     return nodes, memory
+
+
+def _mirror_text(n: GuestNode) -> str:
+    vcpus = format_cpu_list(list(n.vcpus))
+    if n.local:
+        return (
+            f"guest node {n.index} mirrors host node {n.host_node}: vCPUs {vcpus}, memory "
+            f"bound to host node {n.host_node}"
+        )
+    if n.cpu_node is None:
+        return (
+            f"guest node {n.index}: vCPUs {vcpus} run on PUs that belong to no NUMA node "
+            f"(their node is offline or absent); memory bound to host node {n.host_node}, "
+            "an allowed node of their package (else the lowest allowed): the guest sees "
+            "this memory as local, which it is not"
+        )
+    return (
+        f"guest node {n.index}: vCPUs {vcpus} run on host node {n.cpu_node}, which is "
+        f"outside cpuset.mems; memory bound to host node {n.host_node}, the nearest "
+        "allowed node by distance: the guest sees this memory as local, which it is not"
+    )
 
 
 def _housekeeping_cores(request: PlanRequest, profile: Profile) -> int:
@@ -224,7 +303,8 @@ def _describe_threads(
 ) -> None:
     if hk and selection is not None:
         per_node = "; ".join(
-            f"host node {n}: PUs {format_cpu_list([p for c in layout.housekeeping[n] for p in c])}"
+            f"{domain_name(n)}: PUs "
+            f"{format_cpu_list([p for c in layout.housekeeping[n] for p in c])}"
             for n in selection.nodes
         )
         cores = len(layout.housekeeping[selection.nodes[0]])

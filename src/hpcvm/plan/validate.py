@@ -59,6 +59,11 @@ def _check_flags_for_profile(request: PlanRequest, profile: Profile) -> None:
                 f"--guest-nodes {request.guest_nodes} needs at least as many vCPUs "
                 f"(got --vcpus {request.vcpus}): every guest node holds at least one vCPU"
             )
+    if request.smt is not None and not profile.pin:
+        raise UsageError(
+            f"--smt applies to pinned profiles (pinned, hugepages, numa, hpc), not "
+            f"--profile {profile.name}, whose vCPUs the host scheduler moves"
+        )
     if request.passthrough and not profile.passthrough:
         raise UsageError(
             f"--passthrough applies to --profile hpc only (got --profile {profile.name})"

@@ -1,0 +1,303 @@
+"""Issue 8 on every real machine: plans bind memory only to allowed nodes, use whole
+cores before SMT siblings across nodes, model CPUs without a node, and let memory pick
+nodes too; checked against hwloc's own view, never against hpcvm's parser.
+
+hwloc's view comes from one ``lstopo-no-graphics --of xml --disallowed`` run per
+source, walked here by a few lines written for the tests: which NUMA nodes hold each PU
+(none for a CPU whose node is offline), which core each PU is on, which nodes and PUs
+this process is allowed (cgroup cpuset.cpus/.mems). Sources: every snapshot in
+../shared/topologies/, two made from them the way Linux shows such machines (a Slurm
+job whose cgroup bars memory nodes; node 0 offline), and hwloc synthetic machines with
+2-8 nodes and 1-4 threads per core, some with a memory set restricted by hwloc itself
+(``lstopo --input ... --allow nodeset=...``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hpcvm.errors import HpcvmError, InfeasiblePlanError
+from hpcvm.host import HostTopology, discover
+from hpcvm.plan import plan
+from hpcvm.plan.model import SMT_POLICIES, PlanRequest, SmtPolicy, VMPlan
+from hpcvm.units import MIB
+from tests.conftest import SNAPSHOT_IDS, TOPOLOGIES, sysfs_root
+from tests.plan_checks import check_plan, roomy
+
+
+def _bits(text: str | None) -> frozenset[int]:
+    """hwloc bitmap "0xff,,0x1" (32-bit words, most significant first)."""
+    if not text:
+        return frozenset()
+    out: set[int] = set()
+    words = [w for w in text.split(",")]
+    for pos, word in enumerate(reversed(words)):
+        value = int(word, 16) if word and "..." not in word else 0
+        out |= {32 * pos + i for i in range(32) if value >> i & 1}
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class HwlocFacts:
+    node_pus: dict[int, frozenset[int]]  # node os_index -> its cpuset
+    allowed_nodes: frozenset[int]
+    allowed_pus: frozenset[int]
+    core_of: dict[int, int]  # PU os_index -> a core id (hwloc's logical order)
+
+    def nodes_of(self, pu: int) -> set[int]:
+        return {n for n, pus in self.node_pus.items() if pu in pus}
+
+
+def lstopo_xml(*, fsroot: Path | None = None, xml: Path | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWLOC_")}
+    env["HWLOC_KEEP_NVIDIA_GPU_NUMA_NODES"] = "1"
+    args = ["lstopo-no-graphics", "--of", "xml", "--disallowed"]
+    if fsroot is not None:
+        env.update(HWLOC_FSROOT=str(fsroot), HWLOC_THISSYSTEM="0")
+        env["HWLOC_COMPONENTS"] = "-x86,-pci,-opencl,-gl"
+    if xml is not None:
+        args[1:1] = ["-i", str(xml)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, check=True)
+    return done.stdout
+
+
+def facts(text: str) -> HwlocFacts:
+    root = ET.fromstring(text)
+    machine = root.find("object")
+    assert machine is not None
+    node_pus: dict[int, frozenset[int]] = {}
+    core_of: dict[int, int] = {}
+    cores = 0
+
+    def walk(obj: ET.Element, core: int | None) -> None:
+        nonlocal cores
+        for child in obj.findall("object"):
+            kind = child.get("type")
+            here = core
+            if kind == "Core":
+                here = cores
+                cores += 1
+            if kind == "NUMANode":
+                node_pus[int(child.get("os_index", "0"))] = _bits(child.get("cpuset"))
+            elif kind == "PU":
+                pu = int(child.get("os_index", "0"))
+                if here is None:
+                    here = cores
+                    cores += 1
+                core_of[pu] = here
+            walk(child, here)
+
+    walk(machine, None)
+    return HwlocFacts(
+        node_pus=node_pus,
+        allowed_nodes=_bits(machine.get("allowed_nodeset")),
+        allowed_pus=_bits(machine.get("allowed_cpuset")),
+        core_of=core_of,
+    )
+
+
+def synthetic_xml(description: str, out: Path, *, allow_nodes: list[int] | None = None) -> Path:
+    """hwloc's XML of a synthetic machine, memory set restricted by hwloc itself."""
+    args = ["lstopo-no-graphics", "--input", description]
+    if allow_nodes is not None:
+        mask = sum(1 << n for n in allow_nodes)
+        args += ["--allow", f"nodeset={mask:#x}"]
+    args += ["--of", "xml", str(out)]
+    subprocess.run(args, capture_output=True, text=True, timeout=300, check=True)
+    return out
+
+
+CGROUP_STEP = Path("cgroup/unified/uid_2008/job_15389/step_0")
+
+
+def cgroup_mems_snapshot(src: Path, dst: Path, *, cpus: str, mems: str) -> Path:
+    """The 32amd64-4s2n4c-cgroup2 snapshot with its job's cgroup changed to ``cpus`` and
+    ``mems`` (e.g. CPUs 0-11 but memory nodes 1-4): what Slurm does to a job."""
+    shutil.copytree(src, dst, symlinks=True)
+    (dst / CGROUP_STEP / "cpuset.cpus.effective").write_text(cpus + "\n")
+    (dst / CGROUP_STEP / "cpuset.mems.effective").write_text(mems + "\n")
+    return dst
+
+
+def offline_node_snapshot(src: Path, dst: Path, node: int) -> Path:
+    """A snapshot with NUMA node ``node`` offline as Linux shows it: no nodeN folder,
+    node/online without it; its CPUs stay online but belong to no node."""
+    shutil.copytree(src, dst, symlinks=True)
+    base = dst / "sys" / "devices" / "system" / "node"
+    shutil.rmtree(base / f"node{node}")
+    left = sorted(int(p.name[4:]) for p in base.iterdir() if p.name[4:].isdigit())
+    for name in ("online", "has_cpu", "has_normal_memory"):
+        if (base / name).exists():
+            (base / name).write_text(",".join(map(str, left)) + "\n")
+    return dst
+
+
+# ---------------------------------------------------------------- the machines
+
+# 2-8 nodes x 1-4 threads per core, each node count and thread count at least twice
+SHAPES = ((2, 1), (2, 4), (3, 2), (3, 4), (4, 1), (4, 3), (8, 2), (8, 3))
+SYNTHETIC = [f"numa:{n} core:4 pu:{t}" for n, t in SHAPES]
+CGROUP_SNAPSHOT = "32amd64-4s2n4c-cgroup2"
+OFFLINE_SNAPSHOT = "64amd64-4s2n4ca2co"
+
+
+@dataclass(frozen=True)
+class Machine:
+    label: str
+    host: HostTopology
+    hw: HwlocFacts
+    source: list[str]  # hpcvm's flags naming it (--sysfs-root X / --topology X)
+
+
+def _machine(label: str, *, fsroot: Path | None = None, xml: Path | None = None) -> Machine:
+    host = discover(sysfs_root=fsroot, xml=xml)
+    hw = facts(lstopo_xml(fsroot=fsroot, xml=xml))
+    flag = ["--sysfs-root", str(fsroot)] if fsroot is not None else ["--topology", str(xml)]
+    return Machine(label, host, hw, flag)
+
+
+@pytest.fixture(scope="module")
+def made(snapshots_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Machine]:
+    """The machines the shared snapshots lack, made from them or by hwloc."""
+    tmp = tmp_path_factory.mktemp("issue8")
+    cg = cgroup_mems_snapshot(
+        sysfs_root(snapshots_dir, CGROUP_SNAPSHOT), tmp / "cg", cpus="0-11", mems="1-4"
+    )
+    off = offline_node_snapshot(sysfs_root(snapshots_dir, OFFLINE_SNAPSHOT), tmp / "off0", 0)
+    out = {
+        "cgroup mems 1-4": _machine("cgroup mems 1-4", fsroot=cg),
+        "node 0 offline": _machine("node 0 offline", fsroot=off),
+    }
+    for i, desc in enumerate(SYNTHETIC):
+        n = int(desc.split()[0].split(":")[1])
+        out[desc] = _machine(desc, xml=synthetic_xml(desc, tmp / f"s{i}.xml"))
+        barred = f"{desc} mems 1-{n - 1}"
+        path = synthetic_xml(desc, tmp / f"s{i}-mems.xml", allow_nodes=list(range(1, n)))
+        out[barred] = _machine(barred, xml=path)
+    return out
+
+
+@pytest.fixture(scope="module")
+def machines(snapshots_dir: Path, made: dict[str, Machine]) -> list[Machine]:
+    found = list(made.values())
+    for ident in SNAPSHOT_IDS:
+        kind, name = ident.split(":", 1)
+        if kind == "sysfs":
+            found.append(_machine(ident, fsroot=sysfs_root(snapshots_dir, name)))
+        else:
+            found.append(_machine(ident, xml=TOPOLOGIES / "xml" / f"{name}.xml"))
+    return found
+
+
+# ---------------------------------------------------------------- host model vs hwloc
+
+
+def test_host_model_agrees_with_hwloc(machines: list[Machine]) -> None:
+    """Each online PU's node is one hwloc puts it in, or None where hwloc puts it in
+    none; allowed nodes and PUs are hwloc's allowed sets."""
+    for m in machines:
+        for pu in m.host.pus:
+            if not pu.online:
+                continue
+            nodes = m.hw.nodes_of(pu.os_index)
+            if nodes:
+                assert pu.node in nodes, f"{m.label}: PU {pu.os_index} on {pu.node}, not {nodes}"
+            else:
+                assert pu.node is None, f"{m.label}: PU {pu.os_index} has no node in hwloc"
+            assert pu.allowed == (pu.os_index in m.hw.allowed_pus), m.label
+        for node in m.host.nodes:
+            assert node.allowed == (node.os_index in m.hw.allowed_nodes), m.label
+    labels = {m.label: m for m in machines}
+    assert set(labels["node 0 offline"].host.nodeless_pus()) == set(range(8))
+    assert [n.os_index for n in labels["cgroup mems 1-4"].host.allowed_nodes()] == [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------- plans vs hwloc
+
+
+def _sizes(m: Machine) -> list[int]:
+    usable = len(m.hw.allowed_pus & set(m.hw.core_of))
+    cores = len({m.hw.core_of[p] for p in m.hw.allowed_pus if p in m.hw.core_of})
+    return sorted({1, max(1, cores // 2), cores, min(cores + 1, usable), usable})
+
+
+def _pu(pu: int | None) -> int:
+    assert pu is not None
+    return pu
+
+
+def _check_against_hwloc(m: Machine, request: PlanRequest, p: VMPlan) -> None:
+    hw = m.hw
+    pus = p.vcpu_pus()
+    where = f"{m.label} {request.smt} {request.vcpus}"
+    assert set(pus) <= hw.allowed_pus, where
+    for region in p.memory:
+        assert set(region.host_nodes) <= hw.allowed_nodes, f"{where}: bound to a barred node"
+    by_vcpu = {pl.vcpu: pl.host_pu for pl in p.placements}
+    for g in p.guest_nodes:
+        homes = {frozenset(hw.nodes_of(_pu(by_vcpu[v]))) for v in g.vcpus}
+        assert len(homes) == 1, f"{where}: guest node {g.index} spans host nodes {homes}"
+        (home,) = homes
+        if not home:
+            assert g.cpu_node is None and not g.local, f"{where}: node-less PUs claimed local"
+        else:
+            assert g.cpu_node in home, where
+            assert g.local == (g.cpu_node in hw.allowed_nodes), where
+    used_cores = [hw.core_of[pu] for pu in pus]
+    siblings = len(set(used_cores)) < len(used_cores)
+    allowed_home = {
+        pu for pu in hw.allowed_pus if hw.nodes_of(pu) & hw.allowed_nodes and pu in hw.core_of
+    }
+    local_cores = len({hw.core_of[pu] for pu in allowed_home})
+    if request.smt == "cores" and siblings:
+        assert local_cores < request.vcpus, f"{where}: siblings with {local_cores} free cores"
+    if request.smt == "require":
+        sizes = {c: sum(1 for q in hw.allowed_pus if hw.core_of.get(q) == c) for c in used_cores}
+        assert min(sizes.values()) >= 2, f"{where}: --smt require on a core without siblings"
+    if len(allowed_home) >= request.vcpus:
+        assert all(g.local for g in p.guest_nodes), f"{where}: non-local PUs used needlessly"
+
+
+@pytest.mark.parametrize("smt", SMT_POLICIES)
+def test_numa_plans_follow_hwloc_on_every_machine(machines: list[Machine], smt: SmtPolicy) -> None:
+    planned = 0
+    for m in machines:
+        host = roomy(m.host)
+        for vcpus in _sizes(m):
+            request = PlanRequest(
+                profile="numa", vcpus=vcpus, memory_bytes=512 * MIB, page_size_bytes=4096, smt=smt
+            )
+            try:
+                result = plan(host, request)
+            except InfeasiblePlanError as exc:
+                assert "\n" not in str(exc)
+                usable = len(m.hw.allowed_pus & set(m.hw.core_of))
+                assert vcpus > usable or smt == "require", f"{m.label} {vcpus}: {exc}"
+                continue
+            check_plan(host, request, result)
+            _check_against_hwloc(m, request, result)
+            planned += 1
+    assert planned > len(machines)
+
+
+def test_hpc_and_pinned_plans_respect_the_memory_set(machines: list[Machine]) -> None:
+    for m in machines:
+        host = roomy(m.host)
+        for profile in ("hpc", "hugepages"):
+            request = PlanRequest(profile=profile, vcpus=2, memory_bytes=512 * MIB)
+            try:
+                result = plan(host, request)
+            except HpcvmError as exc:
+                assert "\n" not in str(exc)
+                continue
+            check_plan(host, request, result)
+            assert set(result.hugepages_needed) <= m.hw.allowed_nodes, m.label
+            for region in result.memory:
+                assert set(region.host_nodes) <= m.hw.allowed_nodes, m.label
