@@ -4,8 +4,17 @@ over sequences of floats, no I/O. Results are frozen pydantic models."""
 from hpcvm.stats.fieller import FiellerSet, fieller_set, welch_df
 from hpcvm.stats.interleave import interleaved_order, interleaved_schedule
 from hpcvm.stats.noise import NoiseSummary, detour_threshold_ns, noise_summary
-from hpcvm.stats.overhead import Overhead, overhead
-from hpcvm.stats.simulate import Coverage, Population, bootstrap_coverage, fieller_coverage
+from hpcvm.stats.outliers import MIN_FLAG_N, flag_outliers, outlier_count, outlier_threshold
+from hpcvm.stats.overhead import Overhead, OverheadMethod, overhead
+from hpcvm.stats.robust import robust_overhead
+from hpcvm.stats.simulate import (
+    Coverage,
+    Population,
+    bootstrap_coverage,
+    fieller_coverage,
+    robust_coverage,
+    true_median_ratio,
+)
 from hpcvm.stats.stopping import (
     Replay,
     StopDecision,
@@ -15,32 +24,46 @@ from hpcvm.stats.stopping import (
 )
 from hpcvm.stats.summary import DEFAULT_CONFIDENCE, Summary, summarize, t_quantile
 from hpcvm.stats.timekeeping import DRIFT_LIMIT, Drift, clock_drift
+from hpcvm.stats.trust import Trust, TrustIssue, TrustKind, overhead_trust, sample_trust
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
     "DRIFT_LIMIT",
+    "MIN_FLAG_N",
     "Coverage",
     "Drift",
     "FiellerSet",
     "NoiseSummary",
     "Overhead",
+    "OverheadMethod",
     "Population",
     "Replay",
     "StopDecision",
     "Summary",
+    "Trust",
+    "TrustIssue",
+    "TrustKind",
     "bootstrap_coverage",
     "clock_drift",
     "detour_threshold_ns",
     "fieller_coverage",
     "fieller_set",
     "fixed_width_stop",
+    "flag_outliers",
     "interleaved_order",
     "interleaved_schedule",
     "noise_summary",
+    "outlier_count",
+    "outlier_threshold",
     "overhead",
+    "overhead_trust",
     "relative_half_width",
     "replay_auto",
+    "robust_coverage",
+    "robust_overhead",
+    "sample_trust",
     "summarize",
     "t_quantile",
+    "true_median_ratio",
     "welch_df",
 ]

@@ -38,6 +38,9 @@ from hpcvm.stats.fieller import fieller_set
 from hpcvm.stats.summary import DEFAULT_CONFIDENCE
 
 Method = Literal["fieller", "bootstrap"]
+"""Interval methods of the mean's overhead (what ``overhead(method=...)`` accepts)."""
+OverheadMethod = Literal["fieller", "bootstrap", "hodges-lehmann"]
+"""Every method an Overhead can come from; ``hodges-lehmann`` is robust.py's."""
 DEFAULT_BOOTSTRAP_SEED = 20_130_701
 DEFAULT_RESAMPLES = 9999
 BOOTSTRAP_MIN_N = 20
@@ -50,9 +53,11 @@ class Overhead(Frozen):
     not significantly non-zero, fewer than 2 samples on a side, or a degenerate
     bootstrap); the ``*_ci_*`` fields are then ``None`` and ``note`` says why.
     ``df`` is the t degrees of freedom Fieller used (``None`` for the bootstrap).
+    ``ratio`` is the method's estimate: the ratio of means for fieller and bootstrap,
+    the median pairwise ratio for hodges-lehmann (robust.py).
     """
 
-    method: Method
+    method: OverheadMethod
     higher_is_better: bool
     confidence: float
     n_native: int
@@ -73,7 +78,9 @@ def _pct(ratio: float) -> float:
     return (ratio - 1.0) * 100.0
 
 
-def _result(base: dict[str, object], low: float | None, high: float | None, note: str) -> Overhead:
+def overhead_result(
+    base: dict[str, object], low: float | None, high: float | None, note: str
+) -> Overhead:
     """Assemble an Overhead from the interval of r (``None`` bounds: no interval)."""
     bounded = low is not None and high is not None
     significant = low is not None and high is not None and (low > 1.0 or high < 1.0)
@@ -194,14 +201,14 @@ def overhead(
     }
     if nat.size < 2 or v.size < 2:
         note = "no interval: it needs at least 2 samples of both native and VM"
-        return _result(base, None, None, note)
+        return overhead_result(base, None, None, note)
     if method == "fieller":
         low, high, df, note = _fieller(num, den, conf, den_name)
-        return _result({**base, "df": df}, low, high, note)
+        return overhead_result({**base, "df": df}, low, high, note)
     blow, bhigh, note = _bootstrap(nat, v, conf, higher_is_better, seed, n_resamples)
     if not note and min(nat.size, v.size) < BOOTSTRAP_MIN_N:
         note = (
             f"bootstrap interval from fewer than {BOOTSTRAP_MIN_N} runs per side is too narrow "
             "(simulated coverage ~0.9 at n=5); prefer method fieller"
         )
-    return _result(base, blow, bhigh, note)
+    return overhead_result(base, blow, bhigh, note)
