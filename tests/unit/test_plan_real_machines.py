@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,3 +302,73 @@ def test_hpc_and_pinned_plans_respect_the_memory_set(machines: list[Machine]) ->
             assert set(result.hugepages_needed) <= m.hw.allowed_nodes, m.label
             for region in result.memory:
                 assert set(region.host_nodes) <= m.hw.allowed_nodes, m.label
+
+
+# ---------------------------------------------------------------- the CLI, in words
+
+
+def hpcvm(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "400"}  # rich: one table row per line
+    return subprocess.run(
+        [sys.executable, "-m", "hpcvm.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+
+
+def test_smt_policies_on_two_nodes_of_eight_cores_by_two(tmp_path: Path) -> None:
+    """The issue's host: 16 vCPUs take one PU of each of the 16 cores over both nodes
+    (cores), or both PUs of one node's 8 cores (pack, require); hwloc says which PU
+    is on which core and node."""
+    xml = synthetic_xml("numa:2(memory=16GiB) core:8 pu:2", tmp_path / "h.xml")
+    hw = facts(lstopo_xml(xml=xml))
+    base = ["plan", "--profile", "numa", "--vcpus", "16", "--memory", "2G", "--page-size", "4K"]
+    for smt, cores, nodes in (("cores", 16, 2), ("pack", 8, 1), ("require", 8, 1)):
+        done = hpcvm(*base, "--smt", smt, "--topology", str(xml), "--format", "json")
+        assert done.returncode == 0, done.stderr
+        p = VMPlan.model_validate_json(done.stdout)
+        pus = p.vcpu_pus()
+        assert len({hw.core_of[pu] for pu in pus}) == cores, smt
+        assert len(set().union(*(hw.nodes_of(pu) for pu in pus))) == nodes == len(p.guest_nodes)
+        assert p.topology.threads == (1 if smt == "cores" else 2)
+    table = hpcvm(*base, "--topology", str(xml))
+    assert (
+        "hw:cpu_thread_policy=isolate" in table.stdout and "SMT siblings left idle" in table.stdout
+    )
+    flat = synthetic_xml("numa:2 core:8 pu:1", tmp_path / "flat.xml")
+    refused = hpcvm(*base, "--smt", "require", "--topology", str(flat))
+    assert refused.returncode == 3 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1 and "--smt require" in refused.stderr
+
+
+def test_memory_picks_nodes_and_refusal_names_the_largest_size(tmp_path: Path) -> None:
+    """Four 1 GiB nodes (hwloc's synthetic memory): 2 vCPUs and 1G do not fit one node
+    with QEMU's overhead, so they spread; 8G fits no choice: exit 3, one line naming
+    the largest size, which then plans."""
+    xml = synthetic_xml("numa:4(memory=1GiB) core:4 pu:1", tmp_path / "small.xml")
+    base = ["plan", "--profile", "numa", "--vcpus", "2", "--page-size", "4K", "--topology"]
+    done = hpcvm(*base, str(xml), "--memory", "1G", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    p = VMPlan.model_validate_json(done.stdout)
+    assert len(p.guest_nodes) == 2 and all(g.memory_bytes == 512 * MIB for g in p.guest_nodes)
+    refused = hpcvm(*base, str(xml), "--memory", "8G")
+    assert refused.returncode == 3 and refused.stdout == "" and refused.stderr.count("\n") == 1
+    best = refused.stderr.split("use --memory ")[1].split()[0]
+    assert hpcvm(*base, str(xml), "--memory", best).returncode == 0
+
+
+def test_host_and_plan_explain_barred_and_nodeless(made: dict[str, Machine]) -> None:
+    cg = made["cgroup mems 1-4"]
+    host = hpcvm("host", *cg.source)
+    assert host.returncode == 0, host.stderr
+    assert "disallowed memory nodes" in host.stdout and "only to nodes 1-4" in host.stdout
+    args = ["--profile", "numa", "--vcpus", "10", "--memory", "1G", "--page-size", "4K"]
+    planned = hpcvm("plan", *args, *cg.source)
+    assert planned.returncode == 0, planned.stderr
+    assert "outside cpuset.mems" in planned.stdout and "nearest allowed node" in planned.stdout
+    off = made["node 0 offline"]
+    host = hpcvm("host", *off.source)
+    assert "CPUs without a node" in host.stdout and "0-7" in host.stdout

@@ -9,7 +9,7 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from hpcvm.host.model import HostTopology
-from hpcvm.plan.model import VMPlan
+from hpcvm.plan.model import NOVA_THREAD_POLICY, VMPlan
 from hpcvm.units import format_cpu_list, format_size
 
 
@@ -54,12 +54,20 @@ def summary(plan: VMPlan) -> Table:
             f"{format_size(plan.memory_bytes)} on {format_size(plan.page_size_bytes)} pages",
         ),
         ("guest NUMA nodes", str(len(plan.guest_nodes)) if plan.guest_nodes else "none (flat)"),
+        ("SMT policy", _smt_text(plan)),
         ("CPU model", _cpu_text(plan)),
         ("clock", plan.clock),
     ]
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def _smt_text(plan: VMPlan) -> str:
+    if not plan.pinned:
+        return "none (vCPUs not pinned)"
+    smt = plan.request.smt or "cores"
+    return f"{smt} (OpenStack hw:cpu_thread_policy={NOVA_THREAD_POLICY[smt]}); see decisions"
 
 
 def _cpu_text(plan: VMPlan) -> str:
@@ -93,7 +101,8 @@ def vcpus(plan: VMPlan, host: HostTopology | None) -> Table:
 def guest_nodes(plan: VMPlan) -> Table:
     table = Table(title="Guest NUMA nodes", title_justify="left")
     table.add_column("guest node", justify="right")
-    table.add_column("host node", justify="right")
+    table.add_column("memory on host node", justify="right")
+    table.add_column("vCPUs on")
     table.add_column("vCPUs")
     table.add_column("memory", justify="right")
     table.add_column("distances (to guest nodes 0..n-1)")
@@ -101,11 +110,20 @@ def guest_nodes(plan: VMPlan) -> Table:
         table.add_row(
             str(node.index),
             str(node.host_node),
+            _cpu_home(node.host_node, node.cpu_node, node.local),
             format_cpu_list(list(node.vcpus)),
             format_size(node.memory_bytes),
             " ".join(map(str, row)),
         )
     return table
+
+
+def _cpu_home(host_node: int, cpu_node: int | None, local: bool) -> str:
+    if local:
+        return f"host node {host_node} (local)"
+    if cpu_node is None:
+        return "PUs without a node (not local)"
+    return f"host node {cpu_node} (not local: outside cpuset.mems)"
 
 
 def memory(plan: VMPlan) -> Table:

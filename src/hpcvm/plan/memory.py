@@ -266,7 +266,15 @@ def largest_fitting(fits: Callable[[int], bool], total: int, page: int) -> int:
     return lo * step
 
 
-def check_host_total(host: HostTopology, total: int, overhead: int, page: int) -> None:
+def check_host_total(
+    host: HostTopology,
+    total: int,
+    overhead: int,
+    page: int,
+    plans: Callable[[int], bool] | None = None,
+) -> None:
+    """Refuse memory beyond the allowed nodes' RAM; the size named is the largest that
+    ``plans`` accepts (the planner's own node search) or that the total holds."""
     have = sum(n.memory_bytes for n in host.allowed_nodes())
     barred = [n.os_index for n in host.nodes if not n.allowed and n.kind == "normal"]
     kept = format_cpu_list([n.os_index for n in host.allowed_nodes()])
@@ -276,7 +284,7 @@ def check_host_total(host: HostTopology, total: int, overhead: int, page: int) -
         def fits(candidate: int) -> bool:
             return candidate + qemu_overhead(candidate) <= have
 
-        best = largest_fitting(fits, total, page)
+        best = largest_fitting(plans or fits, total, page)
         raise InfeasiblePlanError(
             f"--memory {format_size(total)} plus about {format_size(overhead)} of QEMU overhead "
             f"is more than this host's {format_size(have)} of RAM{where}: "

@@ -157,7 +157,11 @@ def _select(
             )
 
         total = request.memory_bytes
-        check_host_total(host, total, qemu_overhead(total), page)
+
+        def plans(size: int) -> bool:
+            return _fits_total(host, request.vcpus, layout, prefer, smt, distance, page, size)
+
+        check_host_total(host, total, qemu_overhead(total), page, plans)
 
         def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
             return memory_fits(host, total, page, loads, strict)
@@ -168,6 +172,24 @@ def _select(
     selection = make_selection(layout, choice.domains, choice.shares, smt, "")
     explain_selection(host, request.vcpus, layout, selection, choice, prefer, distance, notes)
     return selection
+
+
+def _fits_total(
+    host: HostTopology,
+    vcpus: int,
+    layout: CpuLayout,
+    prefer: Sequence[int],
+    smt: SmtPolicy,
+    distance: dict[tuple[int, int], int],
+    page: int,
+    total: int,
+) -> bool:
+    """Whether some choice of nodes holds ``vcpus`` with ``total`` bytes of memory."""
+
+    def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
+        return memory_fits(host, total, page, loads, strict)
+
+    return choose_domains(layout, vcpus, prefer, smt, distance, fits) is not None
 
 
 def _check_smt_possible(layout: CpuLayout, vcpus: int, smt: SmtPolicy) -> None:
@@ -199,10 +221,7 @@ def _memory_refusal(
     """No choice of nodes holds the memory: name the largest size one would hold."""
 
     def fits_total(total: int) -> bool:
-        def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
-            return memory_fits(host, total, page, loads, strict)
-
-        return choose_domains(layout, request.vcpus, prefer, smt, distance, fits) is not None
+        return _fits_total(host, request.vcpus, layout, prefer, smt, distance, page, total)
 
     best = largest_fitting(fits_total, request.memory_bytes, page)
     allowed = format_cpu_list([n.os_index for n in host.allowed_nodes()])
