@@ -152,3 +152,23 @@ def test_verify_of_a_dead_vm_and_of_no_vm(runtime: Path, hugepages: object) -> N
     assert dead.returncode == 5, dead.stderr
     lines = [ln for ln in dead.stderr.splitlines() if ln.startswith("hpcvm: error:")]
     assert len(lines) == 1 and "not running" in lines[0] and "Traceback" not in dead.stderr
+
+
+def test_record_saying_another_node_is_a_memory_mismatch(runtime: Path, hugepages: object) -> None:
+    """Issue 8: QEMU binds the guest's memory to host node 0 (this host's only node);
+    the recorded plan is changed to say node 1. verify reads where the memory really is
+    (numa_maps of the QEMU process, pages the kernel placed) and fails naming node 0."""
+    name = f"vf{os.getpid()}-mem"
+    up(name, "qemu", hugepages)
+    machine = state.load_machine(name)
+    moved = tuple(r.model_copy(update={"host_nodes": (1,)}) for r in machine.plan.memory)
+    state.save_machine(
+        machine.model_copy(update={"plan": machine.plan.model_copy(update={"memory": moved})})
+    )
+    code, report, err = verify_json(name)
+    assert code == 6, err
+    failed = {n: actual for n, _expected, actual in failures(report)}
+    assert "bound to node 0" in failed["memory bound outside the plan"]
+    assert "memory bound to host node 1 (2M pages)" in failed
+    state.save_machine(machine)
+    assert verify_json(name)[0] == 0

@@ -336,6 +336,42 @@ def check_memory_placement(plan: VMPlan, seen: Observed) -> list[Check]:
     return out
 
 
+GUEST_RAM_FLOOR = 16 * MIB  # bound mappings this large are guest RAM, not QEMU's own
+
+
+def check_unplanned_binding(plan: VMPlan, seen: Observed) -> list[Check]:
+    """Guest RAM bound where the plan binds nothing: a VM started from another plan, or
+    bound by hand (numactl, a libvirt edit). Without this, a plan saying node 1 for a
+    VM whose memory is bound to node 0 would only show as "0 mapped on node 1"; here
+    the node that really holds it is named, from the pages the kernel reports (N0=...).
+    """
+    planned = {frozenset(r.host_nodes) for r in plan.memory if r.policy == "bind"}
+    stray = [
+        m
+        for m in seen.mappings
+        if m.policy == "bind" and m.size >= GUEST_RAM_FLOOR and m.policy_nodes not in planned
+    ]
+    if not stray:
+        return []
+    on: dict[int, int] = {}
+    for m in stray:
+        for node, size in m.bytes_by_node.items():
+            on[node] = on.get(node, 0) + size
+    bound = sorted({_pus(m.policy_nodes) for m in stray})
+    where = ", ".join(f"node {n}: {format_size(b)}" for n, b in sorted(on.items())) or "none yet"
+    planned_text = " / ".join(sorted(_pus(n) for n in planned)) or "none"
+    return [
+        _check(
+            "memory bound outside the plan",
+            f"guest memory bound only to host node {planned_text}",
+            f"{format_size(sum(m.size for m in stray))} bound to node {', '.join(bound)} "
+            f"(pages on {where})",
+            False,
+            f"{len(stray)} mapping(s) with a binding the plan does not have",
+        )
+    ]
+
+
 CHECKS: tuple[CheckFn, ...] = (
     check_guest_read,
     check_cpu_count,
@@ -349,6 +385,7 @@ CHECKS: tuple[CheckFn, ...] = (
     check_emulator_pins,
     check_hugepages,
     check_memory_placement,
+    check_unplanned_binding,
 )
 
 
