@@ -220,11 +220,13 @@ def _disks(devices: ET.Element, plan: VMPlan, boot: BootSpec) -> None:
 
 def _share(devices: ET.Element, boot: BootSpec) -> None:
     """Each shared directory as a 9p ``<filesystem>`` (``multidevs='remap'`` as in the
-    QEMU line), read-only unless the share is writable. ``accessmode='passthrough'``
-    accesses files as QEMU's user, like ``security_model=none`` there."""
+    QEMU line), read-only unless the share is writable. ``accessmode='squash'`` is
+    ``security_model=none`` there: files are accessed and created as QEMU's user, and
+    the chown a guest's root asks for is ignored (``passthrough`` would attempt it and
+    fail every write as an unprivileged QEMU)."""
     for share in boot.shares:
         fs = ET.SubElement(
-            devices, "filesystem", type="mount", accessmode="passthrough", multidevs="remap"
+            devices, "filesystem", type="mount", accessmode="squash", multidevs="remap"
         )
         ET.SubElement(fs, "source", dir=share.host_path)
         ET.SubElement(fs, "target", dir=share.tag)
