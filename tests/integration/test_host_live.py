@@ -10,7 +10,7 @@ import pytest
 
 from hpcvm.cli.main import main
 from hpcvm.host import HostTopology, discover
-from hpcvm.units import KIB
+from hpcvm.units import KIB, parse_cpu_list
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +31,31 @@ def test_cpus_match_the_os(host: HostTopology) -> None:
     assert host.source == "live"
     assert len([p for p in host.pus if p.online]) == os.cpu_count()
     assert {p.os_index for p in host.usable_pus()} == os.sched_getaffinity(0)
+
+
+def _status_list(key: str) -> set[int]:
+    """A list line of /proc/self/status (the kernel's own view of this process)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return set(parse_cpu_list(line.split(":", 1)[1].strip()))
+    raise KeyError(key)
+
+
+def test_memory_set_and_node_membership_match_the_kernel(host: HostTopology) -> None:
+    """Allowed memory nodes are the kernel's Mems_allowed_list for this process; every
+    online CPU's node is the node whose cpulist names it (none when no node does)."""
+    allowed = {n.os_index for n in host.nodes if n.allowed}
+    assert allowed == _status_list("Mems_allowed_list") & {n.os_index for n in host.nodes}
+    base = Path("/sys/devices/system/node")
+    listed: dict[int, int] = {}
+    for folder in base.glob("node[0-9]*"):
+        for cpu in parse_cpu_list((folder / "cpulist").read_text().strip() or ""):
+            listed[cpu] = int(folder.name[4:])
+    for pu in host.pus:
+        if pu.online:
+            assert pu.node == listed.get(pu.os_index), f"CPU {pu.os_index}"
+    node = host.nodes[0]
+    assert node.available_bytes is not None and 0 < node.available_bytes <= node.memory_bytes
 
 
 def _node_memtotal_kb(node: int) -> int:
