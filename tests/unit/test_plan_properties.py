@@ -33,19 +33,36 @@ TWO_M = 2 * MIB
 @st.composite
 def hosts(draw: st.DrawFn) -> HostTopology:
     """A synthetic machine with 16G per node, some PUs offline or outside the cpuset,
-    and a random number of free 2M and 1G pages per node."""
+    some memory nodes outside cpuset.mems, the PUs of some node without a node (as when
+    that node is offline), and a random number of free 2M and 1G pages per node."""
     host = synthetic_host(draw(st.sampled_from(DESCRIPTIONS)))
     ids = [p.os_index for p in host.pus]
     offline = draw(st.sets(st.sampled_from(ids), max_size=max(1, len(ids) // 4)))
     outside = draw(st.sets(st.sampled_from(ids), max_size=max(1, len(ids) // 4)))
+    node_ids = [n.os_index for n in host.nodes]
+    barred = draw(st.sets(st.sampled_from(node_ids), max_size=len(node_ids) - 1))
+    nodeless = draw(st.sets(st.sampled_from(node_ids), max_size=1)) if len(node_ids) > 1 else set()
     pus = tuple(
         p.model_copy(
-            update={"online": p.os_index not in offline, "allowed": p.os_index not in outside}
+            update={
+                "online": p.os_index not in offline,
+                "allowed": p.os_index not in outside,
+                "node": None if p.node in nodeless else p.node,
+            }
         )
         for p in host.pus
     )
+    cores = tuple(
+        c.model_copy(update={"node": None if c.node in nodeless else c.node}) for c in host.cores
+    )
     nodes = []
     for node in host.nodes:
+        node = node.model_copy(
+            update={
+                "allowed": node.os_index not in barred,
+                "pus": () if node.os_index in nodeless else node.pus,
+            }
+        )
         free2m = draw(st.integers(0, 3072))
         free1g = draw(st.integers(0, 4))
         pools = (
@@ -53,7 +70,7 @@ def hosts(draw: st.DrawFn) -> HostTopology:
             HugePagePool(size_bytes=GIB, total=free1g, free=free1g),
         )
         nodes.append(node.model_copy(update={"memory_bytes": 16 * GIB, "hugepages": pools}))
-    return host.model_copy(update={"pus": pus, "nodes": tuple(nodes)})
+    return host.model_copy(update={"pus": pus, "cores": cores, "nodes": tuple(nodes)})
 
 
 @st.composite
@@ -75,6 +92,7 @@ def requests(draw: st.DrawFn, host: HostTopology) -> PlanRequest:
     if profile in ("numa", "hpc") and draw(st.booleans()):
         guest_nodes = draw(st.integers(1, min(vcpus, 6)))
     housekeeping = draw(st.sampled_from([None, 1, 2])) if profile == "hpc" else None
+    smt = draw(st.sampled_from([None, "cores", "pack", "require"])) if profile != "naive" else None
     return PlanRequest(
         profile=profile,
         vcpus=vcpus,
@@ -82,6 +100,7 @@ def requests(draw: st.DrawFn, host: HostTopology) -> PlanRequest:
         page_size_bytes=page,
         guest_nodes=guest_nodes,
         housekeeping=housekeeping,
+        smt=smt,
     )
 
 
