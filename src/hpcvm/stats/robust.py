@@ -11,9 +11,10 @@ the median of all pairwise ratios num_j/den_i - the Hodges-Lehmann shift of the
 logarithms, exponentiated. One slow run moves it by at most one rank among n*m pairs.
 
 What it estimates (its true value): the median of num/den for one run of each drawn
-independently, i.e. the ratio that a random VM run beats half the time against a random
-native run. When the two environments' runs differ only by a factor (same shape on the
-log scale) this is exactly the ratio of their medians; it is not the ratio of means.
+independently, i.e. the r such that a random VM run is more than r times a random native
+run (lower is better) half the time. When the two environments' runs differ only by a
+factor (same shape on the log scale) this is exactly the ratio of their medians, and of
+their means; when the shapes differ it is in general neither.
 
 Interval: the union of two intervals built on the same pairwise log-ratios d:
 
@@ -25,11 +26,11 @@ Interval: the union of two intervals built on the same pairwise log-ratios d:
   variance comes from the placements of each sample, so it stays valid when the two
   spreads differ (a VM noisier than native; Mann-Whitney alone then held its truth in
   95.5% of log-normal experiments at n = 50). Degrees of freedom min(n, m) - 1 instead
-  of Welch's, because Welch's held only 96.5% at n = 20-50 in the simulation.
+  of Welch's, because Welch's held as little as 96.5% at n = 20-50 in the simulation.
 
-The union covers whenever either covers; simulated coverage is >= 0.968 in every
-population of benchmarks/stats_coverage.py, and its width is within a few percent of the
-better of the two (docs/statistics.md). The values must be positive (logarithms).
+The union covers whenever either covers; simulated coverage is >= 0.965 in every
+population of benchmarks/stats_coverage.py, at a width 4% above Fieller's on normal runs
+of 20-50 (docs/statistics.md). The values must be positive (logarithms).
 """
 
 from __future__ import annotations
