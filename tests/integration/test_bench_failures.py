@@ -5,7 +5,9 @@ nothing to how failures are counted: the same runner records them)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,66 @@ def test_an_option_without_its_suite_is_refused(
     line = one_line_error(proc)
     assert flag in line and "does not select" in line
     assert not out.exists()
+
+
+# -- NPB ----------------------------------------------------------------------------------
+# NPB cannot be downloaded here: each "binary" below is a STAND-IN that replays a real NPB
+# run recorded on this machine (tests/data/npb/README.md), installed under the name a
+# user's directory would have, so the real hpcvm bench runs it under the real mpirun.
+
+NPB_DATA = Path(__file__).resolve().parent.parent / "data" / "npb"
+
+
+def _npb_dir(tmp_path: Path, name: str, recording: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stand_in = bin_dir / name
+    stand_in.write_text(
+        f"#!/bin/sh\nexec {sys.executable} {NPB_DATA / 'npb_standin.py'} "
+        f"{NPB_DATA / 'real' / recording}\n"
+    )
+    stand_in.chmod(0o755)
+    return bin_dir
+
+
+def _npb(tmp_path: Path, bin_dir: Path, kernel: str, np_: int) -> subprocess.CompletedProcess[str]:
+    return hpcvm(
+        "bench", "--env", "native", "--suite", "npb", "--npb-dir", str(bin_dir),
+        "--npb-kernels", kernel, "--np", str(np_), "--size", "quick", "--reps", "2",
+        "--out", str(tmp_path / "r"),
+    )  # fmt: skip
+
+
+def test_npb_verification_is_recorded_and_shown(tmp_path: Path) -> None:
+    bin_dir = _npb_dir(tmp_path, "cg.S.x", "npb3.4-cg.S.x-np1")
+    proc = _npb(tmp_path, bin_dir, "cg", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert "verification SUCCESSFUL 2/2" in proc.stdout
+    rows = _rows(tmp_path / "r")
+    assert {r["metric"] for r in rows} == {"Time_sec", "Mops_total"}
+    assert all(r["facts"]["verification"] == "SUCCESSFUL 2/2" for r in rows)  # type: ignore[index]
+    assert all(r["facts"]["class"] == "S" for r in rows)  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("name", "recording", "kernel", "np_", "reason"),
+    [
+        ("cg.S.x", "npb3.4-cg.W.x-np1", "cg", 1, "class W"),  # a class-W binary named cg.S.x
+        ("is.S.2", "npb3.3-is.S.1-np2", "is", 2, "compiled for 1 processes"),
+        ("mg.S.1", "npb3.3-mg.S.2-np1", "mg", 1, "signal 11"),  # a crash
+        ("cg.S.x", "npb3.4-cg.S.x-np1-wrong-reference", "cg", 1, "UNSUCCESSFUL"),
+    ],
+)
+def test_npb_failures_name_their_reason(
+    tmp_path: Path, name: str, recording: str, kernel: str, np_: int, reason: str
+) -> None:
+    if np_ > len(os.sched_getaffinity(0)):
+        pytest.skip(f"needs {np_} CPUs")
+    proc = _npb(tmp_path, _npb_dir(tmp_path, name, recording), kernel, np_)
+    assert proc.returncode == 9, proc.stderr
+    failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcvm: failed: native npb:")]
+    assert failed and all(reason in ln for ln in failed), proc.stderr
+    assert reason in one_line_error(proc)
+    assert "FAILED" in proc.stdout and reason in " ".join(proc.stdout.split())
+    rows = _rows(tmp_path / "r")
+    assert rows and all(r["n"] == 0 and reason in str(r["failure_reason"]) for r in rows)

@@ -9,7 +9,7 @@ a reasonable thing to do.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from hpcvm.bench.suites import SuiteOptions
 from hpcvm.errors import UsageError
@@ -42,6 +42,7 @@ class BenchConfig(Frozen):
     vm_memory: int = DEFAULT_VM_MEMORY
     vm_guest_nodes: int | None = None
     vm_backend: BackendName = "qemu"
+    native_cpus: tuple[int, ...] | Literal["all"] | None = None  # None: the VM's PUs
     suite_options: SuiteOptions = SuiteOptions()
 
     def check(self) -> BenchConfig:
@@ -77,10 +78,24 @@ class BenchConfig(Frozen):
 
     def identity(self) -> dict[str, Any]:
         """What a resumed run must share with the recorded one."""
+        # noise_iterations is derived (calibrated once per run), not chosen: a resumed
+        # run takes the recorded one
         return self.model_dump(
             mode="json",
-            include={"envs", "suites", "np", "vm_vcpus", "vm_memory", "vm_guest_nodes"},
-        ) | {"suite_options": self.suite_options.model_dump(mode="json")}
+            include={
+                "envs",
+                "suites",
+                "np",
+                "vm_vcpus",
+                "vm_memory",
+                "vm_guest_nodes",
+                "native_cpus",
+            },
+        ) | {
+            "suite_options": self.suite_options.model_dump(
+                mode="json", exclude={"noise_iterations"}
+            )
+        }
 
     def record(self) -> dict[str, Any]:
         """Everything, for the database."""

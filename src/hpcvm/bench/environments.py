@@ -36,6 +36,7 @@ from pydantic import Field
 
 from hpcvm import __version__
 from hpcvm.bench import evidence
+from hpcvm.bench.cpuset import Cpuset
 from hpcvm.bench.launch import ENV
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
@@ -168,14 +169,26 @@ class NativeEnvironment:
 
     kind: EnvKind = "native"
 
-    def __init__(self, host: HostTopology | None = None) -> None:
+    def __init__(
+        self,
+        host: HostTopology | None = None,
+        *,
+        cpus: Sequence[int] | None = None,
+        mems: Sequence[int] = (),
+    ) -> None:
+        """``cpus``/``mems``: the PUs and memory nodes every run is confined to (a
+        cpuset, see cpuset.py); None: wherever this process may run."""
         self.name = NATIVE
-        self.vcpus = len(os.sched_getaffinity(0))
+        self.cpus = tuple(cpus) if cpus is not None else None
+        self.mems = tuple(mems)
+        self.vcpus = len(self.cpus) if self.cpus is not None else len(os.sched_getaffinity(0))
         self.memory_bytes = _meminfo_total()
         self._cpu_model = host.cpu_model if host is not None else platform.processor()
+        self._cpuset: Cpuset | None = None
 
     def start(self) -> None:
-        return None
+        if self.cpus is not None and self._cpuset is None:
+            self._cpuset = Cpuset.create(self.cpus, self.mems)
 
     def describe(self) -> NewEnvironment:
         return NewEnvironment(
@@ -195,7 +208,9 @@ class NativeEnvironment:
         return None
 
     def close(self) -> None:
-        return None
+        if self._cpuset is not None:
+            self._cpuset.remove()
+            self._cpuset = None
 
     def run(
         self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
@@ -210,6 +225,7 @@ class NativeEnvironment:
             stderr=subprocess.PIPE,
             cwd=workdir,
             start_new_session=True,
+            preexec_fn=None if self._cpuset is None else self._cpuset.enter(),
         )
         timed_out = False
         try:

@@ -68,6 +68,7 @@ def rows_csv(rows: Sequence[ResultRow]) -> str:
     for r in rows:
         record = r.model_dump(mode="json")
         record["warnings"] = " | ".join(r.warnings)
+        record["facts"] = "; ".join(f"{k}: {v}" for k, v in r.facts.items())
         writer.writerow({k: "" if v is None else v for k, v in record.items()})
     return out.getvalue()
 

@@ -19,12 +19,13 @@ next to the installed package; ``HPCVM_NOISE_BIN`` overrides the path.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
 from hpcvm.bench.launch import in_workdir
-from hpcvm.bench.metrics import Metric, MetricValue, ParseError, parse_number
+from hpcvm.bench.metrics import Metric, MetricValue, ParseError, parse_number, tail
 from hpcvm.bench.suite import require_exit_ok
 from hpcvm.errors import BenchmarkError, UsageError
 from hpcvm.model import Frozen
@@ -203,8 +204,15 @@ class NoiseSuite:
     output_files = (RAW_FILE,)
 
     def __init__(
-        self, *, quanta: int = 20000, quantum_us: int = 50, cpus: Sequence[int] | None = None
+        self,
+        *,
+        quanta: int = 20000,
+        quantum_us: int = 50,
+        cpus: Sequence[int] | None = None,
+        iterations: int | None = None,
     ) -> None:
+        """``iterations``: the work of one quantum, fixed for the whole bench run so
+        every environment times the same work (None: the binary calibrates itself)."""
         if quanta < 1 or quantum_us < 1:
             raise UsageError(
                 f"noise: quanta and quantum must be positive, got {quanta} and {quantum_us} us"
@@ -214,6 +222,7 @@ class NoiseSuite:
         self.quanta = quanta
         self.quantum_us = quantum_us
         self.cpus = tuple(cpus) if cpus is not None else None
+        self.iterations = iterations
 
     def validate(self, np_values: Sequence[int]) -> None:
         noise_binary()
@@ -224,6 +233,8 @@ class NoiseSuite:
         argv = [str(noise_binary()), "-n", str(self.quanta), "-q", str(self.quantum_us)]
         if self.cpus is not None:
             argv += ["-c", format_cpu_list(self.cpus)]
+        if self.iterations is not None:
+            argv += ["-i", str(self.iterations)]
         return in_workdir(workdir, [*argv, "-o", RAW_FILE])
 
     def parse(self, workdir: Path, stdout: str, stderr: str, exit_code: int) -> list[MetricValue]:
@@ -233,3 +244,24 @@ class NoiseSuite:
     def raw_durations(self, workdir: Path) -> dict[int, list[int]]:
         """The run's raw durations (ns per quantum, per CPU) from its workdir."""
         return read_raw(workdir / RAW_FILE)
+
+
+CALIBRATION_QUANTA = 200
+
+
+def calibrate_iterations(quantum_us: int, cpu: int | None) -> int:
+    """The work loop length whose quantum takes ``quantum_us`` on this host (on ``cpu``,
+    the first PU native runs use). Done once per bench run: a VM then times the very
+    same work, so its quantum time and detours compare with native's."""
+    argv = [str(noise_binary()), "-n", str(CALIBRATION_QUANTA), "-q", str(quantum_us)]
+    if cpu is not None:
+        argv += ["-c", str(cpu)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if proc.returncode != 0:
+        raise BenchmarkError(
+            f"noise: calibrating the quantum failed: {tail(proc.stderr) or tail(proc.stdout)}"
+        )
+    try:
+        return parse_report(proc.stdout).iterations
+    except ParseError as exc:
+        raise BenchmarkError(f"noise: calibrating the quantum failed: {exc}") from exc

@@ -23,6 +23,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import Field
+
 from hpcvm.errors import BenchmarkError
 from hpcvm.model import Frozen
 from hpcvm.stats import overhead, summarize
@@ -54,6 +56,7 @@ class ResultRow(Frozen):
     failed: int  # samples of this cell that failed, or that lack this metric
     failed_samples: int = 0  # samples of this cell that failed outright
     failure_reason: str | None = None  # the most frequent reason, with its share
+    facts: dict[str, str] = Field(default_factory=dict)  # what the runs said of themselves
     mean: float | None
     stdev: float | None
     ci_low: float | None
@@ -181,6 +184,7 @@ def _row(
     }
     fields |= _summary_fields(vals, run.confidence)
     fields |= _failure_fields(samples, metric)
+    fields["facts"] = _facts(samples)
     if fields["ci_low"] is not None and fields["ci_low"] < 0 < fields["mean"]:
         fields["interval_note"] = (
             "too noisy to trust: the interval reaches below zero for a quantity that "
@@ -191,6 +195,25 @@ def _row(
         fields |= _overhead_fields(native_vals, vals, higher, run.confidence, method, cell)
     fields["warnings"] = tuple(_warnings(run, env, fields))
     return ResultRow.model_validate(fields)
+
+
+def _facts(samples: Sequence[SampleRecord]) -> dict[str, str]:
+    """Each fact the cell's runs reported, with how often each value came: NPB's
+    ``verification: SUCCESSFUL 5/6, UNSUCCESSFUL 1/6``; one value stands alone."""
+    seen: dict[str, Counter[str]] = defaultdict(Counter)
+    for s in samples:
+        facts = s.evidence.get("facts")
+        if isinstance(facts, dict):
+            for key, value in facts.items():
+                seen[str(key)][str(value)] += 1
+    out: dict[str, str] = {}
+    for key, counts in seen.items():
+        total = sum(counts.values())
+        if len(counts) == 1 and key != "verification":
+            out[key] = next(iter(counts))
+        else:
+            out[key] = ", ".join(f"{v} {n}/{total}" for v, n in counts.most_common())
+    return out
 
 
 def _failure_fields(samples: Sequence[SampleRecord], metric: str) -> dict[str, Any]:

@@ -24,13 +24,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.environments import CLEAN_ENV, Environment, RunOutput
 from hpcvm.bench.failures import CellKey, repeats_same_failure
 from hpcvm.bench.metrics import MetricValue
-from hpcvm.bench.suite import Suite
+from hpcvm.bench.suite import DescribesSamples, Suite
 from hpcvm.errors import HpcvmError
 from hpcvm.model import Frozen
 from hpcvm.stats import fixed_width_stop, interleaved_order
@@ -329,7 +329,7 @@ class Runner:
             started_at=started,
             host_seconds=None if output is None else output.host_seconds,
             guest_seconds=None if output is None else output.guest_seconds,
-            evidence={} if output is None else output.evidence,
+            evidence=_evidence(cell.suite, workdir, output),
             metrics=tuple(_record(v) for v in values)
             if error is None
             else _failed_metrics(cell.suite, error),
@@ -340,6 +340,19 @@ class Runner:
         self._ran += 1
         if error is not None:
             self._failed(sample, cell.label)
+
+
+def _evidence(suite: Suite, workdir: Path, output: RunOutput | None) -> dict[str, Any]:
+    """The environment's evidence, plus what the suite reads from the run about itself
+    (NPB's verification, class and process counts) under ``facts``."""
+    if output is None:
+        return {}
+    evidence = dict(output.evidence)
+    if isinstance(suite, DescribesSamples):
+        facts = suite.sample_facts(workdir, output.stdout, output.stderr, output.exit_code)
+        if facts:
+            evidence["facts"] = facts
+    return evidence
 
 
 def _failed_metrics(suite: Suite, error: str) -> tuple[MetricRecord, ...]:

@@ -26,14 +26,24 @@ from hpcvm.bench.environments import (
     parse_env_name,
     plan_vm,
 )
+from hpcvm.bench.noise import calibrate_iterations
+from hpcvm.bench.placement import NativePlacement, native_placement
 from hpcvm.bench.runner import Outcome, ProgressSink, Runner
-from hpcvm.bench.suite import Suite
+from hpcvm.bench.suite import DescribesSamples, Suite
 from hpcvm.bench.suites import build_suites, validate_suites
 from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.lock import exclusive
+from hpcvm.plan.model import VMPlan
 from hpcvm.signals import signals_deferred
-from hpcvm.store import NewEnvironment, RunRecord, Store, db_path, writer_lock_path
+from hpcvm.store import (
+    NewEnvironment,
+    RunRecord,
+    SampleRecord,
+    Store,
+    db_path,
+    writer_lock_path,
+)
 
 Warn = Callable[[str], None]
 
@@ -75,6 +85,7 @@ class Prepared:
     seed: int
     warnings: list[str] = field(default_factory=list)
     resume: RunRecord | None = None
+    native: NativePlacement | None = None
 
 
 def recorded_config(out_dir: Path) -> BenchConfig:
@@ -135,23 +146,31 @@ def prepare(
     previous = _resume_target(config, out_dir, resume)
     host = host if host is not None else discover()
     warnings: list[str] = []
-    envs: dict[str, Environment] = {}
-    seed = previous.seed if previous is not None else _seed(config)
+    plans: dict[str, VMPlan] = {}
     for name, profile in profiles.items():
-        if profile is None:
-            envs[name] = NativeEnvironment(host)
-            continue
-        plan, notes = plan_vm(
-            profile,
-            vcpus=config.vcpus,
-            memory_bytes=config.vm_memory,
-            guest_nodes=config.vm_guest_nodes,
-            host=host,
-        )
-        warnings += notes
-        envs[name] = VmEnvironment(
-            plan, vm_name=f"bench{os.getpid()}-{profile}", backend=config.vm_backend
-        )
+        if profile is not None:
+            plan, notes = plan_vm(
+                profile,
+                vcpus=config.vcpus,
+                memory_bytes=config.vm_memory,
+                guest_nodes=config.vm_guest_nodes,
+                host=host,
+            )
+            warnings += notes
+            plans[name] = plan
+    native = _native(config, previous, plans, host)
+    config = _fixed_noise_work(config, previous, native)
+    suites = build_suites(config.suites, config.suite_options)
+    envs: dict[str, Environment] = {}
+    for name in profiles:
+        if name in plans:
+            envs[name] = VmEnvironment(
+                plans[name],
+                vm_name=f"bench{os.getpid()}-{profiles[name]}",
+                backend=config.vm_backend,
+            )
+        else:
+            envs[name] = NativeEnvironment(host, cpus=native.cpus, mems=native.mems)
     _check_np(config, suites, envs)
     if any(isinstance(e, VmEnvironment) and e.plan.accel == "tcg" for e in envs.values()):
         # one run-level TCG warning instead of the planner's, repeated per VM
@@ -162,10 +181,44 @@ def prepare(
         host=host,
         envs=envs,
         suites=suites,
-        seed=seed,
+        seed=previous.seed if previous is not None else _seed(config),
         warnings=warnings,
         resume=previous,
+        native=native,
     )
+
+
+def _native(
+    config: BenchConfig, previous: RunRecord | None, plans: dict[str, VMPlan], host: HostTopology
+) -> NativePlacement:
+    """Where native runs: as recorded for a resumed run, else the VMs' PUs and nodes."""
+    if previous is not None and "native" in previous.args:
+        return NativePlacement.model_validate(previous.args["native"])
+
+    def pinned() -> VMPlan:
+        return plan_vm("pinned", vcpus=config.vcpus, memory_bytes=config.vm_memory, host=host)[0]
+
+    return native_placement(config.native_cpus, plans, host, pinned)
+
+
+def _fixed_noise_work(
+    config: BenchConfig, previous: RunRecord | None, native: NativePlacement
+) -> BenchConfig:
+    """The noise quantum's work, calibrated once on native's first PU (or as recorded
+    for a resumed run), so every environment times the same work."""
+    options = config.suite_options
+    if "noise" not in config.suites or options.noise_iterations is not None:
+        return config
+    if previous is not None:
+        recorded = BenchConfig.model_validate(previous.args["config"]).suite_options
+        iterations = recorded.noise_iterations
+    else:
+        first = native.cpus[0] if native.cpus else None
+        iterations = calibrate_iterations(options.noise_quantum_us, first)
+    if iterations is None:
+        return config
+    fixed = options.model_copy(update={"noise_iterations": iterations})
+    return config.model_copy(update={"suite_options": fixed})
 
 
 def _seed(config: BenchConfig) -> int:
@@ -176,9 +229,12 @@ def _check_np(config: BenchConfig, suites: list[Suite], envs: dict[str, Environm
     if not any(s.uses_np for s in suites):
         return
     wanted = max(config.np)
-    for name, env in envs.items():
+    # VMs first: native's PU count follows theirs, so a VM's size is the thing to change
+    for name, env in sorted(envs.items(), key=lambda item: item[1].kind == "native"):
         if wanted > env.vcpus:
-            where = "usable PUs on this host" if env.kind == "native" else "vCPUs (--vm-vcpus)"
+            where = (
+                "PUs to run on (--native-cpus)" if env.kind == "native" else "vCPUs (--vm-vcpus)"
+            )
             raise UsageError(
                 f"--np {wanted} is impossible in {name}: it has {env.vcpus} {where}; "
                 f"use --np {env.vcpus} or fewer"
@@ -244,7 +300,10 @@ def execute(
                 store.add_warning(run_id, text)
         else:
             run_id = store.create_run(
-                args={"config": prep.config.model_copy(update={"seed": prep.seed}).record()},
+                args={
+                    "config": prep.config.model_copy(update={"seed": prep.seed}).record(),
+                    "native": None if prep.native is None else prep.native.model_dump(mode="json"),
+                },
                 seed=prep.seed,
                 confidence=prep.config.confidence,
                 host=prep.host.model_dump(mode="json"),
@@ -291,10 +350,32 @@ def _measure(
         raise
     with signals_deferred():
         _close_all(prep, store, run_id)
+        for text in _resolution_warnings(prep.suites, store.samples(run_id, include_warmup=False)):
+            store.add_warning(run_id, text)
         store.set_status(
             run_id, "finished", stop_reason=outcome.stop_reason, stop_detail=outcome.detail
         )
     return outcome
+
+
+def _resolution_warnings(suites: list[Suite], samples: list[SampleRecord]) -> list[str]:
+    """Once per suite, metric and np: a program that prints a metric in steps coarser
+    than about 1% of its mean (NPB's 0.01 s on a short class) says so, with what to do."""
+    out: list[str] = []
+    for suite in suites:
+        if not isinstance(suite, DescribesSamples):
+            continue
+        values: dict[tuple[str, int], list[float]] = {}
+        for s in samples:
+            if s.suite == suite.name and s.ok:
+                for m in s.metrics:
+                    if m.value is not None:
+                        values.setdefault((m.metric, s.np or 1), []).append(m.value)
+        for (metric, np_), vals in values.items():
+            text = suite.resolution_warning(metric, np_, vals)
+            if text and text not in out:
+                out.append(text)
+    return out
 
 
 def _close_all(prep: Prepared, store: Store, run_id: int) -> None:

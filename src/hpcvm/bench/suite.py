@@ -68,6 +68,23 @@ class Suite(Protocol):
         ...
 
 
+@runtime_checkable
+class DescribesSamples(Protocol):
+    """What a suite may add (NPB does): facts about each run stored with its sample
+    (``verification``, ``class``, ...), a short label per metric and np, and the step in
+    which the program prints a metric, with a warning when that step is coarse."""
+
+    def sample_facts(
+        self, workdir: Path, stdout: str, stderr: str, exit_code: int
+    ) -> dict[str, str]: ...
+
+    def label(self, metric: str, np: int) -> str: ...
+
+    def resolution(self, metric: str) -> float | None: ...
+
+    def resolution_warning(self, metric: str, np: int, values: Sequence[float]) -> str | None: ...
+
+
 def require_exit_ok(what: str, exit_code: int, stdout: str, stderr: str) -> None:
     """A non-zero exit is a failed run: say which program and show the end of its output."""
     if exit_code != 0:

@@ -1,8 +1,9 @@
 """Registry: suite name (as typed after ``--suite``) -> the suite objects it stands for.
 
-Most names give one suite; ``npb`` gives one per kernel and class found in the NPB
-directory. Everything a user can get wrong (unknown name, npb without a directory, cmd
-without a regex or direction, a bad regex) is a UsageError here, before anything runs.
+Most names give one suite; ``npb`` gives one per kernel, in the class ``--size`` picks
+(quick S, small W, medium A) or the class named (``cg.B``). Everything a user can get
+wrong (unknown name, npb without a directory, cmd without a regex or direction, a bad
+regex) is a UsageError here, before anything runs.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ class SuiteOptions(Frozen):
     hpcc_size: HpccSize = "small"
     noise_quanta: int = 20000
     noise_quantum_us: int = 50
+    noise_iterations: int | None = None  # one quantum's work, fixed once per bench run
     npb_dir: Path | None = None
     npb_kernels: tuple[str, ...] = ()
+    npb_size: str | float = "small"  # --size as given: picks one NPB class per kernel
     cmd: str | None = None
     metric: str | None = None  # regex with one group
     higher_is_better: bool | None = None  # None: the user has not said
@@ -43,13 +46,21 @@ def _hpcc(options: SuiteOptions) -> list[Suite]:
 
 
 def _noise(options: SuiteOptions) -> list[Suite]:
-    return [NoiseSuite(quanta=options.noise_quanta, quantum_us=options.noise_quantum_us)]
+    return [
+        NoiseSuite(
+            quanta=options.noise_quanta,
+            quantum_us=options.noise_quantum_us,
+            iterations=options.noise_iterations,
+        )
+    ]
 
 
 def _npb(options: SuiteOptions) -> list[Suite]:
     if options.npb_dir is None:
         raise UsageError("--suite npb needs --npb-dir DIR (the bin directory of your NPB build)")
-    return list(discover(options.npb_dir, options.npb_kernels, bind=options.bind))
+    return list(
+        discover(options.npb_dir, options.npb_kernels, size=options.npb_size, bind=options.bind)
+    )
 
 
 def _cmd(options: SuiteOptions) -> list[Suite]:

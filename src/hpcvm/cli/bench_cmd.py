@@ -26,6 +26,7 @@ from hpcvm.bench.config import DEFAULT_MAX_REPS, DEFAULT_VM_MEMORY, BenchConfig
 from hpcvm.bench.environments import valid_env_names
 from hpcvm.bench.export import rows_csv, rows_json, write_atomic, write_exports
 from hpcvm.bench.failures import CellFailures, cell_failures, failure_line, without_valid_sample
+from hpcvm.bench.placement import parse_native_cpus
 from hpcvm.bench.results import summaries
 from hpcvm.bench.runner import LOGS
 from hpcvm.bench.session import execute, prepare, recorded_config, results_writer
@@ -110,6 +111,7 @@ def _suite_options(kw: dict[str, Any]) -> SuiteOptions:
         noise_quantum_us=kw["noise_quantum_us"],
         npb_dir=Path(npb_dir).absolute() if npb_dir else None,
         npb_kernels=tuple(k for k in (kw["npb_kernels"] or "").split(",") if k),
+        npb_size=kw["size"] if kw["size"] in _SIZES else hpcc_size,
         cmd=kw["cmd"],
         metric=kw["metric"],
         higher_is_better=kw["higher_is_better"],
@@ -162,6 +164,7 @@ def _config(kw: dict[str, Any]) -> BenchConfig:
         vm_memory=parse_size(memory, what="--vm-memory") if memory else DEFAULT_VM_MEMORY,
         vm_guest_nodes=kw["vm_guest_nodes"],
         vm_backend=cast(BackendName, kw["vm_backend"]),
+        native_cpus=parse_native_cpus(kw["native_cpus"]),
         suite_options=_suite_options(kw),
     ).check()
 
@@ -252,6 +255,12 @@ class _Bar:
 )
 @click.option("--vm-guest-nodes", type=int, default=None, help="numa/hpc: guest nodes.")
 @click.option("--vm-backend", type=click.Choice(["qemu", "libvirt"]), default="qemu")
+@click.option(
+    "--native-cpus",
+    default=None,
+    help="PUs native runs are confined to (a cpuset), e.g. 2-5, or all. Default: the PUs "
+    "and memory nodes of the most tuned VM's vCPUs.",
+)
 @click.option(
     "--size", default="small", show_default=True, help="quick, small, medium or a fraction."
 )

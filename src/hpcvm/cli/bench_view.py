@@ -19,6 +19,7 @@ from rich.text import Text
 from hpcvm.bench.failures import CellFailures
 from hpcvm.bench.results import ResultRow, noise_by_env
 from hpcvm.store import EnvironmentRecord, RunRecord
+from hpcvm.units import format_cpu_list
 
 SIGNIFICANT = "*"
 TOO_NOISY = "(too noisy)"
@@ -49,6 +50,21 @@ def _noise(figures: dict[str, float | None] | None) -> str:
     return f"lost {_num(lost, 3)}%, max {_num(detour, 3)} us"
 
 
+def host_pus(run: RunRecord, env: EnvironmentRecord) -> str:
+    """Where an environment ran: native's cpuset (as recorded with the run), a VM's
+    vCPU pins (from its plan), or "any" where nothing confined it."""
+    if env.kind == "native":
+        native = run.args.get("native")
+        cpus = native.get("cpus") if isinstance(native, dict) else None
+        mems = native.get("mems") if isinstance(native, dict) else None
+        if not cpus:
+            return "any"
+        return f"{format_cpu_list(cpus)} (nodes {format_cpu_list(mems or [])})"
+    placements = (env.plan or {}).get("placements", [])
+    pins = [p.get("host_pu") for p in placements if p.get("host_pu") is not None]
+    return format_cpu_list(pins) if pins else "any (unpinned)"
+
+
 def conditions(
     run: RunRecord,
     envs: Sequence[EnvironmentRecord],
@@ -57,7 +73,7 @@ def conditions(
 ) -> RenderableType:
     """Accelerator, CPU model, confidence, n and stopping rule, in a small table."""
     table = Table(title=f"run {run.id}: conditions", box=None, header_style="bold")
-    for col in ("env", "accel", "CPU model", "vCPUs", "memory", "n (reps)", "failed"):
+    for col in ("env", "accel", "CPU model", "vCPUs", "host PUs", "memory", "n (reps)", "failed"):
         table.add_column(col)
     for e in envs:
         ns = [r.n for r in rows if r.env == e.name and not r.detail]
@@ -67,6 +83,7 @@ def conditions(
             e.accel,
             e.cpu_model or "-",
             str(e.vcpus),
+            host_pus(run, e),
             f"{e.memory_bytes / 2**30:.1f} GiB",
             f"{min(ns)}-{max(ns)}" if ns and min(ns) != max(ns) else str(ns[0] if ns else 0),
             str(failed) if failed else "-",
@@ -139,8 +156,11 @@ def metric_tables(rows: Sequence[ResultRow]) -> list[Table]:
         table.add_column("sig")
         table.add_column("irq/s", justify="right")
         table.add_column("noise")
+        facts = any(r.facts for r in members)
+        if facts:
+            table.add_column("the runs say")
         for r in members:
-            table.add_row(
+            cells = [
                 r.env,
                 "-" if r.np is None else str(r.np),
                 f"{r.n}" + (f"+{r.failed} failed" if r.failed else ""),
@@ -149,7 +169,10 @@ def metric_tables(rows: Sequence[ResultRow]) -> list[Table]:
                 SIGNIFICANT if r.significant else "",
                 _num(r.interrupts_per_s, 3),
                 _noise(noise.get(r.env)),
-            )
+            ]
+            if facts:
+                cells.append(", ".join(f"{k} {v}" for k, v in r.facts.items()))
+            table.add_row(*cells)
         tables.append(table)
     return tables
 

@@ -28,6 +28,7 @@ TABLE_HEADER = (
     "overhead % [interval]",
     "significant",
     "failed",
+    "the runs say",
 )
 
 
@@ -106,6 +107,7 @@ def row_cells(r: Row) -> tuple[str, ...]:
         overhead_text(r),
         significant_text(r),
         str(r.failed),
+        "; ".join(f"{k} {v}" for k, v in r.facts.items()) or "-",
     )
 
 

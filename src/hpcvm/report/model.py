@@ -42,6 +42,7 @@ class Row(Frozen):
     n: int
     failed: int = 0  # samples of this cell that failed or lack this metric
     failure_reason: str | None = None  # the most frequent reason, with its share
+    facts: dict[str, str] = Field(default_factory=dict)  # e.g. NPB's verification counts
     mean: float | None  # None when every sample failed
     stdev: float | None = None
     ci_low: float | None

@@ -1,0 +1,72 @@
+"""Native runs where the VM runs (issue 9): the default native placement is the tuned
+VM's vCPU PUs and memory nodes, enforced with a real kernel cpuset that Open MPI's own
+binding honours, and the noise suite's work is fixed once per bench run. Checked with
+what the kernel says (/proc/self/status of the benchmark process), not with hpcvm."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hpcvm.bench.config import BenchConfig
+from hpcvm.bench.cpuset import CGROUP_ROOT, PREFIX
+from hpcvm.bench.environments import NativeEnvironment
+from hpcvm.bench.launch import mpirun_argv
+from hpcvm.bench.noise import NoiseSuite
+from hpcvm.bench.session import prepare
+from hpcvm.bench.suites import SuiteOptions
+from hpcvm.host import discover
+
+pytestmark = pytest.mark.integration
+
+STATUS = ["/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"]
+
+
+def _cpusets() -> list[Path]:
+    return [p for p in CGROUP_ROOT.rglob(f"{PREFIX}*") if p.is_dir()]
+
+
+def _last_cpu() -> int:
+    return max(os.sched_getaffinity(0))
+
+
+def test_a_native_run_and_its_mpi_ranks_stay_on_the_given_pu(tmp_path: Path) -> None:
+    cpu = _last_cpu()
+    env = NativeEnvironment(discover(), cpus=[cpu], mems=[0])
+    env.start()
+    try:
+        plain = env.run(STATUS, tmp_path, 60)
+        assert plain.stdout.split() == ["Cpus_allowed_list:", str(cpu)], plain.stderr
+        ranked = env.run(mpirun_argv(1, STATUS), tmp_path, 120)
+        assert ranked.exit_code == 0, ranked.stderr
+        assert ranked.stdout.split() == ["Cpus_allowed_list:", str(cpu)], ranked.stderr
+        if len(os.sched_getaffinity(0)) > 1:  # a second rank does not fit one PU
+            refused = env.run(mpirun_argv(2, ["/bin/true"]), tmp_path, 120)
+            assert refused.exit_code != 0
+    finally:
+        env.close()
+    assert _cpusets() == []
+
+
+def test_default_native_placement_is_the_tuned_vms_and_noise_work_is_fixed(
+    tmp_path: Path,
+) -> None:
+    host = discover()
+    config = BenchConfig(
+        envs=("native", "vm:naive", "vm:hpc"),
+        suites=("noise",),
+        suite_options=SuiteOptions(noise_quanta=100),
+    )
+    prep = prepare(config, tmp_path / "r", host=host)
+    hpc = prep.envs["vm:hpc"]
+    assert prep.native is not None
+    assert prep.native.cpus == hpc.plan.vcpu_pus()  # type: ignore[attr-defined]
+    native = prep.envs["native"]
+    assert native.vcpus == hpc.vcpus
+    [noise] = prep.suites
+    assert isinstance(noise, NoiseSuite) and noise.iterations is not None
+    assert prep.config.suite_options.noise_iterations == noise.iterations
+    assert "-i" in noise.prepare(tmp_path, 1, 0)
+    assert not (tmp_path / "r").exists()  # prepare starts and writes nothing
