@@ -142,8 +142,8 @@ def offline_node_snapshot(src: Path, dst: Path, node: int) -> Path:
 
 # ---------------------------------------------------------------- the machines
 
-# 2-8 nodes x 1-4 threads per core, each node count and thread count at least twice
-SHAPES = ((2, 1), (2, 4), (3, 2), (3, 4), (4, 1), (4, 3), (8, 2), (8, 3))
+# 2-8 nodes x 1-4 threads per core: every node count, every thread count twice or more
+SHAPES = ((2, 1), (2, 4), (3, 2), (4, 3), (5, 1), (6, 2), (7, 4), (8, 3))
 SYNTHETIC = [f"numa:{n} core:4 pu:{t}" for n, t in SHAPES]
 CGROUP_SNAPSHOT = "32amd64-4s2n4c-cgroup2"
 OFFLINE_SNAPSHOT = "64amd64-4s2n4ca2co"

@@ -101,9 +101,9 @@ def flat_memory(
     if first_node is not None:
         notes.decide(
             "hugepages",
-            f"the {pages} pages are counted against host node {first_node}, where the first "
-            "vCPUs run; unbound, the kernel may take them from any node (free pages were "
-            "checked over the whole host)",
+            f"the {pages} pages are counted against host node {first_node}, the first vCPUs' "
+            "node (or the nearest one cpuset.mems allows); unbound, the kernel may take them "
+            "from any allowed node (free pages were checked over the allowed nodes)",
         )
     region = MemoryRegion(
         id="ram",

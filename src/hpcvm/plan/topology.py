@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import CpuTopology, VcpuPlacement
 from hpcvm.plan.notes import Notes
-from hpcvm.plan.placement import Selection
+from hpcvm.plan.placement import Selection, domain_name
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def numa_guest(selection: Selection, guest_nodes: int | None, notes: Notes) -> G
         sizes = _even_parts(len(pus), per_host)
         if min(sizes) < 1:
             raise UsageError(
-                f"--guest-nodes {guest_nodes} puts {per_host} guest nodes on host node {node}, "
+                f"--guest-nodes {guest_nodes} puts {per_host} guest nodes on {domain_name(node)}, "
                 f"which holds only {len(pus)} of the vCPUs: use fewer --guest-nodes or more --vcpus"
             )
         start = 0
@@ -102,7 +102,7 @@ def _guest_nodes_per_host(guest_nodes: int | None, used: Sequence[int]) -> int:
         options = sorted({len(used), len(used) * max(1, guest_nodes // len(used))})
         raise UsageError(
             f"--guest-nodes {guest_nodes} is not a multiple of the {len(used)} host nodes "
-            f"the vCPUs use ({', '.join(map(str, used))}): use --guest-nodes "
+            f"the vCPUs use ({', '.join(domain_name(n) for n in used)}): use --guest-nodes "
             + " or ".join(map(str, options))
         )
     return guest_nodes // len(used)
