@@ -17,6 +17,10 @@ The bootstrap undercovers with few runs: in benchmarks/stats_coverage.py its 97%
 interval held the true ratio in only 88-91% of experiments at n = 5 (Fieller: 96-97%),
 so results from fewer than ``BOOTSTRAP_MIN_N`` runs per side carry a note saying so.
 
+Both intervals fail when rare slow runs hit one environment only (Fieller 62-90%
+coverage, bootstrap 57-74%): robust.py offers the Hodges-Lehmann overhead beside this
+one, and trust.py says when this one's interval should not be trusted.
+
 Not offered on purpose: the delta method with per-run standard deviations (what
 hyperfine prints) - it is a spread of single runs, not an interval of the ratio.
 """

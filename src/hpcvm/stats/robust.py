@@ -8,7 +8,8 @@ run, so the interval is narrow around the wrong value (benchmarks/stats_coverage
 Estimate: compare every VM run with every native run. With ``num`` and ``den`` oriented
 as in overhead.py (lower is better: VM/native; higher is better: native/VM), the ratio is
 the median of all pairwise ratios num_j/den_i - the Hodges-Lehmann shift of the
-logarithms, exponentiated. One slow run moves it by at most one rank among n*m pairs.
+logarithms, exponentiated. One slow VM run alters only m of the n*m pairs, so it moves
+the median by at most m ranks, however slow it was.
 
 What it estimates (its true value): the median of num/den for one run of each drawn
 independently, i.e. the r such that a random VM run is more than r times a random native
