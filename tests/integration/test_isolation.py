@@ -24,12 +24,14 @@ import pytest
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.agent import GuestAgent
 from hpcvm.runtime.verify_shares import check_shares
+from tests.integration.conftest import HugePages
 from tests.runtime_support import HPCVM, Residue, assert_nothing_left, hpcvm, one_line_error
 
 pytestmark = pytest.mark.integration
 
 UP = ["--profile", "naive", "--vcpus", "1", "--memory", "512M", "--accel", "tcg"]
 BOOT_TIMEOUT = 600.0
+PAGE_2M = 2 * 1024 * 1024
 
 
 @pytest.fixture
@@ -170,3 +172,16 @@ def test_rw_share_qemu_cannot_write_is_refused(runtime: Path) -> None:
         assert not (runtime / "bad").exists()
     finally:
         os.rmdir(closed)
+
+
+def test_hpc_guest_boots_with_its_plans_kernel_args(runtime: Path, hugepages: HugePages) -> None:
+    """The guest's own /proc/cmdline holds every argument the hpc plan recommends."""
+    hugepages.ensure_free(PAGE_2M, 256 * 1024 * 1024 // PAGE_2M)
+    up = hpcvm("up", "--name", "hpcargs", "--profile", "hpc", "--vcpus", "1", "--memory",
+               "256M", "--accel", "tcg", timeout=BOOT_TIMEOUT)  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    wanted = state.load_machine("hpcargs").plan.guest_kernel_args
+    assert wanted  # the planner recommends some for hpc
+    cmdline = guest("hpcargs", "cat /proc/cmdline").stdout.split()
+    assert set(wanted) <= set(cmdline), (wanted, cmdline)
+    assert hpcvm("down", "hpcargs", timeout=BOOT_TIMEOUT).returncode == 0
