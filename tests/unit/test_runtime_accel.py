@@ -33,6 +33,9 @@ def test_probe_command_is_kvm_with_a_panicking_kernel() -> None:
     argv = accel.probe_argv("/k", "/tmp/s.log")
     assert argv[argv.index("-accel") + 1] == "kvm"
     assert "-no-reboot" in argv and "panic=-1" in argv[argv.index("-append") + 1]
+    assert argv[argv.index("-sandbox") + 1].startswith("on,") and "-runas" not in argv
+    confined = accel.probe_argv("/k", "/tmp/s.log", "hpcvm-qemu")
+    assert confined[confined.index("-runas") + 1] == "hpcvm-qemu"
 
 
 @pytest.mark.skipif(not PVM_HOST, reason="only meaningful on a PVM host")

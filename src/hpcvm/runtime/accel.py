@@ -17,6 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcvm.render.model import SANDBOX
+from hpcvm.render.qemu import opts
+from hpcvm.runtime.confine import qemu_user
+
 PROBE_TIMEOUT = 15.0
 _MARKERS = ("Kernel panic", "VFS: Unable to mount root")
 TCG_WARNING = (
@@ -46,8 +50,11 @@ def hw_virt() -> bool:
     return "vmx" in flags or "svm" in flags
 
 
-def probe_argv(kernel: str, serial_log: str) -> list[str]:
-    """The probe guest: a kernel alone, which panics for want of a root and exits."""
+def probe_argv(kernel: str, serial_log: str, run_as: str | None = None) -> list[str]:
+    """The probe guest: a kernel alone, which panics for want of a root and exits.
+    Confined like every guest (render/qemu.py ``_confine``): as ``run_as`` once set up,
+    under QEMU's seccomp sandbox."""
+    confine = ["-runas", run_as] if run_as else []
     return [
         "qemu-system-x86_64",
         "-accel", "kvm",
@@ -61,6 +68,8 @@ def probe_argv(kernel: str, serial_log: str) -> list[str]:
         "-serial", f"file:{serial_log}",
         "-kernel", kernel,
         "-append", "console=ttyS0 panic=-1 loglevel=4",
+        "-sandbox", opts("on", *SANDBOX),
+        *confine,
     ]  # fmt: skip
 
 
@@ -74,11 +83,12 @@ def probe_kvm(kernel: str, *, timeout: float = PROBE_TIMEOUT) -> ProbeResult:
         return ProbeResult(False, "/dev/kvm is paravirtual KVM (kvm_pvm)", 0.0)
     if not hw_virt():
         return ProbeResult(False, "the CPU shows no VT-x/AMD-V", 0.0)
+    user = qemu_user()
     begin = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hpcvm-kvm-probe-") as tmp:
         serial = Path(tmp) / "serial.log"
         proc = subprocess.Popen(
-            probe_argv(kernel, str(serial)),
+            probe_argv(kernel, str(serial), user.name if user.switch else None),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
