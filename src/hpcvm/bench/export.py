@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcvm.bench.results import ResultRow
+from hpcvm.bench.results import ResultRow, outlier_marks
 from hpcvm.store import SampleRecord
 
 SUMMARY_JSON = "summary.json"
@@ -42,6 +42,7 @@ SAMPLE_COLUMNS = (
     "unit",
     "higher_is_better",
     "value",
+    "outlier",
     "metric_error",
     "host_seconds",
     "guest_seconds",
@@ -107,6 +108,7 @@ def _sample_base(s: SampleRecord) -> dict[str, Any]:
 
 
 def samples_csv(samples: Sequence[SampleRecord]) -> str:
+    marked = set(outlier_marks(samples))
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=SAMPLE_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -121,6 +123,7 @@ def samples_csv(samples: Sequence[SampleRecord]) -> str:
                 "unit": m.unit,
                 "higher_is_better": m.higher_is_better,
                 "value": m.value,
+                "outlier": (s.id, m.metric) in marked,
                 "metric_error": m.error,
             }
             writer.writerow({k: "" if v is None else v for k, v in line.items()})

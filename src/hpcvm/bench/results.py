@@ -27,7 +27,14 @@ from pydantic import Field
 
 from hpcvm.errors import BenchmarkError
 from hpcvm.model import Frozen
-from hpcvm.stats import overhead, summarize
+from hpcvm.stats import (
+    flag_outliers,
+    outlier_count,
+    overhead,
+    overhead_trust,
+    robust_overhead,
+    summarize,
+)
 from hpcvm.stats.overhead import Method
 from hpcvm.store import EnvironmentRecord, RunRecord, SampleRecord, Store
 
@@ -70,6 +77,14 @@ class ResultRow(Frozen):
     significant: bool | None = None  # None for native
     overhead_method: str | None = None
     overhead_note: str = ""
+    outliers: int = 0  # values of this row flagged as outlying (kept, counted here)
+    robust_pct: float | None = None  # Hodges-Lehmann overhead (median pairwise ratio)
+    robust_ci_low: float | None = None
+    robust_ci_high: float | None = None
+    robust_significant: bool | None = None
+    robust_note: str = ""
+    trust_kinds: tuple[str, ...] = ()  # why the mean's interval should not be trusted
+    trust_note: str = ""  # the same as one sentence ("" when nothing was found)
     interrupts_per_s: float | None = None  # mean total rate: in the guest for a VM
     host_interrupts_per_s: float | None = None  # mean total rate on the host
     drift_flagged: int = 0  # samples whose guest clock drifted beyond the limit
@@ -183,6 +198,7 @@ def _row(
         "drift_unresolved": sum(1 for s in ok if _clock(s).get("resolved") is False),
     }
     fields |= _summary_fields(vals, run.confidence)
+    fields["outliers"] = outlier_count(vals) if vals else 0
     fields |= _failure_fields(samples, metric)
     fields["facts"] = _facts(samples)
     if fields["ci_low"] is not None and fields["ci_low"] < 0 < fields["mean"]:
@@ -214,6 +230,25 @@ def _facts(samples: Sequence[SampleRecord]) -> dict[str, str]:
         else:
             out[key] = ", ".join(f"{v} {n}/{total}" for v, n in counts.most_common())
     return out
+
+
+def outlier_marks(samples: Sequence[SampleRecord]) -> list[tuple[int, str]]:
+    """(sample id, metric) of every measured value flagged as outlying among the values
+    of its environment, suite, np and metric (stats.flag_outliers; kept, only marked)."""
+    series: dict[tuple[str, str, int | None, str], list[tuple[int, float]]] = defaultdict(list)
+    for s in samples:
+        if s.warmup or not s.ok:
+            continue
+        for m in s.metrics:
+            if m.value is not None:
+                series[(s.env, s.suite, s.np, m.metric)].append((s.id, m.value))
+    marks = []
+    for (_, _, _, metric), items in series.items():
+        flags = flag_outliers([v for _, v in items])
+        marks += [
+            (sample_id, metric) for (sample_id, _), flag in zip(items, flags, strict=True) if flag
+        ]
+    return marks
 
 
 def _failure_fields(samples: Sequence[SampleRecord], metric: str) -> dict[str, Any]:
@@ -276,10 +311,13 @@ def _overhead_fields(
         return base | {"overhead_note": "no native value to compare with"}
     if not vm:
         return base | {"overhead_note": "no value in this environment"}
+    base |= _robust_fields(native, vm, higher, confidence)
     try:
         o = overhead(native, vm, higher_is_better=higher, confidence=confidence, method=method)
     except BenchmarkError as exc:
         return base | {"overhead_note": exc.message}
+    trust = overhead_trust(native, vm, o)
+    base |= {"trust_kinds": trust.kinds, "trust_note": trust.sentence}
     if not o.bounded:
         return base | {"overhead_note": o.note}
     return base | {
@@ -288,6 +326,26 @@ def _overhead_fields(
         "overhead_ci_high": o.overhead_ci_high,
         "significant": o.significant,
         "overhead_note": o.note,
+    }
+
+
+def _robust_fields(
+    native: list[float], vm: list[float], higher: bool, confidence: float
+) -> dict[str, Any]:
+    """The distribution-free overhead beside the mean's (METHOD.md, "Outliers"): it
+    keeps its coverage when rare slow runs break the mean's interval."""
+    try:
+        r = robust_overhead(native, vm, higher_is_better=higher, confidence=confidence)
+    except BenchmarkError as exc:
+        return {"robust_note": exc.message}
+    if not r.bounded:
+        return {"robust_pct": r.overhead_pct, "robust_note": r.note}
+    return {
+        "robust_pct": r.overhead_pct,
+        "robust_ci_low": r.overhead_ci_low,
+        "robust_ci_high": r.overhead_ci_high,
+        "robust_significant": r.significant,
+        "robust_note": r.note,
     }
 
 
@@ -307,6 +365,8 @@ def _warnings(run: RunRecord, env: EnvironmentRecord, fields: dict[str, Any]) ->
         )
     if fields.get("interval_note"):
         out.append(fields["interval_note"])
+    if fields.get("trust_note"):
+        out.append(fields["trust_note"])
     if fields["drift_flagged"]:
         out.append(
             f"guest clock drift beyond 0.1% in {fields['drift_flagged']} sample(s): "

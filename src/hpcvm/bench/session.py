@@ -28,6 +28,7 @@ from hpcvm.bench.environments import (
 )
 from hpcvm.bench.noise import calibrate_iterations
 from hpcvm.bench.placement import NativePlacement, native_placement
+from hpcvm.bench.results import outlier_marks
 from hpcvm.bench.runner import Outcome, ProgressSink, Runner
 from hpcvm.bench.suite import DescribesSamples, Suite
 from hpcvm.bench.suites import build_suites, validate_suites
@@ -340,6 +341,7 @@ def _measure(
     except KeyboardInterrupt:
         with signals_deferred():
             _close_all(prep, store, run_id)
+            _mark_outliers(store, run_id)
             store.set_status(run_id, "interrupted")
         raise
     except BaseException as exc:
@@ -352,10 +354,17 @@ def _measure(
         _close_all(prep, store, run_id)
         for text in _resolution_warnings(prep.suites, store.samples(run_id, include_warmup=False)):
             store.add_warning(run_id, text)
+        _mark_outliers(store, run_id)
         store.set_status(
             run_id, "finished", stop_reason=outcome.stop_reason, stop_detail=outcome.detail
         )
     return outcome
+
+
+def _mark_outliers(store: Store, run_id: int) -> None:
+    """Mark the run's outlying values in the database (they are kept and summarised;
+    the table counts them and the robust overhead is shown beside the mean's)."""
+    store.set_outliers(run_id, outlier_marks(store.samples(run_id)))
 
 
 def _resolution_warnings(suites: list[Suite], samples: list[SampleRecord]) -> list[str]:

@@ -23,6 +23,7 @@ from hpcvm.units import format_cpu_list
 
 SIGNIFICANT = "*"
 TOO_NOISY = "(too noisy)"
+DISTRUST = "!"
 WIDE = 160
 
 
@@ -124,13 +125,42 @@ def _mean_cell(r: ResultRow) -> str:
 def _overhead_cell(r: ResultRow) -> str:
     if r.env == "native":
         return "baseline"
+    mark = f" {DISTRUST}" if r.trust_note else ""
     if r.overhead_pct is None:
-        return "unbounded" if r.n and r.overhead_note.startswith("interval") else "-"
-    return f"{_pct(r.overhead_pct)} {_interval(r.overhead_ci_low, r.overhead_ci_high, pct=True)}"
+        return ("unbounded" if r.n and r.overhead_note.startswith("interval") else "-") + mark
+    interval = _interval(r.overhead_ci_low, r.overhead_ci_high, pct=True)
+    return f"{_pct(r.overhead_pct)} {interval}{mark}"
 
 
-def metric_tables(rows: Sequence[ResultRow]) -> list[Table]:
-    """One table per (suite, metric), rows per env and np (per-CPU details left out)."""
+def _robust_cell(r: ResultRow) -> str:
+    if r.env == "native":
+        return "baseline"
+    if r.robust_pct is None:
+        return "-"
+    if r.robust_ci_low is None:
+        return f"{_pct(r.robust_pct)} (no interval)"
+    return f"{_pct(r.robust_pct)} {_interval(r.robust_ci_low, r.robust_ci_high, pct=True)}"
+
+
+def _n_cell(r: ResultRow) -> str:
+    text = str(r.n)
+    if r.outliers:
+        text += f" ({r.outliers} outl.)"
+    return text + (f"+{r.failed} failed" if r.failed else "")
+
+
+def trust_notes(rows: Sequence[ResultRow]) -> list[str]:
+    """One line per row whose mean's interval should not be trusted."""
+    return [
+        f"{DISTRUST} {r.env} np {'-' if r.np is None else r.np}: {r.trust_note}"
+        for r in rows
+        if r.trust_note
+    ]
+
+
+def metric_tables(rows: Sequence[ResultRow]) -> list[tuple[Table, list[str]]]:
+    """One table per (suite, metric), rows per env and np (per-CPU details left out),
+    each with the notes on rows whose mean's interval should not be trusted."""
     noise = noise_by_env(rows)
     groups: dict[tuple[str, str], list[ResultRow]] = {}
     for r in rows:
@@ -154,6 +184,7 @@ def metric_tables(rows: Sequence[ResultRow]) -> list[Table]:
         table.add_column("mean ± half-width [interval]")
         table.add_column("overhead [interval]")
         table.add_column("sig")
+        table.add_column("robust overhead [interval]")
         table.add_column("irq/s", justify="right")
         table.add_column("noise")
         facts = any(r.facts for r in members)
@@ -163,17 +194,18 @@ def metric_tables(rows: Sequence[ResultRow]) -> list[Table]:
             cells = [
                 r.env,
                 "-" if r.np is None else str(r.np),
-                f"{r.n}" + (f"+{r.failed} failed" if r.failed else ""),
+                _n_cell(r),
                 _mean_cell(r),
                 _overhead_cell(r),
                 SIGNIFICANT if r.significant else "",
+                _robust_cell(r),
                 _num(r.interrupts_per_s, 3),
                 _noise(noise.get(r.env)),
             ]
             if facts:
                 cells.append(", ".join(f"{k} {v}" for k, v in r.facts.items()))
             table.add_row(*cells)
-        tables.append(table)
+        tables.append((table, trust_notes(members)))
     return tables
 
 
@@ -216,14 +248,18 @@ def print_report(
         console = Console(file=console.file, width=WIDE, highlight=False)
     console.print(warnings_block(run, envs))
     console.print(conditions(run, envs, rows, failures))
-    for table in metric_tables(rows):
+    for table, notes in metric_tables(rows):
         console.print(table)
+        for note in notes:
+            console.print(Text(note, style="yellow"))
     if failures:
         console.print(failure_table(failures))
     console.print(
         f"{SIGNIFICANT} significant: the overhead's {run.confidence:g} interval excludes 0; "
         f"overhead > 0 means the VM is worse; irq/s is the guest's own rate for a VM; "
-        f"{TOO_NOISY}: the interval reaches below zero, do not trust it",
+        f"{TOO_NOISY}: the interval reaches below zero, do not trust it; robust overhead: "
+        f"Hodges-Lehmann (median of run ratios) with a distribution-free interval; "
+        f"{DISTRUST}: see the note under the table; outl.: runs flagged as outliers (kept)",
         highlight=False,
     )
     console.print(warnings_block(run, envs))

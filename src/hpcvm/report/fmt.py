@@ -27,6 +27,7 @@ TABLE_HEADER = (
     "unit",
     "overhead % [interval]",
     "significant",
+    "robust overhead % [interval]",
     "failed",
     "the runs say",
 )
@@ -79,9 +80,23 @@ def overhead_text(r: Row) -> str:
         return "baseline"
     if r.overhead_pct is None:
         return f"- ({r.overhead_note})" if r.overhead_note else "-"
+    distrust = f" (not to be trusted: {r.trust_note.split(': ', 1)[-1]})" if r.trust_note else ""
     if r.overhead_ci_low is None or r.overhead_ci_high is None:
-        return f"{pct(r.overhead_pct)}% [unbounded]"
-    return f"{pct(r.overhead_pct)}% [{pct(r.overhead_ci_low)}, {pct(r.overhead_ci_high)}]"
+        return f"{pct(r.overhead_pct)}% [unbounded]{distrust}"
+    interval = f"[{pct(r.overhead_ci_low)}, {pct(r.overhead_ci_high)}]"
+    return f"{pct(r.overhead_pct)}% {interval}{distrust}"
+
+
+def robust_text(r: Row) -> str:
+    """The Hodges-Lehmann overhead beside the mean's (and the outliers that motivate it)."""
+    if r.env == NATIVE:
+        return f"baseline ({r.outliers} outliers)" if r.outliers else "baseline"
+    if r.robust_pct is None:
+        return "-"
+    outl = f"; {r.outliers} outliers" if r.outliers else ""
+    if r.robust_ci_low is None or r.robust_ci_high is None:
+        return f"{pct(r.robust_pct)}% [no interval]{outl}"
+    return f"{pct(r.robust_pct)}% [{pct(r.robust_ci_low)}, {pct(r.robust_ci_high)}]{outl}"
 
 
 def significant_text(r: Row) -> str:
@@ -106,6 +121,7 @@ def row_cells(r: Row) -> tuple[str, ...]:
         r.unit or "-",
         overhead_text(r),
         significant_text(r),
+        robust_text(r),
         str(r.failed),
         "; ".join(f"{k} {v}" for k, v in r.facts.items()) or "-",
     )

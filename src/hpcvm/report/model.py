@@ -53,6 +53,11 @@ class Row(Frozen):
     overhead_ci_high: float | None = None
     significant: bool | None = None  # None for native
     overhead_note: str = ""
+    outliers: int = 0  # values flagged as outlying (kept)
+    robust_pct: float | None = None  # Hodges-Lehmann overhead
+    robust_ci_low: float | None = None
+    robust_ci_high: float | None = None
+    trust_note: str = ""  # why the mean's interval should not be trusted
     interrupts_per_s: float | None = None  # mean total rate: in the guest for a VM
     host_interrupts_per_s: float | None = None
     drift_flagged: int = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -109,8 +109,10 @@ class Store:
         # of this version.
         self._db.executescript(TABLES)
         with self._transaction():
+            # a database of an older version has just gained the newer tables
             self._db.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
                 (str(SCHEMA_VERSION),),
             )
             self._db.execute(
@@ -339,6 +341,29 @@ class Store:
                 )
             )
         return [_sample(r, metrics.get(r["id"], [])) for r in rows]
+
+    def set_outliers(self, run_id: int, marks: Iterable[tuple[int, str]]) -> None:
+        """Mark exactly these (sample id, metric) values of the run as outlying (the
+        values stay; the marks are recomputed as samples arrive)."""
+        with self._transaction():
+            self._db.execute(
+                "DELETE FROM flags WHERE kind='outlier' AND sample_id IN "
+                "(SELECT id FROM samples WHERE run_id=?)",
+                (run_id,),
+            )
+            self._db.executemany(
+                "INSERT INTO flags (sample_id, metric, kind) VALUES (?, ?, 'outlier')",
+                list(marks),
+            )
+
+    def outliers(self, run_id: int) -> set[tuple[int, str]]:
+        """(sample id, metric) of the run's values marked as outlying."""
+        rows = self._db.execute(
+            "SELECT f.sample_id, f.metric FROM flags f JOIN samples s ON s.id = f.sample_id "
+            "WHERE s.run_id=? AND f.kind='outlier'",
+            (run_id,),
+        )
+        return {(r[0], r[1]) for r in rows}
 
     def completed(self, run_id: int) -> set[SampleKey]:
         """Keys of the samples a run has finished (ok or failed): what a resume skips."""

@@ -25,7 +25,7 @@ sample it finished.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the flags table (outlying values, kept and marked)
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -92,4 +92,10 @@ CREATE TABLE IF NOT EXISTS metric_values (
     PRIMARY KEY (sample_id, metric)
 );
 CREATE INDEX IF NOT EXISTS samples_by_run ON samples (run_id, env_id, suite, np);
+CREATE TABLE IF NOT EXISTS flags (
+    sample_id INTEGER NOT NULL REFERENCES samples(id) ON DELETE CASCADE,
+    metric    TEXT    NOT NULL,
+    kind      TEXT    NOT NULL CHECK (kind IN ('outlier')),
+    PRIMARY KEY (sample_id, metric, kind)
+);
 """
