@@ -109,7 +109,6 @@ class Selection:
     housekeeping_pus: tuple[int, ...]  # of the used domains (hpc), sorted
     mem_node: dict[int, int | None]  # domain -> the node its memory is bound to
     smt: SmtPolicy = "cores"
-    why: str = ""  # why these domains, in words
 
 
 def too_many_vcpus(
@@ -215,7 +214,6 @@ def make_selection(
     domains: Sequence[int],
     shares: Sequence[int],
     smt: SmtPolicy,
-    why: str,
 ) -> Selection:
     """The Selection for ``shares`` vCPUs on ``domains`` (a share of 0 drops it)."""
     picked = {
@@ -237,7 +235,6 @@ def make_selection(
         housekeeping_pus=tuple(housekeeping),
         mem_node={n: layout.mem_node[n] for n in nodes},
         smt=smt,
-        why=why,
     )
 
 

@@ -8,40 +8,21 @@ accelerator, CPUs, guest topology, memory, QEMU's threads, tuning.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from hpcvm.errors import InfeasiblePlanError, UsageError
+from hpcvm.errors import UsageError
 from hpcvm.host.model import HostTopology
-from hpcvm.plan.choice import MemoryFit, choose_domains
 from hpcvm.plan.cpu import choose_cpu
 from hpcvm.plan.distances import distance_map
-from hpcvm.plan.explain import describe_pinning, explain_selection
-from hpcvm.plan.memory import (
-    MemoryPlan,
-    check_host_total,
-    flat_memory,
-    largest_fitting,
-    memory_fits,
-    numa_memory,
-    qemu_overhead,
-)
-from hpcvm.plan.model import GuestNode, PlanRequest, Profile, SmtPolicy, VMPlan
+from hpcvm.plan.explain import describe_pinning
+from hpcvm.plan.memory import MemoryPlan, flat_memory, numa_memory
+from hpcvm.plan.model import GuestNode, PlanRequest, Profile, VMPlan
 from hpcvm.plan.notes import Notes
-from hpcvm.plan.passthrough import CheckedDevice, check_passthrough, passthrough_devices
-from hpcvm.plan.placement import (
-    NODELESS,
-    CpuLayout,
-    Selection,
-    domain_name,
-    host_layout,
-    make_selection,
-    smt_cores,
-    too_many_vcpus,
-)
-from hpcvm.plan.profiles import PROFILES, SMALL_PAGE
+from hpcvm.plan.passthrough import check_passthrough, passthrough_devices
+from hpcvm.plan.placement import NODELESS, CpuLayout, Selection, domain_name, host_layout
+from hpcvm.plan.profiles import PROFILES
+from hpcvm.plan.select import select
 from hpcvm.plan.topology import GuestCpus, flat_guest, guest_distances, naive_guest, numa_guest
 from hpcvm.plan.tuning import guest_kernel_args, host_tuning
-from hpcvm.units import format_cpu_list, format_size
+from hpcvm.units import format_cpu_list
 
 
 def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
@@ -55,9 +36,7 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
     distance = distance_map(host, notes)
     housekeeping = _housekeeping_cores(request, profile)
     layout = host_layout(host, housekeeping, distance)
-    selection = _select(
-        host, request, profile, layout, devices, distance, housekeeping, page, notes
-    )
+    selection = select(host, request, profile, layout, devices, distance, housekeeping, page, notes)
     guest = _guest_cpus(request, profile, selection, layout, notes)
     guest_nodes, memory = _memory(host, request, profile, page, selection, guest, notes)
     host_of_guest = [g.host_node for g in guest_nodes]
@@ -119,120 +98,6 @@ def _validate(host: HostTopology, request: PlanRequest, profile: Profile) -> int
     from hpcvm.plan.validate import validate_request
 
     return validate_request(host, request, profile)
-
-
-def _select(
-    host: HostTopology,
-    request: PlanRequest,
-    profile: Profile,
-    layout: CpuLayout,
-    devices: list[CheckedDevice],
-    distance: dict[tuple[int, int], int],
-    housekeeping: int,
-    page: int,
-    notes: Notes,
-) -> Selection | None:
-    if not profile.pin:
-        usable = len(host.usable_pus())
-        if request.vcpus > usable:
-            raise too_many_vcpus(host, layout, request.vcpus, housekeeping)
-        notes.decide(
-            "vcpus",
-            f"{request.vcpus} vCPUs not pinned ({usable} usable host PUs): the host "
-            "scheduler places and moves them, as QEMU does by default",
-        )
-        return None
-    smt: SmtPolicy = request.smt or "cores"
-    if sum(layout.capacity(n) for n in layout.vcpu_cores) < request.vcpus:
-        raise too_many_vcpus(host, layout, request.vcpus, housekeeping)
-    _check_smt_possible(layout, request.vcpus, smt)
-    prefer = [d.device.numa_node for d in devices if d.device.numa_node is not None]
-    fits: MemoryFit | None = None
-    if profile.vnuma:
-        if not host.allowed_nodes():
-            raise InfeasiblePlanError(
-                "no NUMA node with memory is inside this process's memory set (cgroup "
-                "cpuset.mems), so guest memory cannot be bound: widen cpuset.mems or use "
-                "--profile pinned"
-            )
-
-        total = request.memory_bytes
-
-        def plans(size: int) -> bool:
-            return _fits_total(host, request.vcpus, layout, prefer, smt, distance, page, size)
-
-        check_host_total(host, total, qemu_overhead(total), page, plans)
-
-        def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
-            return memory_fits(host, total, page, loads, strict)
-
-    choice = choose_domains(layout, request.vcpus, prefer, smt, distance, fits)
-    if choice is None:
-        raise _memory_refusal(host, request, layout, prefer, smt, distance, page)
-    selection = make_selection(layout, choice.domains, choice.shares, smt, "")
-    explain_selection(host, request.vcpus, layout, selection, choice, prefer, distance, notes)
-    return selection
-
-
-def _fits_total(
-    host: HostTopology,
-    vcpus: int,
-    layout: CpuLayout,
-    prefer: Sequence[int],
-    smt: SmtPolicy,
-    distance: dict[tuple[int, int], int],
-    page: int,
-    total: int,
-) -> bool:
-    """Whether some choice of nodes holds ``vcpus`` with ``total`` bytes of memory."""
-
-    def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
-        return memory_fits(host, total, page, loads, strict)
-
-    return choose_domains(layout, vcpus, prefer, smt, distance, fits) is not None
-
-
-def _check_smt_possible(layout: CpuLayout, vcpus: int, smt: SmtPolicy) -> None:
-    if smt != "require":
-        return
-    have = sum(len(c) for cores in layout.vcpu_cores.values() for c in smt_cores(cores, smt))
-    if have >= vcpus:
-        return
-    if have == 0:
-        raise InfeasiblePlanError(
-            "--smt require but no usable core of this host has two usable SMT siblings: "
-            "use --smt cores or --smt pack"
-        )
-    raise InfeasiblePlanError(
-        f"--smt require: only {have} PUs sit on cores whose siblings are all usable, "
-        f"{vcpus} vCPUs requested: use --vcpus {have} or fewer, or --smt pack"
-    )
-
-
-def _memory_refusal(
-    host: HostTopology,
-    request: PlanRequest,
-    layout: CpuLayout,
-    prefer: Sequence[int],
-    smt: SmtPolicy,
-    distance: dict[tuple[int, int], int],
-    page: int,
-) -> InfeasiblePlanError:
-    """No choice of nodes holds the memory: name the largest size one would hold."""
-
-    def fits_total(total: int) -> bool:
-        return _fits_total(host, request.vcpus, layout, prefer, smt, distance, page, total)
-
-    best = largest_fitting(fits_total, request.memory_bytes, page)
-    allowed = format_cpu_list([n.os_index for n in host.allowed_nodes()])
-    fix = f"use --memory {format_size(best)} or less" if best else "use fewer --vcpus"
-    kind = "ordinary memory" if page == SMALL_PAGE else f"memory for {format_size(page)} pages"
-    return InfeasiblePlanError(
-        f"no choice of host nodes holds {request.vcpus} vCPU(s) with "
-        f"{format_size(request.memory_bytes)} of guest memory plus about "
-        f"{format_size(qemu_overhead(request.memory_bytes))} of QEMU overhead ({kind} on the "
-        f"allowed nodes {allowed}, shared in proportion to vCPUs): {fix}"
-    )
 
 
 def _guest_cpus(

@@ -1,0 +1,137 @@
+"""The CPU step of a plan: which PUs run the vCPUs, chosen with their memory.
+
+Unpinned profiles only check the count. Pinned ones run the domain search
+(``choice.choose_domains``): for numa/hpc with a memory test, so nodes are chosen
+that hold the vCPUs *and* their share of guest memory. The refusals name the fix:
+fewer vCPUs, another ``--smt``, or the largest ``--memory`` some choice holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hpcvm.errors import InfeasiblePlanError
+from hpcvm.host.model import HostTopology
+from hpcvm.plan.choice import MemoryFit, choose_domains
+from hpcvm.plan.explain import explain_selection
+from hpcvm.plan.memory import check_host_total, largest_fitting, memory_fits, qemu_overhead
+from hpcvm.plan.model import PlanRequest, Profile, SmtPolicy
+from hpcvm.plan.notes import Notes
+from hpcvm.plan.passthrough import CheckedDevice
+from hpcvm.plan.placement import CpuLayout, Selection, make_selection, smt_cores, too_many_vcpus
+from hpcvm.plan.profiles import SMALL_PAGE
+from hpcvm.units import format_cpu_list, format_size
+
+
+def select(
+    host: HostTopology,
+    request: PlanRequest,
+    profile: Profile,
+    layout: CpuLayout,
+    devices: list[CheckedDevice],
+    distance: dict[tuple[int, int], int],
+    housekeeping: int,
+    page: int,
+    notes: Notes,
+) -> Selection | None:
+    if not profile.pin:
+        usable = len(host.usable_pus())
+        if request.vcpus > usable:
+            raise too_many_vcpus(host, layout, request.vcpus, housekeeping)
+        notes.decide(
+            "vcpus",
+            f"{request.vcpus} vCPUs not pinned ({usable} usable host PUs): the host "
+            "scheduler places and moves them, as QEMU does by default",
+        )
+        return None
+    smt: SmtPolicy = request.smt or "cores"
+    if sum(layout.capacity(n) for n in layout.vcpu_cores) < request.vcpus:
+        raise too_many_vcpus(host, layout, request.vcpus, housekeeping)
+    _check_smt_possible(layout, request.vcpus, smt)
+    prefer = [d.device.numa_node for d in devices if d.device.numa_node is not None]
+    fits: MemoryFit | None = None
+    if profile.vnuma:
+        if not host.allowed_nodes():
+            raise InfeasiblePlanError(
+                "no NUMA node with memory is inside this process's memory set (cgroup "
+                "cpuset.mems), so guest memory cannot be bound: widen cpuset.mems or use "
+                "--profile pinned"
+            )
+
+        total = request.memory_bytes
+
+        def plans(size: int) -> bool:
+            return _fits_total(host, request.vcpus, layout, prefer, smt, distance, page, size)
+
+        check_host_total(host, total, qemu_overhead(total), page, plans)
+
+        def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
+            return memory_fits(host, total, page, loads, strict)
+
+    choice = choose_domains(layout, request.vcpus, prefer, smt, distance, fits)
+    if choice is None:
+        raise _memory_refusal(host, request, layout, prefer, smt, distance, page)
+    selection = make_selection(layout, choice.domains, choice.shares, smt)
+    explain_selection(host, request.vcpus, layout, selection, choice, prefer, distance, notes)
+    return selection
+
+
+def _fits_total(
+    host: HostTopology,
+    vcpus: int,
+    layout: CpuLayout,
+    prefer: Sequence[int],
+    smt: SmtPolicy,
+    distance: dict[tuple[int, int], int],
+    page: int,
+    total: int,
+) -> bool:
+    """Whether some choice of nodes holds ``vcpus`` with ``total`` bytes of memory."""
+
+    def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
+        return memory_fits(host, total, page, loads, strict)
+
+    return choose_domains(layout, vcpus, prefer, smt, distance, fits) is not None
+
+
+def _check_smt_possible(layout: CpuLayout, vcpus: int, smt: SmtPolicy) -> None:
+    if smt != "require":
+        return
+    have = sum(len(c) for cores in layout.vcpu_cores.values() for c in smt_cores(cores, smt))
+    if have >= vcpus:
+        return
+    if have == 0:
+        raise InfeasiblePlanError(
+            "--smt require but no usable core of this host has two usable SMT siblings: "
+            "use --smt cores or --smt pack"
+        )
+    raise InfeasiblePlanError(
+        f"--smt require: only {have} PUs sit on cores whose siblings are all usable, "
+        f"{vcpus} vCPUs requested: use --vcpus {have} or fewer, or --smt pack"
+    )
+
+
+def _memory_refusal(
+    host: HostTopology,
+    request: PlanRequest,
+    layout: CpuLayout,
+    prefer: Sequence[int],
+    smt: SmtPolicy,
+    distance: dict[tuple[int, int], int],
+    page: int,
+) -> InfeasiblePlanError:
+    """No choice of nodes holds the memory: name the largest size one would hold."""
+
+    def fits_total(total: int) -> bool:
+        return _fits_total(host, request.vcpus, layout, prefer, smt, distance, page, total)
+
+    best = largest_fitting(fits_total, request.memory_bytes, page)
+    allowed = format_cpu_list([n.os_index for n in host.allowed_nodes()])
+    fix = f"use --memory {format_size(best)} or less" if best else "use fewer --vcpus"
+    kind = "ordinary memory" if page == SMALL_PAGE else f"memory for {format_size(page)} pages"
+    return InfeasiblePlanError(
+        f"no choice of host nodes holds {request.vcpus} vCPU(s) with "
+        f"{format_size(request.memory_bytes)} of guest memory plus about "
+        f"{format_size(qemu_overhead(request.memory_bytes))} of QEMU overhead ({kind} on the "
+        f"allowed nodes {allowed}, shared in proportion to vCPUs): {fix}"
+    )
