@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import platform
 import subprocess
 import sys
@@ -154,6 +155,7 @@ def main() -> None:
     if state.load(args.state_dir) is not None:
         raise SystemExit("hpcvm tuning is already applied: `hpcvm tune --revert` first")
     started = time.time()
+    print(f"load average at the start {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     with vm_hpc(args.memory) as target:
         vcpus = len(target.vcpu_pus)
         print(f"host {platform.node()} ({len(online_pus())} PUs, kernel {platform.release()}); "
@@ -167,7 +169,8 @@ def main() -> None:
                                            if r.when == "runtime" and r.ok is False))  # fmt: skip
         samples = measure(args, target, vcpus)
     report(samples)
-    print(f"took {time.time() - started:.0f} s")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"took {time.time() - started:.0f} s; load average at the end {load}")
 
 
 if __name__ == "__main__":
