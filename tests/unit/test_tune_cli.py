@@ -93,3 +93,19 @@ def test_tuned_profile_is_written_for_the_target(tmp_path: Path) -> None:
     done = tune("--tuned-profile", str(out), "--vcpu-pus", _last(), state_dir=tmp_path / "s")
     assert done.returncode == 0, done.stderr
     assert f"isolated_cores={_last()}" in (out / "tuned.conf").read_text()
+
+
+def test_check_reads_a_plan_that_hpcvm_plan_wrote(tmp_path: Path) -> None:
+    plan = subprocess.run(
+        [sys.executable, "-m", "hpcvm.cli.main", "plan", "--profile", "pinned", "--vcpus", "1",
+         "--memory", "256M", "--format", "json"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    path = tmp_path / "plan.json"
+    path.write_text(plan)
+    pinned_pu = json.loads(plan)["placements"][0]["host_pu"]
+    done = tune("--check", "--plan", str(path), state_dir=tmp_path / "s")
+    assert done.returncode == 0, done.stderr
+    assert f"vCPU PUs {pinned_pu}," in done.stdout
+    tokens = json.loads(tune("--check", "--json", "--plan", str(path), state_dir=tmp_path).stdout)
+    assert {r["name"]: r["wanted"] for r in tokens}["nohz_full"] == f"nohz_full={pinned_pu}"

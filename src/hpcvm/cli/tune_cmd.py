@@ -49,8 +49,8 @@ def resolve_target(
     return None
 
 
-def rows_table(rows: list[Row], title: str) -> Table:
-    table = Table(title=title, box=None, header_style="bold", title_justify="left")
+def rows_table(rows: list[Row]) -> Table:
+    table = Table(box=None, header_style="bold")
     table.add_column("setting", no_wrap=True)
     table.add_column("changes", no_wrap=True)
     table.add_column("wanted")
@@ -73,7 +73,8 @@ def print_check(t: TuneTarget, directory: Path) -> None:
         f"tuning for {t.source}: vCPU PUs {','.join(map(str, t.vcpu_pus))}, "
         f"housekeeping PUs {','.join(map(str, t.housekeeping_pus))}"
     )
-    console.print(rows_table(rows, title))
+    say(title)
+    console.print(rows_table(rows))
     for r in rows:
         if r.note and r.ok is not True:
             say(f"  {r.name}: {r.note}")
