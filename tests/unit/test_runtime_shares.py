@@ -236,3 +236,14 @@ def test_qemu_user_is_never_root() -> None:
         return
     user = qemu_user()
     assert user.name == QEMU_USER and user.uid != 0 and user.switch
+
+
+def test_preview_lists_what_up_would_share(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = sh.preview([f"{data}:/data:rw"], workdir=str(tmp_path / "data"))
+    assert f"/data <- {data} (rw)" in lines
+    assert any(line.startswith("/etc (ro, ") and "hidden" in line for line in lines)
+    assert "/usr (ro)" in lines
+    with pytest.raises(UsageError):
+        sh.preview(["relative"])

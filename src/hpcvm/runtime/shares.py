@@ -307,3 +307,14 @@ def reachable(
         if warn:
             warn(f"{detail}: the {request.origin} is not shared with the guest")
     return kept
+
+
+def preview(
+    specs: Sequence[str], workdir: str | None = None, warn: Warn | None = None
+) -> list[str]:
+    """What a built-in guest started here would see (``describe`` lines), for
+    ``hpcvm plan``: ``--share`` checked as ``up`` checks it, minus what only starting
+    can tell (whether QEMU's user may reach each directory)."""
+    requests, links = builtin_requests(parse_shares(specs), workdir or os.getcwd(), warn)
+    listed = share_list(requests, links)
+    return describe(listed.shares, listed.links)
