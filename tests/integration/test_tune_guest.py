@@ -124,3 +124,32 @@ def test_apply_check_revert_and_rollback_inside_a_guest(
     assert "rolled back" in got["ROLLBACK-ERROR"]
     assert got.get("STATE-LEFT") == "False"
     assert got.get("ROLLBACK-EXACT") == "yes", done.stdout
+
+
+@pytest.mark.usefixtures("guest")
+def test_check_for_a_running_vm_uses_its_pinned_pus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "run"
+    monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(root))
+    monkeypatch.setenv("HPCVM_READY_TIMEOUT", "120")
+    up = subprocess.run(
+        [HPCVM, "up", "--name", "tq", "--profile", "pinned", "--vcpus", "1", "--memory", "256M"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        # oracle: the machine record as written by `up`, read without hpcvm's models
+        record = json.loads((root / "tq" / "machine.json").read_text())
+        pu = record["plan"]["placements"][0]["host_pu"]
+        done = subprocess.run(
+            [HPCVM, "tune", "--check", "--json", "--for", "tq", "--state-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        wanted = {r["name"]: r["wanted"] for r in json.loads(done.stdout)}
+        assert wanted["nohz_full"] == f"nohz_full={pu}"
+        assert wanted["isolcpus"] == f"isolcpus=managed_irq,domain,{pu}"
+        assert str(pu) not in wanted["irqaffinity"].removeprefix("irqaffinity=").split(",")
+    finally:
+        subprocess.run([HPCVM, "down", "tq"], capture_output=True, timeout=300)
