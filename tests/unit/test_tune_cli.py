@@ -109,3 +109,10 @@ def test_check_reads_a_plan_that_hpcvm_plan_wrote(tmp_path: Path) -> None:
     assert f"vCPU PUs {pinned_pu}," in done.stdout
     tokens = json.loads(tune("--check", "--json", "--plan", str(path), state_dir=tmp_path).stdout)
     assert {r["name"]: r["wanted"] for r in tokens}["nohz_full"] == f"nohz_full={pinned_pu}"
+
+
+def test_an_unwritable_state_dir_is_a_one_line_error() -> None:
+    done = tune("--revert", state_dir=Path("/proc/hpcvm-no-such-dir/tune"))
+    assert done.returncode == 10, done.stderr
+    assert "cannot lock" in done.stderr and "--state-dir" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

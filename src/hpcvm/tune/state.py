@@ -91,6 +91,14 @@ def _sync_dir(directory: Path) -> None:
 @contextlib.contextmanager
 def locked(directory: Path) -> Iterator[Holder]:
     """One process changes the host's tuning at a time (BusyError, exit 8, otherwise)."""
+    try:  # fail here with the reason, not inside the lock's own open
+        directory.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    except OSError as exc:
+        raise TuneError(
+            f"cannot lock {directory / LOCK_FILE}: {exc.strerror} (run as root, or give "
+            f"--state-dir / ${ENV_DIR} a directory you can write)"
+        ) from exc
     with exclusive(
         directory / LOCK_FILE,
         "the host's tuning",
