@@ -24,6 +24,17 @@ def affinity_path(irq: int) -> Path:
     return PROC_IRQ / str(irq) / "smp_affinity_list"
 
 
+def irqbalance_running() -> bool:
+    """Whether an irqbalance daemon runs: it would move the IRQs back within seconds."""
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == "irqbalance":
+                return True
+        except OSError:
+            continue  # the process ended meanwhile
+    return False
+
+
 def affinities() -> dict[int, str]:
     """IRQ -> its smp_affinity_list text as read (IRQs gone meanwhile are left out)."""
     found: dict[int, str] = {}
@@ -57,7 +68,13 @@ class IrqAffinity(Setting):
             listed = [f"{irq}->{raw.strip()}" for irq, raw in sorted(off.items())]
             more = f" and {len(listed) - NOTE_IRQS} more" if len(listed) > NOTE_IRQS else ""
             note = "outside housekeeping: " + ", ".join(listed[:NOTE_IRQS]) + more
-        return self.row(f"all IRQs -> {wanted}", has, not off, note)
+        balancer = irqbalance_running()
+        if balancer:
+            note = (note + "; " if note else "") + (
+                "irqbalance is running and will move IRQs back: "
+                "systemctl disable --now irqbalance (or ban the vCPU PUs in its config)"
+            )
+        return self.row(f"all IRQs -> {wanted}", has, not off and not balancer, note)
 
     def changes(self, target: TuneTarget) -> list[Change]:
         if self.lacking():
