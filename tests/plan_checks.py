@@ -145,7 +145,10 @@ def _check_pins(host: HostTopology, request: PlanRequest, plan: VMPlan) -> None:
 
 
 def allowed_memory_nodes(host: HostTopology) -> set[int]:
-    return {n.os_index for n in host.nodes if n.allowed and n.kind == "normal"}
+    """Nodes guest memory may be bound to: allowed by cpuset.mems, with memory."""
+    return {
+        n.os_index for n in host.nodes if n.allowed and n.kind == "normal" and n.memory_bytes > 0
+    }
 
 
 def _local_capacity(host: HostTopology, request: PlanRequest) -> int:

@@ -28,7 +28,7 @@ from hpcvm.errors import HpcvmError, InfeasiblePlanError
 from hpcvm.host import HostTopology, discover
 from hpcvm.plan import plan
 from hpcvm.plan.model import SMT_POLICIES, PlanRequest, SmtPolicy, VMPlan
-from hpcvm.units import MIB
+from hpcvm.units import GIB, MIB
 from tests.conftest import SNAPSHOT_IDS, TOPOLOGIES, sysfs_root
 from tests.plan_checks import check_plan, roomy
 
@@ -250,6 +250,7 @@ def _check_against_hwloc(m: Machine, request: PlanRequest, p: VMPlan) -> None:
             assert g.cpu_node is None and not g.local, f"{where}: node-less PUs claimed local"
         else:
             assert g.cpu_node in home, where
+            # roomy(): every normal node has memory, so allowed is what decides
             assert g.local == (g.cpu_node in hw.allowed_nodes), where
     used_cores = [hw.core_of[pu] for pu in pus]
     siblings = len(set(used_cores)) < len(used_cores)
@@ -372,3 +373,25 @@ def test_host_and_plan_explain_barred_and_nodeless(made: dict[str, Machine]) -> 
     off = made["node 0 offline"]
     host = hpcvm("host", *off.source)
     assert "CPUs without a node" in host.stdout and "0-7" in host.stdout
+
+
+def test_pus_of_a_node_without_memory_bind_to_the_nearest_node_with_memory(
+    tmp_path: Path,
+) -> None:
+    """A node with CPUs but no memory (memory-less nodes exist on real machines): its
+    PUs come last and their memory goes to the nearest node that has some."""
+    xml = synthetic_xml("numa:3(memory=8GiB) core:4 pu:1", tmp_path / "h.xml")
+    host = discover(xml=xml)
+    nodes = tuple(
+        n.model_copy(update={"memory_bytes": 0}) if n.os_index == 0 else n for n in host.nodes
+    )
+    host = host.model_copy(update={"nodes": nodes})
+    small = plan(host, PlanRequest(profile="numa", vcpus=4, memory_bytes=GIB, page_size_bytes=4096))
+    assert [(g.cpu_node, g.host_node, g.local) for g in small.guest_nodes] == [(1, 1, True)]
+    request = PlanRequest(profile="numa", vcpus=12, memory_bytes=GIB, page_size_bytes=4096)
+    big = plan(host, request)
+    check_plan(host, request, big)
+    nearest = min((1, 2), key=lambda n: (host.distance(0, n), n))
+    assert (big.guest_nodes[0].cpu_node, big.guest_nodes[0].host_node) == (0, nearest)
+    assert not big.guest_nodes[0].local
+    assert any("which has no memory" in d.text for d in big.decisions)

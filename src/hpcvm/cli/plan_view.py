@@ -123,7 +123,7 @@ def _cpu_home(host_node: int, cpu_node: int | None, local: bool) -> str:
         return f"host node {host_node} (local)"
     if cpu_node is None:
         return "PUs without a node (not local)"
-    return f"host node {cpu_node} (not local: outside cpuset.mems)"
+    return f"host node {cpu_node} (not local: outside cpuset.mems or without memory)"
 
 
 def memory(plan: VMPlan) -> Table:

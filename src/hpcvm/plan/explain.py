@@ -11,7 +11,14 @@ from hpcvm.host.model import HostTopology
 from hpcvm.plan.choice import Choice, choose_domains
 from hpcvm.plan.model import NOVA_THREAD_POLICY
 from hpcvm.plan.notes import Notes
-from hpcvm.plan.placement import NODELESS, CpuLayout, Selection, domain_name, smt_cores
+from hpcvm.plan.placement import (
+    NODELESS,
+    CpuLayout,
+    Selection,
+    domain_name,
+    smt_cores,
+    why_not_local,
+)
 from hpcvm.plan.topology import GuestCpus
 from hpcvm.units import format_cpu_list
 
@@ -125,14 +132,10 @@ def _explain_locality(
     )
     for n in far:
         mem = selection.mem_node[n]
-        what = (
-            "PUs without a NUMA node (their node is offline or absent)"
-            if n == NODELESS
-            else f"PUs of host node {n}, outside cpuset.mems"
-        )
         notes.decide(
             "memory",
-            f"{what} used because {why}: their vCPUs' memory is bound to host node {mem}, "
+            f"PUs that {why_not_local(host, n)} used because {why}: their vCPUs' memory "
+            f"is bound to host node {mem}, "
             + (
                 "an allowed node of their package (else the lowest allowed), as no distance "
                 "is known for them"

@@ -74,10 +74,10 @@ def memory_node(
     distance: Mapping[tuple[int, int], int],
     cores: Sequence[tuple[int, ...]],
 ) -> int | None:
-    """Where a domain's memory goes: its own node when allowed; else the nearest
-    allowed node by distance (ties: lowest number); for PUs without a node, an allowed
-    node of their package, else the lowest-numbered allowed node (no distance exists)."""
-    allowed = [n.os_index for n in host.allowed_nodes()]
+    """Where a domain's memory goes: its own node when allowed and holding memory;
+    else the nearest such node by distance (ties: lowest number); for PUs without a
+    node, one of their package's nodes, else the lowest (no distance exists for them)."""
+    allowed = [n.os_index for n in host.allowed_nodes() if n.memory_bytes > 0]
     if not allowed:
         return None
     if key in allowed:
@@ -87,6 +87,15 @@ def memory_node(
     packages = {host.pu(pu).package for core in cores for pu in core}
     near = sorted(n for p in host.packages if p.os_index in packages for n in p.nodes)
     return next((n for n in near if n in allowed), allowed[0])
+
+
+def why_not_local(host: HostTopology, key: int) -> str:
+    """Why a domain's memory cannot be on its own node, in words."""
+    if key == NODELESS:
+        return "belong to no NUMA node (their node is offline or absent)"
+    if not host.node(key).allowed:
+        return f"are on host node {key}, outside cpuset.mems"
+    return f"are on host node {key}, which has no memory"
 
 
 def domain_distance(distance: Mapping[tuple[int, int], int], a: int, b: int) -> int:

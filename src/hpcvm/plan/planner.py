@@ -17,7 +17,14 @@ from hpcvm.plan.memory import MemoryPlan, flat_memory, numa_memory
 from hpcvm.plan.model import GuestNode, PlanRequest, Profile, VMPlan
 from hpcvm.plan.notes import Notes
 from hpcvm.plan.passthrough import check_passthrough, passthrough_devices
-from hpcvm.plan.placement import NODELESS, CpuLayout, Selection, domain_name, host_layout
+from hpcvm.plan.placement import (
+    NODELESS,
+    CpuLayout,
+    Selection,
+    domain_name,
+    host_layout,
+    why_not_local,
+)
 from hpcvm.plan.profiles import PROFILES
 from hpcvm.plan.select import select
 from hpcvm.plan.topology import GuestCpus, flat_guest, guest_distances, naive_guest, numa_guest
@@ -146,28 +153,27 @@ def _memory(
         for g, ((d, v), s) in enumerate(zip(guest.nodes, sizes, strict=True))
     )
     for n in nodes:
-        notes.decide("numa", _mirror_text(n))
+        notes.decide("numa", _mirror_text(host, n))
     return nodes, memory
 
 
-def _mirror_text(n: GuestNode) -> str:
+def _mirror_text(host: HostTopology, n: GuestNode) -> str:
     vcpus = format_cpu_list(list(n.vcpus))
     if n.local:
         return (
             f"guest node {n.index} mirrors host node {n.host_node}: vCPUs {vcpus}, memory "
             f"bound to host node {n.host_node}"
         )
-    if n.cpu_node is None:
-        return (
-            f"guest node {n.index}: vCPUs {vcpus} run on PUs that belong to no NUMA node "
-            f"(their node is offline or absent); memory bound to host node {n.host_node}, "
-            "an allowed node of their package (else the lowest allowed): the guest sees "
-            "this memory as local, which it is not"
-        )
+    key = NODELESS if n.cpu_node is None else n.cpu_node
+    where = (
+        "an allowed node of their package (else the lowest allowed)"
+        if n.cpu_node is None
+        else "the nearest allowed node with memory, by distance"
+    )
     return (
-        f"guest node {n.index}: vCPUs {vcpus} run on host node {n.cpu_node}, which is "
-        f"outside cpuset.mems; memory bound to host node {n.host_node}, the nearest "
-        "allowed node by distance: the guest sees this memory as local, which it is not"
+        f"guest node {n.index}: vCPUs {vcpus} run on PUs that {why_not_local(host, key)}; "
+        f"memory bound to host node {n.host_node}, {where}: the guest sees this memory as "
+        "local, which it is not"
     )
 
 
