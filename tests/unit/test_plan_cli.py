@@ -95,6 +95,8 @@ def test_table_shows_every_decision_and_pin(root: Path) -> None:
         (["--profile", "pinned", "--vcpus", "41", "--memory", "1G"], 3, "only 40 PUs"),
         (["--profile", "numa", "--vcpus", "2", "--memory", "1G"], 3, "echo 512 > "),
         (["--profile", "naive", "--vcpus", "2", "--memory", "4T"], 3, "more than this host's"),
+        (["--profile", "naive", "--vcpus", "2", "--memory", "1G", "--smt", "pack"], 2,
+         "--smt applies to pinned profiles"),
     ],
 )  # fmt: skip
 def test_refusals_exit_with_their_code_in_one_line(

@@ -57,6 +57,7 @@ def _req(**kw: object) -> PlanRequest:
         ({"profile": "pinned", "vcpus": 2, "guest_nodes": 2}, r"--guest-nodes applies to"),
         ({"profile": "numa", "vcpus": 1, "guest_nodes": 2}, r"at least as many vCPUs"),
         ({"profile": "numa", "vcpus": 1, "passthrough": ("0000:43:00.0",)}, r"hpc only"),
+        ({"profile": "naive", "vcpus": 1, "smt": "pack"}, r"--smt applies to pinned profiles"),
     ],
 )
 def test_malformed_requests_are_usage_errors(
