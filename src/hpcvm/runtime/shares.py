@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,7 @@ ETC_SECRETS = (
     "ssh/ssh_host_*_key",
     "ssl/private",
 )
+_SECRETS_RE = re.compile("|".join(fnmatch.translate(p) for p in ETC_SECRETS))
 GUEST_RESERVED = ("/", "/proc", "/sys", "/dev", "/run")  # the guest's own, never a share
 TAG_PREFIX = "hpcvm"
 SHARES_SUMMARY = (
@@ -211,33 +214,44 @@ def _workdir_request(
 def etc_hidden(etc: str = ETC) -> tuple[str, ...]:
     """Entries of ``etc`` (relative paths) the guest must not see: the ``ETC_SECRETS``
     and everything not readable by every user (a directory: not searchable by all).
-    Nothing below a hidden directory is listed; an unreadable directory is hidden."""
+    Nothing below a hidden directory is listed; an unreadable directory is hidden.
+    One ``lstat`` per entry (``scandir``): this runs at every ``up``."""
     hidden: list[str] = []
-    for root, dirs, files in os.walk(etc, onerror=None):
-        rel_root = os.path.relpath(root, etc)
-        kept_dirs = []
-        for name in sorted(dirs) + sorted(files):
-            rel = name if rel_root == "." else f"{rel_root}/{name}"
-            full = os.path.join(root, name)
-            if _secret(rel, full):
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            with os.scandir(os.path.join(etc, rel_dir)) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            if "\n" in rel:
+                continue
+            kind = _secret_kind(rel, entry)
+            if kind == "secret":
                 hidden.append(rel)
-            elif name in dirs and not os.path.islink(full):
-                kept_dirs.append(name)
-        dirs[:] = kept_dirs
-    return tuple(h for h in hidden if "\n" not in h)
+            elif kind == "dir":
+                pending.append(rel)
+    return tuple(sorted(hidden))
 
 
-def _secret(rel: str, full: str) -> bool:
-    if any(fnmatch.fnmatchcase(rel, pattern) for pattern in ETC_SECRETS):
-        return True
+def _secret_kind(rel: str, entry: os.DirEntry[str]) -> str:
+    """``secret``, ``dir`` (a readable directory to look into) or ``ok``."""
+    if _SECRETS_RE.match(rel):
+        return "secret"
     try:
-        st = os.lstat(full)
+        st = entry.stat(follow_symlinks=False)
     except OSError:
-        return True
-    if os.path.islink(full):
-        return False  # a link's mode means nothing; its target is checked where it is
-    need = 0o005 if os.path.isdir(full) else 0o004
-    return st.st_mode & need != need
+        return "secret"
+    if stat.S_ISLNK(st.st_mode):
+        return "ok"  # a link's mode means nothing; its target is checked where it is
+    is_dir = stat.S_ISDIR(st.st_mode)
+    need = 0o005 if is_dir else 0o004
+    if st.st_mode & need != need:
+        return "secret"
+    return "dir" if is_dir else "ok"
 
 
 def share_list(requests: Sequence[ShareRequest], links: Sequence[GuestLink] = ()) -> ShareList:
