@@ -72,3 +72,10 @@ class SamplesFailed(HpcvmError):
     measure what it was asked to (the table and the logs say why)."""
 
     exit_code = 9
+
+
+class TuneError(HpcvmError):
+    """Writing or restoring a host setting failed (hpcvm tune); the message says which
+    file, what the kernel answered and what state the host was left in."""
+
+    exit_code = 10

@@ -19,9 +19,10 @@ from matplotlib.image import imread
 
 from hpcvm.errors import BenchmarkError
 from hpcvm.report.compare import Comparison, compare, compare_rows
+from hpcvm.report.formats import FORMATS
 from hpcvm.report.load import load_report
 from hpcvm.report.model import ReportData
-from hpcvm.report.write import FORMATS, write_comparison
+from hpcvm.report.write import write_comparison
 from hpcvm.store import Store
 from tests.report_support import ENVS, measured
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm.report.formats import FORMATS
 from hpcvm.report.load import load_report
 from hpcvm.report.markdown import md_table
-from hpcvm.report.write import FORMATS, write_report
+from hpcvm.report.write import write_report
 from hpcvm.store import MetricRecord, NewEnvironment, NewSample, Store
 
 ODD_ENV = 'vm:<img src=x onerror="alert(1)">&amp;'

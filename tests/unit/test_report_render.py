@@ -32,11 +32,12 @@ from hpcvm.report.figures import (
     overhead_figure,
 )
 from hpcvm.report.fmt import row_cells
+from hpcvm.report.formats import FORMATS
 from hpcvm.report.labels import env_colours, env_order, label, short_name
 from hpcvm.report.load import build_report, load_report
 from hpcvm.report.markdown import cell
 from hpcvm.report.model import NATIVE, ReportData
-from hpcvm.report.write import FORMATS, write_report
+from hpcvm.report.write import write_report
 from hpcvm.store import Store
 from tests.report_support import ENVS, QUANTA, REPS, measured
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from hpcvm.bench.suites import SuiteOptions
+from hpcvm.bench.suites import SuiteOptions, suite_names
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
 from hpcvm.runtime.model import BackendName
@@ -52,7 +52,7 @@ class BenchConfig(Frozen):
         if len(set(self.envs)) != len(self.envs):
             raise UsageError("an environment is listed twice: give each --env once")
         if not self.suites:
-            raise UsageError("give at least one --suite (hpcc, noise, npb, cmd) or --cmd")
+            raise UsageError(f"give at least one --suite ({', '.join(suite_names())}) or --cmd")
         if not self.np or min(self.np) < 1:
             raise UsageError("--np takes positive process counts, e.g. --np 1,2")
         if self.reps is not None and self.reps < 1:

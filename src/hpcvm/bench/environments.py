@@ -38,6 +38,7 @@ from hpcvm import __version__
 from hpcvm.bench import evidence
 from hpcvm.bench.cpuset import Cpuset
 from hpcvm.bench.launch import ENV
+from hpcvm.bench.suites import suite_packages
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.model import Frozen
@@ -123,7 +124,7 @@ def parse_env_name(name: str) -> ProfileName | None:
 
 # -- versions -----------------------------------------------------------------------------
 
-_PACKAGES = ("hpcc", "openmpi-bin", "qemu-system-x86", "libvirt-daemon")
+_VM_PACKAGES = ("qemu-system-x86", "libvirt-daemon")
 
 
 @functools.cache
@@ -132,7 +133,7 @@ def host_versions() -> dict[str, str]:
     versions = {"hpcvm": __version__, "kernel": platform.release()}
     if shutil.which("dpkg-query"):
         proc = subprocess.run(
-            ["dpkg-query", "-W", "-f", "${Package} ${Version}\n", *_PACKAGES],
+            ["dpkg-query", "-W", "-f", "${Package} ${Version}\n", *suite_packages(), *_VM_PACKAGES],
             capture_output=True,
             text=True,
             check=False,

@@ -44,38 +44,73 @@ PRESET_BYTES_PER_PROCESS = {"small": 8 * MIB, "medium": 64 * MIB}
 # hpcc's own default sizing uses 80% of memory; more leaves no room for the guest
 # kernel, the tmpfs overlay and the MPI buffers.
 MAX_MEMORY_FRACTION = 0.8
+PACKAGE = "hpcc"  # Debian's HPC Challenge
 SMALL_NB, LARGE_NB = 80, 192
 LARGE_NB_FROM_N = 8000  # larger blocks pay off only once the matrix is large
 
 
-def _metric(name: str, unit: str, higher: bool, description: str) -> Metric:
-    return Metric(name=name, unit=unit, higher_is_better=higher, description=description)
+def _metric(name: str, unit: str, higher: bool, description: str, short: str) -> Metric:
+    return Metric(
+        name=name, unit=unit, higher_is_better=higher, description=description, short=short
+    )
 
 
 METRICS: tuple[Metric, ...] = (
-    _metric("HPL_Tflops", "Tflop/s", True, "HPL: dense LU solve rate"),
-    _metric("StarDGEMM_Gflops", "Gflop/s", True, "DGEMM on every process at once (mean)"),
-    _metric("SingleDGEMM_Gflops", "Gflop/s", True, "DGEMM on one process alone"),
-    _metric("StarSTREAM_Triad", "GB/s", True, "STREAM triad on every process (mean)"),
-    _metric("SingleSTREAM_Triad", "GB/s", True, "STREAM triad on one process alone"),
-    _metric("StarRandomAccess_GUPs", "GUP/s", True, "RandomAccess on every process (mean)"),
-    _metric("SingleRandomAccess_GUPs", "GUP/s", True, "RandomAccess on one process alone"),
-    _metric("MPIRandomAccess_GUPs", "GUP/s", True, "RandomAccess over MPI, whole job"),
-    _metric("PTRANS_GBs", "GB/s", True, "parallel matrix transpose"),
-    _metric("MPIFFT_Gflops", "Gflop/s", True, "FFT over MPI, whole job"),
-    _metric("StarFFT_Gflops", "Gflop/s", True, "FFT on every process (mean)"),
-    _metric("SingleFFT_Gflops", "Gflop/s", True, "FFT on one process alone"),
+    _metric("HPL_Tflops", "Tflop/s", True, "HPL: dense LU solve rate", "HPL"),
+    _metric("StarDGEMM_Gflops", "Gflop/s", True, "DGEMM on every process at once (mean)", "DGEMM"),
+    _metric("SingleDGEMM_Gflops", "Gflop/s", True, "DGEMM on one process alone", "DGEMM single"),
+    _metric("StarSTREAM_Triad", "GB/s", True, "STREAM triad on every process (mean)", "STREAM"),
+    _metric(
+        "SingleSTREAM_Triad", "GB/s", True, "STREAM triad on one process alone", "STREAM single"
+    ),
+    _metric("StarRandomAccess_GUPs", "GUP/s", True, "RandomAccess on every process (mean)", "RA"),
+    _metric(
+        "SingleRandomAccess_GUPs", "GUP/s", True, "RandomAccess on one process alone", "RA single"
+    ),
+    _metric("MPIRandomAccess_GUPs", "GUP/s", True, "RandomAccess over MPI, whole job", "RA MPI"),
+    _metric("PTRANS_GBs", "GB/s", True, "parallel matrix transpose", "PTRANS"),
+    _metric("MPIFFT_Gflops", "Gflop/s", True, "FFT over MPI, whole job", "FFT MPI"),
+    _metric("StarFFT_Gflops", "Gflop/s", True, "FFT on every process (mean)", "FFT"),
+    _metric("SingleFFT_Gflops", "Gflop/s", True, "FFT on one process alone", "FFT single"),
 )
 
 # Ping-pong and ring figures: hpcc measures them only with two or more processes.
 COMMUNICATION_METRICS: tuple[Metric, ...] = (
-    _metric("MaxPingPongLatency_usec", "us", False, "worst ping-pong latency of all pairs"),
-    _metric("AvgPingPongLatency_usec", "us", False, "mean ping-pong latency"),
-    _metric("MinPingPongBandwidth_GBytes", "GB/s", True, "worst ping-pong bandwidth"),
-    _metric("NaturallyOrderedRingLatency_usec", "us", False, "ring latency, rank order"),
-    _metric("RandomlyOrderedRingLatency_usec", "us", False, "ring latency, random order"),
-    _metric("NaturallyOrderedRingBandwidth_GBytes", "GB/s", True, "ring bandwidth, rank order"),
-    _metric("RandomlyOrderedRingBandwidth_GBytes", "GB/s", True, "ring bandwidth, random order"),
+    _metric(
+        "MaxPingPongLatency_usec",
+        "us",
+        False,
+        "worst ping-pong latency of all pairs",
+        "PingPong lat max",
+    ),
+    _metric("AvgPingPongLatency_usec", "us", False, "mean ping-pong latency", "PingPong lat"),
+    _metric(
+        "MinPingPongBandwidth_GBytes", "GB/s", True, "worst ping-pong bandwidth", "PingPong bw"
+    ),
+    _metric(
+        "NaturallyOrderedRingLatency_usec", "us", False, "ring latency, rank order", "Ring lat"
+    ),
+    _metric(
+        "RandomlyOrderedRingLatency_usec",
+        "us",
+        False,
+        "ring latency, random order",
+        "Ring lat rand",
+    ),
+    _metric(
+        "NaturallyOrderedRingBandwidth_GBytes",
+        "GB/s",
+        True,
+        "ring bandwidth, rank order",
+        "Ring bw",
+    ),
+    _metric(
+        "RandomlyOrderedRingBandwidth_GBytes",
+        "GB/s",
+        True,
+        "ring bandwidth, random order",
+        "Ring bw rand",
+    ),
 )
 
 
@@ -340,7 +375,7 @@ class HpccSuite:
 
     def validate(self, np_values: Sequence[int]) -> None:
         check_np_values(self.name, np_values)
-        find_program("hpcc")
+        find_program("hpcc", PACKAGE)
         mpirun_argv(1, ["hpcc"], bind=self.bind)
 
     def prepare(self, workdir: Path, np: int, memory_bytes: int) -> list[str]:
@@ -349,7 +384,7 @@ class HpccSuite:
         # hpcc appends to its output file: a stale one would hide this run's result.
         (workdir / OUTPUT_FILE).unlink(missing_ok=True)
         (workdir / INPUT_FILE).write_text(spec.render())
-        return in_workdir(workdir, mpirun_argv(np, [find_program("hpcc")], bind=self.bind))
+        return in_workdir(workdir, mpirun_argv(np, [find_program("hpcc", PACKAGE)], bind=self.bind))
 
     def parse(self, workdir: Path, stdout: str, stderr: str, exit_code: int) -> list[MetricValue]:
         require_exit_ok("hpcc (under mpirun)", exit_code, stdout, stderr)

@@ -45,16 +45,15 @@ _BIND_OPTIONS: dict[str, tuple[str, ...]] = {
     "none": ("--map-by", "core", "--bind-to", "none"),
 }
 
-# Debian package that provides each program we start, for the error message's fix.
-_PACKAGES = {"mpirun.openmpi": "openmpi-bin", "mpirun": "openmpi-bin", "hpcc": "hpcc"}
+MPI_PACKAGE = "openmpi-bin"  # the launcher this module starts
 
 
-def find_program(name: str) -> str:
+def find_program(name: str, package: str | None = None) -> str:
     """Absolute path of ``name`` on PATH (the guest shares the host's root, so the same
-    path is valid there); BenchmarkError naming the package to install otherwise."""
+    path is valid there); BenchmarkError naming ``package`` (the Debian package the
+    caller knows provides it) otherwise."""
     found = shutil.which(name)
     if found is None:
-        package = _PACKAGES.get(name)
         fix = f"install the Debian package {package}" if package else "install it"
         raise BenchmarkError(f"{name} not found on PATH: {fix} (scripts/setup.sh does)")
     return str(Path(found).absolute())
@@ -64,8 +63,8 @@ def mpirun_program() -> str:
     """The distribution's Open MPI launcher, by its own name so that an installed MPICH
     owning the ``mpirun`` alternative cannot slip in."""
     if shutil.which("mpirun.openmpi"):
-        return find_program("mpirun.openmpi")
-    return find_program("mpirun")
+        return find_program("mpirun.openmpi", MPI_PACKAGE)
+    return find_program("mpirun", MPI_PACKAGE)
 
 
 def mpirun_argv(np: int, argv: Sequence[str], *, bind: Bind = "core") -> list[str]:

@@ -33,6 +33,7 @@ class Metric(Frozen):
     unit: str
     higher_is_better: bool
     description: str = ""
+    short: str = ""  # the label of the studies' figures ("HPL", "RA MPI"); "" for none
 
     def value(self, value: float) -> MetricValue:
         """This metric measured as ``value``; a non-finite value is a failed metric."""

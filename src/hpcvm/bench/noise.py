@@ -154,14 +154,20 @@ def read_raw(path: Path) -> dict[int, list[int]]:
     return raw
 
 
-def _metric(name: str, unit: str, description: str) -> Metric:
-    return Metric(name=name, unit=unit, higher_is_better=False, description=description)
+def _metric(name: str, unit: str, description: str, short: str) -> Metric:
+    return Metric(
+        name=name, unit=unit, higher_is_better=False, description=description, short=short
+    )
 
 
-MAX_DETOUR = _metric("NoiseMaxDetour_usec", "us", "longest detour on any CPU")
-P999_DETOUR = _metric("NoiseP999Detour_usec", "us", "worst per-CPU 99.9th percentile detour")
-TIME_LOST = _metric("NoiseTimeLost_pct", "%", "share of time lost to detours, all CPUs")
-QUANTUM = _metric("NoiseQuantum_usec", "us", "fastest quantum (work speed, not noise)")
+MAX_DETOUR = _metric("NoiseMaxDetour_usec", "us", "longest detour on any CPU", "Noise max")
+P999_DETOUR = _metric(
+    "NoiseP999Detour_usec", "us", "worst per-CPU 99.9th percentile detour", "Noise p99.9"
+)
+TIME_LOST = _metric(
+    "NoiseTimeLost_pct", "%", "share of time lost to detours, all CPUs", "Noise lost"
+)
+QUANTUM = _metric("NoiseQuantum_usec", "us", "fastest quantum (work speed, not noise)", "Quantum")
 METRICS = (MAX_DETOUR, P999_DETOUR, TIME_LOST, QUANTUM)
 
 

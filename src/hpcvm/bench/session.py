@@ -45,6 +45,7 @@ from hpcvm.store import (
     db_path,
     writer_lock_path,
 )
+from hpcvm.tune import snapshot_state
 
 Warn = Callable[[str], None]
 
@@ -271,6 +272,21 @@ def _start_and_record(prep: Prepared, store: Store, run_id: int, notify: Warn | 
             notify(f"{name}: up ({described.accel}, {described.vcpus} vCPUs), paused")
 
 
+def _compare_tuning(run: RunRecord, store: Store) -> None:
+    """A resumed run whose host tuning changed since it started mixes two setups."""
+    before = run.args.get("tuning")
+    if not isinstance(before, dict):
+        return
+    now = snapshot_state()
+    changed = sorted(k for k in now if k in before and before[k] != now[k])
+    if changed:
+        store.add_warning(
+            run.id,
+            f"the host's tuning changed since the run started ({', '.join(changed)}): its "
+            "samples mix two setups",
+        )
+
+
 def _compare(recorded: dict[str, object], now: NewEnvironment, store: Store, run_id: int) -> None:
     for key, value in recorded.items():
         if getattr(now, key) != value:
@@ -299,11 +315,13 @@ def execute(
             store.set_status(run_id, "running")
             for text in prep.warnings:
                 store.add_warning(run_id, text)
+            _compare_tuning(prep.resume, store)
         else:
             run_id = store.create_run(
                 args={
                     "config": prep.config.model_copy(update={"seed": prep.seed}).record(),
                     "native": None if prep.native is None else prep.native.model_dump(mode="json"),
+                    "tuning": snapshot_state(),
                 },
                 seed=prep.seed,
                 confidence=prep.config.confidence,

@@ -9,12 +9,17 @@ regex) is a UsageError here, before anything runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpcvm.bench.cmd import CmdSuite
-from hpcvm.bench.hpcc import HpccSize, HpccSuite
+from hpcvm.bench.hpcc import COMMUNICATION_METRICS, HpccSize, HpccSuite
+from hpcvm.bench.hpcc import METRICS as HPCC_METRICS
 from hpcvm.bench.launch import Bind
+from hpcvm.bench.metrics import Metric
+from hpcvm.bench.noise import METRICS as NOISE_METRICS
 from hpcvm.bench.noise import NoiseSuite
+from hpcvm.bench.npb import METRICS as NPB_METRICS
 from hpcvm.bench.npb import discover
 from hpcvm.bench.suite import Suite
 from hpcvm.errors import UsageError
@@ -84,16 +89,98 @@ def _cmd(options: SuiteOptions) -> list[Suite]:
     ]
 
 
-REGISTRY: dict[str, Callable[[SuiteOptions], list[Suite]]] = {
-    "hpcc": _hpcc,
-    "noise": _noise,
-    "npb": _npb,
-    "cmd": _cmd,
-}
+@dataclass(frozen=True)
+class SuiteKind:
+    """Everything hpcvm knows about one kind of suite, in one place: how to build it from
+    the bench options, what it is, the Debian packages it runs (install hints and the
+    versions recorded with a run), and the short labels of its metrics for figures.
+
+    ``owns`` tells which stored suite names are of this kind (npb stores ``npb:cg.S``);
+    ``label`` overrides the labels of ``metrics`` (NPB's depend on the kernel)."""
+
+    name: str
+    build: Callable[[SuiteOptions], list[Suite]]
+    description: str
+    metrics: tuple[Metric, ...] = ()
+    packages: tuple[str, ...] = ()
+    owns: Callable[[str], bool] | None = None
+    label: Callable[[str, str], str | None] | None = None
+
+    def stores(self, suite: str) -> bool:
+        return self.owns(suite) if self.owns is not None else suite == self.name
+
+    def short_name(self, suite: str, metric: str) -> str | None:
+        if self.label is not None:
+            return self.label(suite, metric)
+        return next((m.short for m in self.metrics if m.name == metric and m.short), None)
+
+
+REGISTRY: dict[str, SuiteKind] = {}
+
+
+def register(kind: SuiteKind) -> None:
+    """Add a suite kind (hpcvm's own below, or a plugin's: see hpcvm/plugins.py)."""
+    if kind.name in REGISTRY:
+        raise UsageError(f"suite {kind.name!r} is registered twice")
+    REGISTRY[kind.name] = kind
+
+
+def _npb_label(suite: str, metric: str) -> str | None:
+    """The studies' NPB labels: the kernel alone for time, "CG Mop/s" for the rate."""
+    suffix = NPB_SHORT.get(metric)
+    if suffix is None:
+        return None
+    return suite.removeprefix("npb:").split(".")[0].upper() + suffix
+
+
+NPB_SHORT = {"Time_sec": "", "Mops_total": " Mop/s"}
+
+for _kind in (
+    SuiteKind(
+        "hpcc",
+        _hpcc,
+        "HPC Challenge from the distribution, input sized from memory and np",
+        metrics=HPCC_METRICS + COMMUNICATION_METRICS,
+        packages=("hpcc", "openmpi-bin"),
+    ),
+    SuiteKind(
+        "noise",
+        _noise,
+        "hpcvm's fixed-work-quantum noise benchmark (csrc/noise.c) on every CPU",
+        metrics=NOISE_METRICS,
+    ),
+    SuiteKind(
+        "npb",
+        _npb,
+        "your NAS Parallel Benchmarks MPI binaries (--npb-dir), one class per kernel",
+        metrics=NPB_METRICS,
+        packages=("openmpi-bin",),
+        owns=lambda suite: suite.startswith("npb:"),
+        label=_npb_label,
+    ),
+    SuiteKind("cmd", _cmd, "any command and a regex (--cmd, --metric)"),
+):
+    register(_kind)
 
 
 def suite_names() -> tuple[str, ...]:
     return tuple(REGISTRY)
+
+
+def kind_of(suite: str) -> SuiteKind | None:
+    """The kind a stored suite name belongs to (None: a suite no longer registered)."""
+    return next((k for k in REGISTRY.values() if k.stores(suite)), None)
+
+
+def short_name(suite: str, metric: str) -> str | None:
+    """The short label of a stored suite's metric, as its kind defines it."""
+    kind = kind_of(suite)
+    return kind.short_name(suite, metric) if kind is not None else None
+
+
+def suite_packages() -> tuple[str, ...]:
+    """Debian packages the registered suites run (their versions are recorded)."""
+    return tuple(dict.fromkeys(p for k in REGISTRY.values() for p in k.packages))
 
 
 def build_suites(names: Sequence[str], options: SuiteOptions) -> list[Suite]:
@@ -104,7 +191,7 @@ def build_suites(names: Sequence[str], options: SuiteOptions) -> list[Suite]:
         raise UsageError(f"unknown suite {unknown[0]!r}: choose from {', '.join(REGISTRY)}")
     suites: list[Suite] = []
     for name in dict.fromkeys(names):
-        suites.extend(REGISTRY[name](options))
+        suites.extend(REGISTRY[name].build(options))
     return suites
 
 

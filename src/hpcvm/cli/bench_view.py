@@ -95,7 +95,10 @@ def conditions(
     status = run.status_text
     if failures and run.status == "finished":
         status = "finished with failures"
+    tuning = run.args.get("tuning")
+    tuned = tuning.get("hpcvm_tune", "?") if isinstance(tuning, dict) else "not recorded"
     lines = Text(
+        f"host tuning (hpcvm tune): {tuned}; "
         f"confidence {run.confidence:g}; stopped by: {stop}; status {status}; "
         f"seed {run.seed}; measured {run.elapsed_s:.0f} s"
     )

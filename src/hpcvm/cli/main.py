@@ -10,6 +10,7 @@ import click
 
 from hpcvm import __version__
 from hpcvm.errors import HpcvmError
+from hpcvm.plugins import load_plugins
 
 # Command name -> the module under hpcvm.cli that registers it. Modules are imported only
 # when their command runs, so `hpcvm exec` does not pay for scipy and matplotlib.
@@ -64,6 +65,7 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
     try:
+        load_plugins()
         result = cli.main(args=argv, prog_name="hpcvm", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("hpcvm: interrupted", err=True)

@@ -10,9 +10,10 @@ import click
 from hpcvm.cli.common import warn
 from hpcvm.errors import UsageError
 from hpcvm.report.compare import compare
+from hpcvm.report.formats import FORMATS
 from hpcvm.report.load import load_report
 from hpcvm.report.model import ReportData
-from hpcvm.report.write import FORMATS, Format, check_out_dir, write_comparison, write_report
+from hpcvm.report.write import check_out_dir, write_comparison, write_report
 
 
 def _load(results: Path, run_id: int | None, option: str) -> ReportData:
@@ -34,10 +35,10 @@ def _load(results: Path, run_id: int | None, option: str) -> ReportData:
 @click.option(
     "--format",
     "formats",
-    type=click.Choice(FORMATS),
+    type=click.Choice(list(FORMATS)),
     multiple=True,
-    help="html (one self-contained file), md (for issues and papers) or json; repeat for "
-    "several (default: html). html and md also write the figures as PNG files.",
+    help="; ".join(f"{f.name}: {f.description}" for f in FORMATS.values())
+    + ". Repeat for several (default: html).",
 )
 @click.option(
     "--compare",
@@ -58,7 +59,7 @@ def _load(results: Path, run_id: int | None, option: str) -> ReportData:
 def report_command(
     results: Path,
     out: Path | None,
-    formats: tuple[Format, ...],
+    formats: tuple[str, ...],
     other: Path | None,
     run_id: int | None,
     compare_run: int | None,
@@ -67,7 +68,7 @@ def report_command(
     interrupts against overhead, noise detours) and write the report of RESULTS."""
     out_dir = out if out is not None else results / "report"
     check_out_dir(out_dir)
-    chosen: tuple[Format, ...] = formats or ("html",)
+    chosen: tuple[str, ...] = formats or ("html",)
     data = _load(results, run_id, "RESULTS")
     if other is None:
         written = write_report(data, out_dir, chosen)

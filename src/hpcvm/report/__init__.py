@@ -7,19 +7,22 @@ is a function of it: ``write_report(data, out_dir, formats)``; ``compare(a, b)``
 """
 
 from hpcvm.report.compare import CompareRow, Comparison, compare
+from hpcvm.report.formats import FORMATS, ReportFormat, register
 from hpcvm.report.load import build_report, load_report
 from hpcvm.report.model import ReportData, Row
-from hpcvm.report.write import FORMATS, write_comparison, write_report
+from hpcvm.report.write import write_comparison, write_report
 
 __all__ = [
     "FORMATS",
     "CompareRow",
     "Comparison",
     "ReportData",
+    "ReportFormat",
     "Row",
     "build_report",
     "compare",
     "load_report",
+    "register",
     "write_comparison",
     "write_report",
 ]

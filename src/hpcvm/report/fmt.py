@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from hpcvm.model import Frozen
 from hpcvm.report.compare import CompareRow
 from hpcvm.report.labels import label
 from hpcvm.report.model import NATIVE, FailedSamples, ReportData, Row
+from hpcvm.units import format_cpu_list
 
 STOP_REASONS = {
     "target": "every metric's interval reached the target width (--reps auto)",
@@ -162,7 +164,33 @@ def method_lines(data: ReportData) -> list[str]:
         f"Run {run.id}: {run.status}; started {when(run.started_at)}, finished "
         f"{when(run.finished_at)}, measuring time {duration(run.elapsed_s)}; "
         f"hpcvm {run.hpcvm_version}.",
+        "Robust overhead: Hodges-Lehmann (the median of the VM/native run ratios) with a "
+        "distribution-free interval, beside the mean's; outlying runs are kept, flagged "
+        "and counted.",
+        *_conditions(run.args),
     ]
+
+
+def _conditions(args: dict[str, object]) -> list[str]:
+    """Where native ran and how the host was tuned, as recorded when the run started."""
+    lines = []
+    native = args.get("native")
+    if isinstance(native, dict):
+        cpus, mems = native.get("cpus"), native.get("mems")
+        where = (
+            f"PUs {format_cpu_list(cpus)}, memory nodes {format_cpu_list(mems or [])}"
+            if isinstance(cpus, list) and cpus
+            else "every PU the process could use"
+        )
+        lines.append(f"Native runs were confined to {where} ({native.get('source', '')}).")
+    tuning = args.get("tuning")
+    if isinstance(tuning, dict):
+        settings = "; ".join(f"{k} {v}" for k, v in tuning.items() if k != "hpcvm_tune")
+        lines.append(
+            f"Host tuning when the run started: hpcvm tune {tuning.get('hpcvm_tune', '?')}; "
+            f"{settings}."
+        )
+    return lines
 
 
 def change_text(r: CompareRow) -> str:
@@ -177,3 +205,87 @@ def compare_significance(r: CompareRow) -> str:
     if not r.significant or r.change_pct is None:
         return "no"
     return "yes: B worse" if r.change_pct > 0 else "yes: B better"
+
+
+class EvidenceTable(Frozen):
+    """One table of the report's evidence section, built once for every format."""
+
+    title: str
+    intro: str  # a sentence before the table ("" for none)
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    numeric: frozenset[int] = frozenset()  # columns to align as numbers
+
+
+DRIFT_INTRO = (
+    "Drift of the guest clock over each sample (change of the guest-minus-host offset "
+    "between two reads through the agent). Too short: the reads' round trips are too long "
+    "for the sample to show a drift of the limit, so its drift figure is no evidence "
+    "either way."
+)
+
+
+def evidence_tables(data: ReportData, log_separator: str) -> list[EvidenceTable]:
+    """Interrupts, guest clock and failed samples, as rows; HTML and Markdown only lay
+    them out, so the two can never disagree."""
+    tables: list[EvidenceTable] = []
+    if data.interrupts:
+        tables.append(
+            EvidenceTable(
+                title="Interrupts per second",
+                intro="",
+                header=("env", "suite", "np", "side", "samples", "total/s", "top sources/s"),
+                rows=tuple(
+                    (
+                        i.env,
+                        i.suite,
+                        np_text(i.np),
+                        i.side,
+                        str(i.samples),
+                        num(i.total_per_s),
+                        ", ".join(f"{s} {num(v)}" for s, v in i.top_sources),
+                    )
+                    for i in data.interrupts
+                ),
+                numeric=frozenset({4, 5}),
+            )
+        )
+    if data.drift:
+        tables.append(
+            EvidenceTable(
+                title="Guest clock against host time",
+                intro=DRIFT_INTRO,
+                header=(
+                    "env",
+                    "samples",
+                    "beyond limit",
+                    "too short",
+                    "clock unreadable",
+                    "largest drift",
+                    "limit",
+                ),
+                rows=tuple(
+                    (
+                        d.env,
+                        str(d.samples),
+                        str(d.flagged),
+                        str(d.unresolved),
+                        str(d.missing),
+                        f"{d.worst_pct:+.4f}%",
+                        f"{d.limit_pct:g}%",
+                    )
+                    for d in data.drift
+                ),
+            )
+        )
+    if data.failures:
+        tables.append(
+            EvidenceTable(
+                title="Failed samples",
+                intro="",
+                header=FAILURE_HEADER,
+                rows=tuple(failure_cells(f, log_separator) for f in data.failures),
+                numeric=frozenset({3, 4}),
+            )
+        )
+    return tables

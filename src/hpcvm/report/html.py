@@ -17,15 +17,13 @@ from pathlib import Path
 from hpcvm.report.compare import CompareRow, Comparison
 from hpcvm.report.figures import FigureFile
 from hpcvm.report.fmt import (
-    FAILURE_HEADER,
     TABLE_HEADER,
     change_text,
     compare_significance,
-    failure_cells,
+    evidence_tables,
     mean_text,
     method_lines,
     np_text,
-    num,
     overhead_text,
     row_cells,
     stop_text,
@@ -202,62 +200,11 @@ def _rows_table(rows: Sequence[Row], numeric: Collection[int]) -> str:
 
 def _evidence(data: ReportData) -> str:
     parts = ['<section id="evidence"><h2>Evidence</h2>']
-    if data.interrupts:
-        rows = [
-            (
-                i.env,
-                i.suite,
-                np_text(i.np),
-                i.side,
-                str(i.samples),
-                num(i.total_per_s),
-                ", ".join(f"{s} {num(v)}" for s, v in i.top_sources),
-            )
-            for i in data.interrupts
-        ]
-        parts.append("<h3>Interrupts per second</h3>")
-        parts.append(
-            table(
-                ("env", "suite", "np", "side", "samples", "total/s", "top sources/s"), rows, {4, 5}
-            )
-        )
-    if data.drift:
-        drift_rows = [
-            (
-                d.env,
-                str(d.samples),
-                str(d.flagged),
-                str(d.unresolved),
-                str(d.missing),
-                f"{d.worst_pct:+.4f}%",
-                f"{d.limit_pct:g}%",
-            )
-            for d in data.drift
-        ]
-        parts.append("<h3>Guest clock against host time</h3>")
-        parts.append(
-            "<p>Drift of the guest clock over each sample (change of the guest-minus-host "
-            "offset between two reads through the agent). <em>Too short</em>: the reads' "
-            "round trips are too long for the sample to show a drift of the limit, so its "
-            "drift figure is no evidence either way.</p>"
-        )
-        parts.append(
-            table(
-                (
-                    "env",
-                    "samples",
-                    "beyond limit",
-                    "too short",
-                    "clock unreadable",
-                    "largest drift",
-                    "limit",
-                ),
-                drift_rows,
-            )
-        )
-    if data.failures:
-        fail_rows = [failure_cells(f, "\n") for f in data.failures]
-        parts.append(table(FAILURE_HEADER, fail_rows, {3, 4}))
+    for t in evidence_tables(data, "\n"):
+        parts.append(f"<h3>{_e(t.title)}</h3>")
+        if t.intro:
+            parts.append(f"<p>{_e(t.intro)}</p>")
+        parts.append(table(t.header, t.rows, t.numeric))
     if data.noise:
         noise_rows = [(c.env, str(c.samples), f"{c.quanta:,}") for c in data.noise]
         parts.append("<h3>Noise runs drawn</h3>")

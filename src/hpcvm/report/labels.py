@@ -10,38 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from hpcvm.bench.suites import short_name as suite_short_name
 from hpcvm.plan.model import PROFILE_NAMES
 from hpcvm.report.model import NATIVE
-
-# hpcc summary keys and hpcvm's noise metrics -> the short names used in the studies.
-SHORT_NAMES: dict[str, str] = {
-    "HPL_Tflops": "HPL",
-    "StarDGEMM_Gflops": "DGEMM",
-    "SingleDGEMM_Gflops": "DGEMM single",
-    "StarSTREAM_Triad": "STREAM",
-    "SingleSTREAM_Triad": "STREAM single",
-    "StarRandomAccess_GUPs": "RA",
-    "SingleRandomAccess_GUPs": "RA single",
-    "MPIRandomAccess_GUPs": "RA MPI",
-    "PTRANS_GBs": "PTRANS",
-    "MPIFFT_Gflops": "FFT MPI",
-    "StarFFT_Gflops": "FFT",
-    "SingleFFT_Gflops": "FFT single",
-    "MaxPingPongLatency_usec": "PingPong lat max",
-    "AvgPingPongLatency_usec": "PingPong lat",
-    "MinPingPongBandwidth_GBytes": "PingPong bw",
-    "NaturallyOrderedRingLatency_usec": "Ring lat",
-    "RandomlyOrderedRingLatency_usec": "Ring lat rand",
-    "NaturallyOrderedRingBandwidth_GBytes": "Ring bw",
-    "RandomlyOrderedRingBandwidth_GBytes": "Ring bw rand",
-    "NoiseMaxDetour_usec": "Noise max",
-    "NoiseP999Detour_usec": "Noise p99.9",
-    "NoiseTimeLost_pct": "Noise lost",
-    "NoiseQuantum_usec": "Quantum",
-}
-
-# NPB metrics: the kernel name alone for time (the studies' figures), a suffix otherwise.
-NPB_SUFFIX = {"Time_sec": "", "Mops_total": " Mop/s"}
 
 NATIVE_COLOUR = "#4d4d4d"
 PROFILE_COLOURS = {
@@ -55,11 +26,9 @@ OTHER_COLOURS = ("#17becf", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8
 
 
 def short_name(suite: str, metric: str) -> str:
-    """Short benchmark name of a metric; the metric's own name when none is known."""
-    if suite.startswith("npb:") and metric in NPB_SUFFIX:
-        kernel = suite.removeprefix("npb:").split(".")[0].upper()
-        return kernel + NPB_SUFFIX[metric]
-    return SHORT_NAMES.get(metric, metric)
+    """Short benchmark name of a metric, as its suite kind defines it (bench/suites.py);
+    the metric's own name when none is known."""
+    return suite_short_name(suite, metric) or metric
 
 
 def label(suite: str, metric: str, np: int | None) -> str:

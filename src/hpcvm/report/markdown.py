@@ -8,15 +8,12 @@ from collections.abc import Iterable, Sequence
 from hpcvm.report.compare import Comparison
 from hpcvm.report.figures import FigureFile
 from hpcvm.report.fmt import (
-    FAILURE_HEADER,
     TABLE_HEADER,
     change_text,
     compare_significance,
-    failure_cells,
+    evidence_tables,
     mean_text,
     method_lines,
-    np_text,
-    num,
     row_cells,
 )
 from hpcvm.report.model import ReportData
@@ -66,25 +63,11 @@ def _environments(data: ReportData) -> list[str]:
 
 def _evidence(data: ReportData) -> list[str]:
     lines: list[str] = []
-    if data.interrupts:
-        lines += ["## Interrupts per second", ""]
-        lines += md_table(
-            ("env", "suite", "np", "side", "total/s", "top sources/s"),
-            (
-                (
-                    i.env,
-                    i.suite,
-                    np_text(i.np),
-                    i.side,
-                    num(i.total_per_s),
-                    ", ".join(f"{s} {num(v)}" for s, v in i.top_sources),
-                )
-                for i in data.interrupts
-            ),
-        )
-    if data.failures:
-        lines += ["## Failed samples", ""]
-        lines += md_table(FAILURE_HEADER, (failure_cells(f, ", ") for f in data.failures))
+    for t in evidence_tables(data, ", "):
+        lines += [f"## {t.title}", ""]
+        if t.intro:
+            lines += [t.intro, ""]
+        lines += md_table(t.header, t.rows)
     return lines
 
 

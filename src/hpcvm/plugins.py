@@ -1,0 +1,57 @@
+"""Extensions from outside the package: a suite, a render target, a report format.
+
+Each extension point is a registry (bench/suites.py, render/targets.py,
+report/formats.py); an extension is a module that calls that registry's ``register``
+once when imported. hpcvm imports such modules before it builds its commands, so their
+names appear in ``--help`` and in the choices of every option, exactly like hpcvm's own:
+
+- modules named in ``HPCVM_PLUGINS`` (comma-separated), for a site's own scripts;
+- the ``hpcvm.plugins`` entry points of installed packages.
+
+A module that cannot be imported is a one-line UsageError naming it: a typo in
+HPCVM_PLUGINS must not leave a user wondering why their suite is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from importlib.metadata import entry_points
+
+from hpcvm.errors import UsageError
+
+ENV_VAR = "HPCVM_PLUGINS"
+ENTRY_POINT_GROUP = "hpcvm.plugins"
+
+_loaded: set[str] = set()
+
+
+def load_plugins() -> list[str]:
+    """Import every configured plugin module once; the names imported by this call."""
+    names = [n.strip() for n in os.environ.get(ENV_VAR, "").split(",") if n.strip()]
+    done: list[str] = []
+    for name in names:
+        if name in _loaded:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # any failure of a user's module is theirs to see
+            raise UsageError(
+                f"{ENV_VAR}: cannot import plugin module {name!r}: "
+                f"{type(exc).__name__}: {exc}; fix the module or remove it from {ENV_VAR}"
+            ) from exc
+        _loaded.add(name)
+        done.append(name)
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        if point.value in _loaded:
+            continue
+        try:
+            point.load()
+        except Exception as exc:
+            raise UsageError(
+                f"plugin {point.name!r} ({point.value}) of an installed package cannot be "
+                f"loaded: {type(exc).__name__}: {exc}"
+            ) from exc
+        _loaded.add(point.value)
+        done.append(point.value)
+    return done

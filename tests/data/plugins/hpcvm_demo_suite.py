@@ -1,0 +1,36 @@
+"""A throw-away benchmark suite registered from outside hpcvm (tests/unit/test_plugins.py):
+one module, one registry call. It runs /bin/echo and reads the number it printed."""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from hpcvm.bench.metrics import Metric, MetricValue, ParseError
+from hpcvm.bench.suite import Suite
+from hpcvm.bench.suites import SuiteKind, SuiteOptions, register
+
+ANSWER = Metric(name="answer", unit="", higher_is_better=True, short="Answer")
+
+
+class EchoSuite:
+    name = "echo42"
+    uses_np = False
+    metrics = (ANSWER,)
+    output_files: tuple[str, ...] = ()
+
+    def validate(self, np_values: Sequence[int]) -> None:
+        return None
+
+    def prepare(self, workdir: Path, np: int, memory_bytes: int) -> list[str]:
+        return ["/bin/echo", "42"]
+
+    def parse(self, workdir: Path, stdout: str, stderr: str, exit_code: int) -> list[MetricValue]:
+        if exit_code != 0 or not stdout.strip().isdigit():
+            raise ParseError(f"echo42: unexpected output {stdout!r}")
+        return [ANSWER.value(float(stdout))]
+
+
+def _build(options: SuiteOptions) -> list[Suite]:
+    return [EchoSuite()]
+
+
+register(SuiteKind("echo42", _build, "prints 42 (a test plugin)", metrics=(ANSWER,)))
