@@ -1,0 +1,346 @@
+#!/usr/bin/env bash
+# A Slurm test cluster on one machine, made of real parts (run as root):
+#
+#   scripts/test-cluster.sh up [--nodes N]     start N simulated nodes (default 2)
+#   scripts/test-cluster.sh status             nodes as Slurm sees them, and the namespaces
+#   scripts/test-cluster.sh exec [--node nodeK] -- CMD...
+#                                              run CMD where Slurm is reachable (the login
+#                                              namespace, or node K's) with SLURM_CONF set
+#   scripts/test-cluster.sh down               stop everything and remove every trace
+#
+# Each node is a network namespace hpcvm-nK with its own address (10.77.0.K/24) on its own
+# bridge br0 (later the bridge for that node's VMs' taps), its own hostname (a UTS
+# namespace) and its own slurmd (`slurmd -N nodeK`). A switch namespace hpcvm-sw holds
+# the switch bridge sw0 that every node's uplink veth joins, and is also the cluster's
+# "login node": slurmctld, munged and client commands (sinfo, sbatch) run there, at
+# 10.77.0.254. The host's own interfaces, routes and firewall are never touched: every
+# link is created directly inside a namespace made here. All state (slurm.conf, spool,
+# logs, munge key and socket) lives under $HPCVM_TEST_CLUSTER_DIR
+# (default /run/hpcvm-test-cluster). `down` kills every process in the namespaces,
+# deletes the namespaces (and with them the veths and bridges) and the state directory;
+# a failing `up` runs `down` itself. Why each choice: docs/cluster-testing.md.
+set -euo pipefail
+
+DIR=${HPCVM_TEST_CLUSTER_DIR:-/run/hpcvm-test-cluster}
+NET=${HPCVM_TEST_CLUSTER_NET:-10.77.0}   # the /24 used inside the namespaces only
+SW_NS=hpcvm-sw
+NODE_NS_PREFIX=hpcvm-n
+CTL_ADDR=$NET.254
+CTL_NAME=ctl
+READY_TIMEOUT=${HPCVM_TEST_CLUSTER_TIMEOUT:-90}   # seconds; the machine may be loaded
+
+die() {
+  echo "test-cluster: $*" >&2
+  exit 1
+}
+say() { echo "test-cluster: $*"; }
+
+usage() {
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+# --- helpers ------------------------------------------------------------------------
+
+node_namespaces() {
+  # Every namespace this script may have made (also after a crash lost the state dir).
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^(${SW_NS}|${NODE_NS_PREFIX}[0-9]+)\$" || true
+}
+
+# Run a command in namespace $1 with hostname $2 and the cluster's /etc/hosts, in a private
+# mount namespace so the bind mount stays in there. Not `ip netns exec`: it mounts a fresh
+# /sys, which hides /sys/fs/cgroup (slurmd refuses to start without it) and which QEMU
+# and hwloc would later read too; /sys/class/net therefore shows the host's devices, while
+# every socket and netlink call sees the node's own network.
+in_ns() {
+  local ns=$1 name=$2
+  shift 2
+  nsenter --net="/run/netns/$ns" -- unshare --mount --uts --propagation private -- sh -c \
+    'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"' \
+    sh "$name" "$DIR/etc/hosts" "$@" 9<&-
+}
+
+# Start daemon $3... in namespace $1 as host $2. Its stdio goes to a log file, never to
+# our caller's pipes (a caller that captures output would wait for the daemon's exit),
+# and it must not inherit fd 9, the lock held by this script.
+start_daemon() {
+  local ns=$1 name=$2 log
+  log="$DIR/log/start-${3##*/}-$name.log"
+  shift 2
+  SLURM_CONF=$DIR/etc/slurm.conf in_ns "$ns" "$name" "$@" </dev/null >>"$log" 2>&1
+}
+
+client() {
+  # Slurm client commands from the login (switch) namespace.
+  SLURM_CONF=$DIR/etc/slurm.conf in_ns "$SW_NS" "$CTL_NAME" "$@"
+}
+
+wait_for() {
+  # wait_for WHAT CMD...: retry CMD once a second until it succeeds or READY_TIMEOUT.
+  local what=$1 t=0
+  shift
+  until "$@" >/dev/null 2>&1; do
+    t=$((t + 1))
+    [ "$t" -lt "$READY_TIMEOUT" ] || die "timed out after ${READY_TIMEOUT}s waiting for $what (logs: $DIR/log)"
+    sleep 1
+  done
+}
+
+# --- down ---------------------------------------------------------------------------
+
+kill_ns_processes() {
+  local ns=$1 pids i
+  for sig in TERM KILL; do
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    [ -n "$pids" ] || return 0
+    # shellcheck disable=SC2086
+    kill -s "$sig" $pids 2>/dev/null || true
+    for i in $(seq 1 50); do
+      pids=$(ip netns pids "$ns" 2>/dev/null || true)
+      [ -n "$pids" ] || return 0
+      sleep 0.2
+    done
+  done
+  [ -z "$(ip netns pids "$ns" 2>/dev/null || true)" ] || echo "test-cluster: processes left in $ns: $pids" >&2
+}
+
+do_down() {
+  local ns created_run_netns=0
+  [ -f "$DIR/created-run-netns" ] && created_run_netns=1
+  # Nodes first (their slurmd would otherwise report to a dead controller), switch last.
+  for ns in $(node_namespaces | sort -r); do
+    kill_ns_processes "$ns"
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  rm -rf "$DIR"
+  # `ip netns add` turned /run/netns into a mount point; undo that if it was ours and
+  # nothing else lives there now.
+  if [ "$created_run_netns" -eq 1 ] && [ -d /run/netns ] && [ -z "$(ls -A /run/netns)" ]; then
+    umount /run/netns 2>/dev/null || true
+    rmdir /run/netns 2>/dev/null || true
+  fi
+  local left
+  left=$(node_namespaces)
+  [ -z "$left" ] || die "namespaces left after down: $left"
+}
+
+# --- up -----------------------------------------------------------------------------
+
+check_tools() {
+  [ "$(id -u)" -eq 0 ] || die "must run as root (namespaces, bridges); try: sudo $0 $*"
+  local t missing=()
+  for t in ip nsenter unshare munged slurmctld slurmd sinfo; do
+    command -v "$t" >/dev/null 2>&1 || missing+=("$t")
+  done
+  [ "${#missing[@]}" -eq 0 ] || die "missing ${missing[*]}; install with: scripts/setup-cluster.sh"
+}
+
+make_network() {
+  local n=$1 k ns
+  [ -d /run/netns ] || touch "$DIR/created-run-netns"
+  ip netns add "$SW_NS"
+  ip -n "$SW_NS" link set lo up
+  ip -n "$SW_NS" link add sw0 type bridge
+  ip -n "$SW_NS" addr add "$CTL_ADDR/24" dev sw0
+  ip -n "$SW_NS" link set sw0 up
+  for k in $(seq 1 "$n"); do
+    ns=$NODE_NS_PREFIX$k
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    # The veth pair is born in the switch namespace with its node end moved at once:
+    # nothing ever appears in the host's namespace.
+    ip -n "$SW_NS" link add "n$k" type veth peer name up0 netns "$ns"
+    ip -n "$SW_NS" link set "n$k" master sw0 up
+    # The node's address sits on its bridge with the uplink enslaved, as on a real host
+    # whose NIC is in br0: VMs' taps added to br0 later share the cluster's segment.
+    ip -n "$ns" link add br0 type bridge
+    ip -n "$ns" link set up0 master br0 up
+    ip -n "$ns" addr add "$NET.$k/24" dev br0
+    ip -n "$ns" link set br0 up
+  done
+}
+
+write_config() {
+  local n=$1 k cpus
+  cpus=$(nproc)
+  mkdir -p "$DIR"/{etc,log,run,munge,ctld}
+  chmod 700 "$DIR/munge"
+  {
+    echo "127.0.0.1 localhost"
+    echo "$CTL_ADDR $CTL_NAME"
+    for k in $(seq 1 "$n"); do echo "$NET.$k node$k"; done
+  } >"$DIR/etc/hosts"
+  cat >"$DIR/etc/slurm.conf" <<EOF
+# Written by scripts/test-cluster.sh; removed by its \`down\`. See docs/cluster-testing.md.
+ClusterName=hpcvmtest
+SlurmctldHost=$CTL_NAME($CTL_ADDR)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$DIR/munge/munge.socket
+SlurmctldPort=6817
+SlurmdPort=6818
+StateSaveLocation=$DIR/ctld
+SlurmctldPidFile=$DIR/run/slurmctld.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+SlurmdParameters=config_overrides
+# No cgroups: every slurmd shares the machine's one cgroup tree.
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+MpiDefault=none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+# A loaded 2-core machine answers slowly; be patient rather than mark nodes down.
+MessageTimeout=30
+SlurmdTimeout=120
+SlurmctldTimeout=120
+InactiveLimit=0
+KillWait=5
+MinJobAge=30
+NodeName=DEFAULT CPUs=$cpus State=UNKNOWN
+EOF
+  for k in $(seq 1 "$n"); do
+    echo "NodeName=node$k NodeAddr=$NET.$k NodeHostname=node$k" >>"$DIR/etc/slurm.conf"
+    mkdir -p "$DIR/spool/node$k"
+  done
+  echo "PartitionName=test Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP" >>"$DIR/etc/slurm.conf"
+  echo "$n" >"$DIR/nodes"
+}
+
+start_daemons() {
+  local n=$1 k
+  dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none
+  chmod 400 "$DIR/munge/munge.key"
+  start_daemon "$SW_NS" "$CTL_NAME" munged --force \
+    --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
+    --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" \
+    --seed-file="$DIR/munge/munge.seed"
+  wait_for munged test -S "$DIR/munge/munge.socket"
+  start_daemon "$SW_NS" "$CTL_NAME" slurmctld -i
+  wait_for slurmctld client scontrol ping
+  for k in $(seq 1 "$n"); do
+    start_daemon "$NODE_NS_PREFIX$k" "node$k" slurmd -N "node$k"
+  done
+  wait_for "$n idle nodes" all_idle "$n"
+}
+
+all_idle() {
+  local n=$1 idle
+  idle=$(client sinfo -h -N -t idle -o '%N' | sort -u | wc -l)
+  [ "$idle" -eq "$n" ]
+}
+
+up_failed() {
+  trap - EXIT
+  echo "test-cluster: up failed (exit $1); removing what was made" >&2
+  # The logs go with the state directory: show their ends first.
+  local log
+  for log in "$DIR"/log/*.log; do
+    [ -s "$log" ] || continue
+    echo "--- last lines of ${log##*/}:" >&2
+    tail -n 8 "$log" >&2
+  done
+  do_down || true
+  exit "$1"
+}
+
+do_up() {
+  local n=$1
+  [[ "$n" =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a number from 1 to 99, got '$n'"
+  check_tools
+  if [ -f "$DIR/nodes" ]; then
+    local have
+    have=$(cat "$DIR/nodes")
+    [ "$have" = "$n" ] || die "a test cluster with $have nodes is up; run '$0 down' first"
+    if all_idle "$n" 2>/dev/null; then
+      say "already up: $n nodes"
+      return 0
+    fi
+    die "a test cluster is up but not all $n nodes are idle; see '$0 status', or '$0 down'"
+  fi
+  [ -z "$(node_namespaces)" ] || die "namespaces from an earlier test cluster exist; run '$0 down' first"
+  # Any failure from here on (an error, die's exit, Ctrl-C) removes what was made.
+  trap 'up_failed $?' EXIT
+  trap 'exit 130' INT TERM
+  mkdir -p "$DIR"
+  chmod 755 "$DIR"
+  write_config "$n"
+  make_network "$n"
+  start_daemons "$n"
+  trap - EXIT INT TERM
+  say "up: $n nodes (SLURM_CONF=$DIR/etc/slurm.conf; run Slurm commands with '$0 exec -- CMD')"
+}
+
+do_status() {
+  if [ ! -f "$DIR/nodes" ]; then
+    say "down"
+    local ns
+    ns=$(node_namespaces)
+    [ -z "$ns" ] || say "but namespaces exist: $ns (run '$0 down')"
+    return 3
+  fi
+  say "state in $DIR; namespaces:"
+  node_namespaces | sed 's/^/  /'
+  client sinfo -N -o '%N %T %c %o'
+}
+
+do_exec() {
+  local ns=$SW_NS name=$CTL_NAME
+  if [ "${1:-}" = "--node" ]; then
+    name=${2:?--node needs a node name, e.g. node1}
+    [[ "$name" =~ ^node([0-9]+)$ ]] || die "unknown node '$name' (nodes are node1, node2, ...)"
+    ns=$NODE_NS_PREFIX${BASH_REMATCH[1]}
+    shift 2
+  fi
+  [ "${1:-}" = "--" ] && shift
+  [ "$#" -gt 0 ] || die "exec needs a command after --"
+  [ -f "$DIR/nodes" ] || die "no test cluster is up; run '$0 up' first"
+  ip netns list | awk '{print $1}' | grep -qx "$ns" || die "no namespace $ns; is $name part of the cluster?"
+  SLURM_CONF=$DIR/etc/slurm.conf in_ns "$ns" "$name" "$@"
+}
+
+# --- main ---------------------------------------------------------------------------
+
+cmd=${1:-}
+[ -n "$cmd" ] || usage
+shift
+nodes=2
+case "$cmd" in
+  up)
+    while [ "$#" -gt 0 ]; do
+      case "$1" in
+        --nodes) nodes=${2:?--nodes needs a number}; shift 2 ;;
+        --nodes=*) nodes=${1#--nodes=}; shift ;;
+        *) die "unknown option '$1' for up (known: --nodes N)" ;;
+      esac
+    done
+    ;;
+  down | status) [ "$#" -eq 0 ] || die "$cmd takes no arguments" ;;
+  exec) ;;
+  *) usage ;;
+esac
+[ "$(id -u)" -eq 0 ] || die "must run as root (network namespaces); try: sudo $0 $cmd"
+
+# One test cluster per machine (namespace names are global): serialise callers on a lock
+# held on this script file itself, so no lock file is left behind.
+if [ "$cmd" = up ] || [ "$cmd" = down ]; then
+  exec 9<"$0"
+  flock 9
+fi
+
+case "$cmd" in
+  up) do_up "$nodes" ;;
+  down) do_down && say "down" ;;
+  status) do_status ;;
+  exec) do_exec "$@" ;;
+esac
