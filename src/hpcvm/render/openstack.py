@@ -1,15 +1,24 @@
 """A VMPlan as an OpenStack Nova flavor: vCPUs, RAM and the extra specs that Nova's
-libvirt driver honours. Pure: no I/O.
+libvirt driver honours, plus the compute host's side (nova.conf). Pure: no I/O.
 
 Nova schedules and pins by itself: it picks the compute host, the host PUs of a
 dedicated guest (from ``[compute] cpu_dedicated_set``) and the host node behind each
 guest node. So a flavor asks for the plan's kind of guest: dedicated vCPUs, how SMT is
 used, the guest's sockets/cores/threads, its NUMA nodes with their exact vCPU and memory
-split, the page size, isolated emulator threads, locked memory and PCI aliases. Every
-plan decision a flavor cannot carry (host PU and node numbers, distances, housekeeping
-PUs, I/O threads, the CPU model, host tuning) comes back as a note instead of being
-dropped. Extra spec names and values are those of Nova's extra spec reference; the
-newest used is ``hw:locked_memory`` (Nova 2023.1).
+split, the page size, where emulator threads go, locked memory and PCI aliases. Every
+plan decision a flavor cannot carry (host PU and node numbers, distances, I/O threads,
+the CPU model, host tuning) comes back as a note instead of being dropped.
+
+Given the host the plan was made for, the flavor is also one Nova can *schedule* there
+(docs/openstack.md): Nova fits each guest NUMA node into a host node of its own and a
+dedicated flavor without guest nodes into one host node, so plans that stack guest
+nodes or spread a flat guest over host nodes are refused (InfeasiblePlanError) with
+what to change; ``isolate`` forbids SMT hosts, so it is used only on hosts without SMT,
+and one vCPU per core on an SMT host comes from ``cpu_dedicated_set`` listing one
+thread per core, which the output prints with ``cpu_shared_set`` (the housekeeping PUs,
+where ``hw:emulator_threads_policy=share`` puts QEMU's emulator threads). Extra spec
+names and values are those of Nova's extra spec reference; the newest used is
+``hw:locked_memory`` (Nova 2023.1).
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcvm.errors import UsageError
+from hpcvm.errors import InfeasiblePlanError, UsageError
+from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
 from hpcvm.render.checks import check_renderable
 from hpcvm.render.cloud import (
@@ -40,12 +50,25 @@ Specs = dict[str, str]
 
 
 @dataclass(frozen=True)
+class ComputeHost:
+    """The compute host's ``[compute]`` sets that make Nova place the flavor as planned:
+    ``dedicated`` (``cpu_dedicated_set``: PUs Nova pins vCPUs to, housekeeping cores
+    excluded, one thread per core where the plan gives each vCPU a core of its own) and
+    ``shared`` (``cpu_shared_set``: the plan's housekeeping PUs; empty: leave it unset)."""
+
+    dedicated: tuple[int, ...]
+    shared: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class FlavorRender:
     """The flavor (``name``, ``vcpus``, ``ram`` in MiB, ``disk`` in GiB,
-    ``extra_specs``) and the notes on what it cannot say."""
+    ``extra_specs``), the notes on what it cannot say, and the compute host's side
+    (None for an unpinned plan, or when rendered without the host)."""
 
     flavor: dict[str, Any]
     notes: tuple[str, ...] = ()
+    compute: ComputeHost | None = None
 
     @property
     def extra_specs(self) -> Specs:
@@ -55,16 +78,22 @@ class FlavorRender:
 
 @dataclass
 class _Parts:
+    host: HostTopology | None = None
     specs: Specs = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    compute: ComputeHost | None = None
 
 
-def openstack_flavor(plan: VMPlan) -> FlavorRender:
-    """The flavor for ``plan`` and its notes. Raises UsageError for a plan Nova cannot
-    hold at all (sizes that are not whole MiB, a guest node without vCPUs)."""
+def openstack_flavor(plan: VMPlan, host: HostTopology | None = None) -> FlavorRender:
+    """The flavor for ``plan`` and its notes; with ``host`` (the machine the plan was
+    made for) also the compute host's side, and only a flavor Nova can schedule there.
+    Raises UsageError for a plan Nova cannot hold at all (sizes that are not whole MiB,
+    a guest node without vCPUs), InfeasiblePlanError for one no schedulable flavor
+    expresses (guest nodes stacked on one host node, a flat guest over host nodes)."""
     check_renderable(plan)
     _check_nova(plan)
-    parts = _Parts()
+    check_schedulable(plan, host)
+    parts = _Parts(host=host)
     for group in (_topology, _cpus, _memory, _numa, _emulator, _devices, _cpu_model):
         group(plan, parts)
     parts.notes += host_side_notes(plan, "each compute host")
@@ -75,17 +104,19 @@ def openstack_flavor(plan: VMPlan) -> FlavorRender:
         "disk": 0,  # the root disk comes from the image or a volume, not the flavor
         "extra_specs": parts.specs,
     }
-    return FlavorRender(flavor=flavor, notes=tuple(parts.notes))
+    return FlavorRender(flavor=flavor, notes=tuple(parts.notes), compute=parts.compute)
 
 
-def openstack_flavor_commands(plan: VMPlan) -> str:
+def openstack_flavor_commands(plan: VMPlan, host: HostTopology | None = None) -> str:
     """The ``openstack flavor create`` and ``flavor set --property`` command lines,
-    shell-quoted, after the notes as ``#`` comments (a runnable script that carries its
-    caveats)."""
-    render = openstack_flavor(plan)
+    shell-quoted, after the notes and the compute host's nova.conf lines as ``#``
+    comments (a runnable script that carries its caveats)."""
+    render = openstack_flavor(plan, host)
     flavor = render.flavor
     header = f"hpcvm: plan {plan.name!r} (profile {plan.profile}) as an OpenStack flavor"
     lines = comment_lines(header, render.notes)
+    if render.compute is not None:
+        lines += nova_conf_lines(render.compute)
     create = shlex.join(
         [
             "openstack", "flavor", "create",
@@ -146,29 +177,187 @@ def _topology(plan: VMPlan, parts: _Parts) -> None:
         )
 
 
+def nova_conf_lines(compute: ComputeHost) -> list[str]:
+    """The compute host's ``[compute]`` section as ``#`` lines (nova.conf is the
+    operator's file: the script prints it and does not write it)."""
+    lines = [
+        "# nova.conf on each compute host like this machine (restart nova-compute after):",
+        "#   [compute]",
+        f"#   cpu_dedicated_set = {format_cpu_list(compute.dedicated)}",
+    ]
+    if compute.shared:
+        lines.append(f"#   cpu_shared_set = {format_cpu_list(compute.shared)}")
+    return lines
+
+
+def check_schedulable(plan: VMPlan, host: HostTopology | None) -> None:
+    """Refuse (InfeasiblePlanError, one line, what to change) a plan whose flavor Nova
+    could never fit on its own host: Nova fits each guest NUMA node into a host node of
+    its own, and gives a dedicated or page-sized flavor without ``hw:numa_nodes`` one
+    implicit guest node that must fit into one host node."""
+    if plan.guest_nodes:
+        _check_distinct_nodes(plan)
+    elif plan.pinned or is_huge(plan):
+        _check_one_node(plan, host)
+
+
+def _check_distinct_nodes(plan: VMPlan) -> None:
+    seen: dict[int, int] = {}
+    for node in plan.guest_nodes:
+        if node.host_node in seen:
+            used = len({n.host_node for n in plan.guest_nodes})
+            raise InfeasiblePlanError(
+                f"plan {plan.name!r}: guest nodes {seen[node.host_node]} and {node.index} "
+                f"are both on host node {node.host_node}, but Nova fits each guest NUMA "
+                f"node into a host node of its own, so no flavor can be scheduled; plan "
+                f"with --guest-nodes {used} (one per host node used) or fewer"
+            )
+        seen[node.host_node] = node.index
+
+
+def _check_one_node(plan: VMPlan, host: HostTopology | None) -> None:
+    nodes: set[int | None] = set(plan.hugepages_needed)
+    if host is not None:
+        node_of = {pu.os_index: pu.node for pu in host.pus}
+        nodes |= {node_of.get(pu) for pu in plan.vcpu_pus()}
+    if len(nodes) <= 1 and None not in nodes:
+        return
+    where = ", ".join("none" if n is None else str(n) for n in sorted(nodes, key=str))
+    most = f"at most {_node_capacity(plan, host)} vCPUs, or " if host is not None else ""
+    raise InfeasiblePlanError(
+        f"plan {plan.name!r}: Nova confines a dedicated or page-sized flavor without guest "
+        f"NUMA nodes to one host NUMA node, but the plan's flat guest uses host nodes "
+        f"{where}; plan with {most}--profile numa (a guest node per host node)"
+    )
+
+
+def _node_capacity(plan: VMPlan, host: HostTopology) -> int:
+    """The most vCPUs one host node's dedicated PUs take for this plan's use of SMT."""
+    dedicated = _dedicated_set(plan, host, _shape(plan, host).per_core)
+    node_of = {pu.os_index: pu.node for pu in host.pus}
+    counts = Counter(node_of[pu] for pu in dedicated if node_of[pu] is not None)
+    return max(counts.values(), default=0)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """How the plan's vCPUs use host cores, in Nova's words: ``policy`` is
+    ``hw:cpu_thread_policy``; ``per_core`` the threads per core that
+    ``cpu_dedicated_set`` lists (0: every usable one); ``note`` what Nova does
+    differently, if anything."""
+
+    policy: str
+    per_core: int
+    note: str | None = None
+
+
+def _shape(plan: VMPlan, host: HostTopology) -> _Shape:
+    """One vCPU per core: ``isolate`` on a host without SMT; on an SMT host ``prefer``
+    with one thread per core dedicated (``isolate`` forbids the HW_CPU_HYPERTHREADING
+    trait such a host has). Every used core holding the guest's threads: ``require``
+    with that many threads per core dedicated (a host core may have more). Anything
+    else (siblings on some cores only): ``prefer``, which fills siblings first."""
+    core_of = {pu.os_index: pu.core for pu in host.pus}
+    loads = sorted(Counter(core_of[pu] for pu in plan.vcpu_pus()).values(), reverse=True)
+    threads = plan.topology.threads
+    if set(loads) == {1}:
+        smt = any(len(core.pus) > 1 for core in host.cores)
+        return _Shape("prefer", 1) if smt else _Shape("isolate", 0)
+    if threads > 1 and set(loads) == {threads}:
+        return _Shape("require", threads)
+    width = max(len(_usable(host, core.pus)) for core in host.cores)
+    packed = [width] * (plan.vcpus // width) + ([plan.vcpus % width] if plan.vcpus % width else [])
+    if loads == packed:
+        return _Shape("prefer", 0)
+    note = (
+        f"the plan spreads its {plan.vcpus} vCPUs over {len(loads)} cores, siblings on "
+        f"{sum(1 for n in loads if n > 1)} of them, because whole cores ran short; Nova's "
+        f"hw:cpu_thread_policy=prefer fills every sibling of a core first and so takes "
+        f"{len(packed)} cores: the guest is the same, its vCPUs share cores more than planned"
+    )
+    return _Shape("prefer", 0, note)
+
+
+def _usable(host: HostTopology, pus: tuple[int, ...]) -> list[int]:
+    ok = {pu.os_index for pu in host.pus if pu.online and pu.allowed}
+    return sorted(pu for pu in pus if pu in ok)
+
+
+def _dedicated_set(plan: VMPlan, host: HostTopology, per_core: int) -> tuple[int, ...]:
+    """``cpu_dedicated_set``: per core with a NUMA node and no housekeeping PU, its
+    first ``per_core`` usable threads (all with 0; cores with fewer are left out)."""
+    reserved = set(plan.housekeeping_pus) | set(plan.emulator_pus) | set(plan.iothread_pus)
+    out: list[int] = []
+    for core in host.cores:
+        if core.node is None or reserved & set(core.pus):
+            continue
+        usable = _usable(host, core.pus)
+        take = usable if per_core == 0 else usable[:per_core]
+        if take and (per_core == 0 or len(take) == per_core):
+            out += take
+    return tuple(sorted(out))
+
+
 def _cpus(plan: VMPlan, parts: _Parts) -> None:
-    """Pinned plans are ``dedicated``: one host PU per vCPU, never shared. The thread
-    policy follows the guest topology: guest threads on host siblings need SMT hosts
-    (``require``); a guest of one thread per core gets a physical core per vCPU with
-    ``isolate``, which Nova (Train and later) fulfils by scheduling onto hosts without
-    SMT. ``prefer``, the default, could put two vCPUs on the siblings of one core while
-    the guest believes they are separate cores, which the planner avoids when it can."""
+    """Pinned plans are ``dedicated``: one host PU per vCPU, never shared; the thread
+    policy and ``cpu_dedicated_set`` follow how the plan uses SMT (``_shape``)."""
     if not plan.pinned:
         return
-    threads = plan.topology.threads
     parts.specs["hw:cpu_policy"] = "dedicated"
-    parts.specs["hw:cpu_thread_policy"] = "require" if threads > 1 else "isolate"
     parts.notes.append(
         "Nova picks the host PUs of a dedicated flavor itself ([compute] "
         f"cpu_dedicated_set); the plan's pins cannot be requested: {pins_text(plan)}"
     )
-    if threads == 1:
-        parts.notes.append(
-            "hw:cpu_thread_policy=isolate gives each vCPU a physical core of its own, as "
-            "the plan's guest topology (1 thread per core) shows it, and so schedules only "
-            "onto compute hosts without SMT; 'prefer' admits SMT hosts but may pin two "
-            "vCPUs on sibling threads of one core"
+    if parts.host is None:
+        _cpus_without_host(plan, parts)
+        return
+    shape = _shape(plan, parts.host)
+    parts.specs["hw:cpu_thread_policy"] = shape.policy
+    parts.compute = ComputeHost(
+        dedicated=_dedicated_set(plan, parts.host, shape.per_core),
+        shared=tuple(sorted(plan.housekeeping_pus)),
+    )
+    parts.notes.append(_shape_note(shape))
+    if shape.note:
+        parts.notes.append(shape.note)
+
+
+def _shape_note(shape: _Shape) -> str:
+    if shape.policy == "isolate":
+        return (
+            "hw:cpu_thread_policy=isolate: one physical core per vCPU; this host has no "
+            "SMT (Nova forbids the HW_CPU_HYPERTHREADING trait, so such a flavor never "
+            "lands on an SMT host)"
         )
+    if shape.policy == "require":
+        return (
+            f"hw:cpu_thread_policy=require with {shape.per_core} threads of each core in "
+            "cpu_dedicated_set (below): Nova packs vCPUs onto sibling threads as the "
+            "plan's guest threads"
+        )
+    if shape.per_core == 1:
+        return (
+            "one vCPU per physical core on an SMT host: cpu_dedicated_set (below) lists "
+            "one thread per core, so hw:cpu_thread_policy=prefer gives each vCPU a core "
+            "of its own; isolate would forbid the HW_CPU_HYPERTHREADING trait this host "
+            "has and never be scheduled here"
+        )
+    return (
+        "hw:cpu_thread_policy=prefer with every thread of each core in "
+        "cpu_dedicated_set (below): Nova fills a core's siblings first, as the plan does"
+    )
+
+
+def _cpus_without_host(plan: VMPlan, parts: _Parts) -> None:
+    """Without the host, whether it has SMT is unknown: ``require`` for guest threads,
+    else ``prefer`` (schedulable on any host), and the notes say what is unchecked."""
+    threads = plan.topology.threads
+    parts.specs["hw:cpu_thread_policy"] = "require" if threads > 1 else "prefer"
+    parts.notes.append(
+        "rendered without the host's topology: the compute host's cpu_dedicated_set "
+        "(one thread per core for one vCPU per core on an SMT host) and whether Nova "
+        "can fit this flavor on the host were not worked out"
+    )
 
 
 def _memory(plan: VMPlan, parts: _Parts) -> None:
@@ -221,9 +410,10 @@ def _numa(plan: VMPlan, parts: _Parts) -> None:
 
 
 def _emulator(plan: VMPlan, parts: _Parts) -> None:
-    """QEMU's emulator threads off the vCPUs' PUs (hpc): ``isolate`` gives them one more
-    dedicated host core per guest, without any compute host configuration. Nova has no
-    I/O thread setting."""
+    """QEMU's emulator threads on the plan's housekeeping PUs (hpc): ``share`` puts
+    them on ``cpu_shared_set``, which the compute side sets to exactly those PUs, and
+    costs no extra PCPU (``isolate`` would take one more dedicated core per guest, which
+    the plan does not use). Nova has no I/O thread setting."""
     if plan.iothreads:
         parts.notes.append(
             f"a flavor cannot set I/O threads: the plan's {plan.iothreads} I/O thread(s) "
@@ -231,13 +421,12 @@ def _emulator(plan: VMPlan, parts: _Parts) -> None:
         )
     if not plan.emulator_pus:
         return
-    parts.specs["hw:emulator_threads_policy"] = "isolate"
+    parts.specs["hw:emulator_threads_policy"] = "share"
     parts.notes.append(
-        "hw:emulator_threads_policy=isolate gives QEMU's emulator threads one extra "
-        "dedicated host core Nova picks (one more PCPU in placement); the plan's "
-        f"housekeeping cannot be named ({housekeeping_text(plan)}); with [compute] "
-        "cpu_shared_set set to the housekeeping cores on each host, "
-        "hw:emulator_threads_policy=share mirrors the plan instead"
+        "hw:emulator_threads_policy=share runs QEMU's emulator threads on [compute] "
+        f"cpu_shared_set, set to the plan's housekeeping PUs ({housekeeping_text(plan)}); "
+        "without cpu_shared_set Nova floats them over the guest's own dedicated PUs, and "
+        "cpu_shared_set also takes unpinned instances: keep those off this host"
     )
 
 
