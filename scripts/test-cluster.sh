@@ -188,6 +188,8 @@ SlurmdSpoolDir=$DIR/spool/%n
 SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmdLogFile=$DIR/log/slurmd-%n.log
 SlurmdParameters=config_overrides
+# Per node: the nodes share one /tmp, and PMIx names its directories by job and step only.
+TmpFS=$DIR/tmp/%n
 # No cgroups: every slurmd shares the machine's one cgroup tree.
 ProctrackType=proctrack/pgid
 TaskPlugin=task/none
@@ -211,7 +213,7 @@ NodeName=DEFAULT CPUs=$cpus State=UNKNOWN
 EOF
   for k in $(seq 1 "$n"); do
     echo "NodeName=node$k NodeAddr=$NET.$k NodeHostname=node$k" >>"$DIR/etc/slurm.conf"
-    mkdir -p "$DIR/spool/node$k"
+    mkdir -p "$DIR/spool/node$k" "$DIR/tmp/node$k"
   done
   echo "PartitionName=test Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP" >>"$DIR/etc/slurm.conf"
   echo "$n" >"$DIR/nodes"
