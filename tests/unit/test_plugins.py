@@ -1,4 +1,5 @@
-"""Extension points from outside the package: a report format and a suite, each one
+"""Extension points from outside the package: a render target, a report format and a
+suite, each one
 module with one registry call (tests/data/plugins), loaded through HPCVM_PLUGINS by the
 real ``hpcvm`` command, appear in --help and work end to end; an unregistered name is a
 usage error (exit 2) and a plugin that cannot be imported is a one-line error."""
@@ -46,3 +47,19 @@ def test_unregistered_names_and_broken_plugins_are_refused(tmp_path: Path) -> No
     assert broken.returncode == 2
     lines = broken.stderr.strip().splitlines()
     assert len(lines) == 1 and "no_such_hpcvm_plugin" in lines[0] and "Traceback" not in lines[0]
+
+
+def test_a_plugin_render_target_prints_the_plan(tmp_path: Path) -> None:
+    """The planner's own pins (its JSON output) are what the plugin target prints."""
+    import json
+
+    xml = PLUGINS.parents[3] / "shared" / "topologies" / "xml" / "24em64t-2n6c2t-pci.xml"
+    args = ("plan", "--profile", "pinned", "--vcpus", "3", "--memory", "1G", "--topology", str(xml))
+    assert "pins" in _hpcvm("plan", "--help", plugins="hpcvm_demo_target", cwd=tmp_path).stdout
+    pins = _hpcvm(*args, "--format", "pins", plugins="hpcvm_demo_target", cwd=tmp_path)
+    assert pins.returncode == 0, pins.stderr
+    plan = json.loads(_hpcvm(*args, "--format", "json", plugins="", cwd=tmp_path).stdout)
+    expected = [f"vcpu{p['vcpu']} pu{p['host_pu']}" for p in plan["placements"]]
+    assert pins.stdout.splitlines() == expected
+    unknown = _hpcvm(*args, "--format", "pins", plugins="", cwd=tmp_path)
+    assert unknown.returncode == 2 and "pins" in unknown.stderr

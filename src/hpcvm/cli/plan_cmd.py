@@ -13,11 +13,12 @@ import click
 from hpcvm.cli.common import console, host_source_options, warn
 from hpcvm.host import discover
 from hpcvm.plan import plan as make_plan
-from hpcvm.plan.model import PROFILE_NAMES, SMT_POLICIES, PlanRequest, VMPlan
+from hpcvm.plan.model import PROFILE_NAMES, SMT_POLICIES, PlanRequest
+from hpcvm.render.targets import TARGETS
+from hpcvm.render.targets import get as get_target
 from hpcvm.units import parse_size
 
-RENDERED = ("qemu", "libvirt", "openstack", "kubevirt")
-FORMATS = ("table", "json", *RENDERED)
+TABLE = "table"  # the plan for a person; every other --format is a render target
 
 
 @click.command("plan")
@@ -40,7 +41,15 @@ FORMATS = ("table", "json", *RENDERED)
     "OpenStack hw:cpu_thread_policy isolate / prefer / require.",
 )
 @click.option("--name", default="hpcvm", show_default=True, help="VM name.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice([TABLE, *TARGETS]),
+    default=TABLE,
+    show_default=True,
+    help="table (for a person), or: "
+    + "; ".join(f"{t.name}: {t.description}" for t in TARGETS.values()),
+)
 @host_source_options
 def plan_command(
     profile: str,
@@ -75,36 +84,16 @@ def plan_command(
     )
     host = discover(sysfs_root=sysfs_root, xml=topology)
     vm = make_plan(host, request)
-    if fmt == "table":
+    if fmt == TABLE:
         from hpcvm.cli.plan_view import print_plan
 
         print_plan(vm, console, host)
         return
-    click.echo(_machine_output(vm, fmt))
-    if fmt in RENDERED:
+    target = get_target(fmt)
+    click.echo(target.render(vm))
+    if target.warns:
         for message in vm.warnings:
             warn(message)
-
-
-def _machine_output(vm: VMPlan, fmt: str) -> str:
-    """JSON, or a renderer's output (imported here: renderers are optional to the CLI)."""
-    if fmt == "json":
-        return vm.model_dump_json(indent=2)
-    if fmt == "qemu":
-        from hpcvm.render.qemu import qemu_command_line
-
-        return qemu_command_line(vm)
-    if fmt == "openstack":
-        from hpcvm.render.openstack import openstack_flavor_commands
-
-        return openstack_flavor_commands(vm).rstrip("\n")
-    if fmt == "kubevirt":
-        from hpcvm.render.kubevirt import kubevirt_yaml
-
-        return kubevirt_yaml(vm).rstrip("\n")
-    from hpcvm.render.libvirt import libvirt_xml
-
-    return libvirt_xml(vm)
 
 
 def register(group: click.Group) -> None:

@@ -1,0 +1,85 @@
+"""Registry: render target name (as typed after ``hpcvm plan --format``) -> renderer.
+
+A target turns one plan into one text for another system. Adding one is a module with
+its renderer and one ``register`` call (in hpcvm below, or from a plugin: see
+hpcvm/plugins.py); ``--format`` offers exactly the registered names plus ``table``, and
+an unknown name is a one-line UsageError, never a fallback to some other target.
+Renderers are imported when used, so ``hpcvm plan`` does not load YAML or XML code it
+does not need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hpcvm.errors import UsageError
+from hpcvm.plan.model import VMPlan
+
+
+@dataclass(frozen=True)
+class RenderTarget:
+    """One output of ``hpcvm plan``: ``render(plan)`` is the whole text printed."""
+
+    name: str
+    render: Callable[[VMPlan], str]
+    description: str
+    warns: bool = True  # the plan's warnings go to stderr beside the output
+
+
+TARGETS: dict[str, RenderTarget] = {}
+
+
+def register(target: RenderTarget) -> None:
+    """Add a target; a second target of the same name is a mistake, not an override."""
+    if target.name in TARGETS:
+        raise UsageError(f"render target {target.name!r} is registered twice")
+    TARGETS[target.name] = target
+
+
+def get(name: str) -> RenderTarget:
+    """The target called ``name``; UsageError naming the known ones otherwise."""
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise UsageError(
+            f"unknown render target {name!r}: use one of {', '.join(TARGETS)}"
+        ) from None
+
+
+def _json(plan: VMPlan) -> str:
+    return plan.model_dump_json(indent=2)
+
+
+def _qemu(plan: VMPlan) -> str:
+    from hpcvm.render.qemu import qemu_command_line
+
+    return qemu_command_line(plan)
+
+
+def _libvirt(plan: VMPlan) -> str:
+    from hpcvm.render.libvirt import libvirt_xml
+
+    return libvirt_xml(plan)
+
+
+def _openstack(plan: VMPlan) -> str:
+    from hpcvm.render.openstack import openstack_flavor_commands
+
+    return openstack_flavor_commands(plan).rstrip("\n")
+
+
+def _kubevirt(plan: VMPlan) -> str:
+    from hpcvm.render.kubevirt import kubevirt_yaml
+
+    return kubevirt_yaml(plan).rstrip("\n")
+
+
+for _target in (
+    RenderTarget("json", _json, "the plan itself, versioned (docs/plan-schema.json)", False),
+    RenderTarget("qemu", _qemu, "one shell-quoted QEMU command line"),
+    RenderTarget("libvirt", _libvirt, "a libvirt domain for virsh define"),
+    RenderTarget("openstack", _openstack, "OpenStack flavor commands, notes as comments"),
+    RenderTarget("kubevirt", _kubevirt, "a KubeVirt VirtualMachine manifest"),
+):
+    register(_target)

@@ -1,0 +1,77 @@
+"""No import runs back up the pipeline (DESIGN.md): walk every module of the package
+with ``ast`` (imports inside functions included) and fail when a stage imports a stage
+that comes later than it. The layers are DESIGN.md's pipeline read as dependencies:
+
+    foundation  errors, model, units, lock, signals, plugins, bootspec (anyone may use)
+    1           host; stats and store (libraries of their own: no stage below them)
+    2 plan  3 render  4 guest  5 runtime  6 tune  7 bench  8 cluster  9 report  10 cli
+
+A stage may import its own modules, the foundation and any stage of a lower layer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hpcvm"
+FOUNDATION = {"errors", "model", "units", "lock", "signals", "plugins", "bootspec", "__init__"}
+LAYER = {
+    "host": 1,
+    "stats": 1,
+    "store": 1,
+    "plan": 2,
+    "render": 3,
+    "guest": 4,
+    "runtime": 5,
+    "tune": 6,
+    "bench": 7,
+    "cluster": 8,
+    "report": 9,
+    "cli": 10,
+}
+
+
+def _stage(parts: tuple[str, ...]) -> str:
+    return parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> set[str]:
+    """Stages (or foundation modules) that ``path`` imports from hpcvm."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "hpcvm":
+                found.add(parts[1] if len(parts) > 1 else "__init__")
+    return found
+
+
+def test_every_module_belongs_to_a_known_stage() -> None:
+    stages = {_stage(p.relative_to(PACKAGE).parts) for p in PACKAGE.rglob("*.py")}
+    unknown = stages - FOUNDATION - set(LAYER) - {"data"}
+    assert not unknown, f"add these to the layers of this test and of DESIGN.md: {unknown}"
+
+
+def test_no_stage_imports_a_later_one() -> None:
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        stage = _stage(path.relative_to(PACKAGE).parts)
+        if stage in FOUNDATION:
+            later = set(LAYER)  # the foundation imports no stage at all
+        else:
+            later = {s for s, layer in LAYER.items() if layer >= LAYER[stage] and s != stage}
+        for target in sorted(_imports(path) & later):
+            wrong.append(f"{path.relative_to(PACKAGE)} imports hpcvm.{target}")
+    assert not wrong, "imports running back up the pipeline:\n" + "\n".join(wrong)
+
+
+def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from hpcvm.report.load import load_report\n")
+    assert _imports(module) == {"report"}
