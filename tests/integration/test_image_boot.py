@@ -16,7 +16,9 @@ user's image was not written to.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,14 +45,21 @@ def test_image() -> Path:
 
 
 @pytest.fixture
-def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    root = tmp_path / "rt"
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A runtime root libvirt's QEMU user can pass through (not under pytest's 0700
+    temporary directories): the disk overlay and seed live in the VM's run dir."""
+    base = Path(tempfile.mkdtemp(prefix="hpcvm-image-test-", dir="/tmp"))
+    base.chmod(0o711)
+    root = base / "rt"
     monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(root))
     monkeypatch.delenv("HPCVM_READY_TIMEOUT", raising=False)  # the disk image default
     before = Residue.take(root)
-    yield root
-    subprocess.run([HPCVM, "down", "--all", "--timeout", "20"], capture_output=True)
-    assert_nothing_left(before)
+    try:
+        yield root
+        subprocess.run([HPCVM, "down", "--all", "--timeout", "20"], capture_output=True)
+        assert_nothing_left(before)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def guest(name: str, *argv: str) -> str:

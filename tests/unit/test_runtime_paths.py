@@ -27,7 +27,7 @@ def test_default_root_depends_on_user(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_ensure_root_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(tmp_path / "rt"))
     root = paths.ensure_root()
-    assert root.stat().st_mode & 0o777 == 0o700
+    assert root.stat().st_mode & 0o777 == 0o711  # searchable, not listable
 
 
 @pytest.mark.parametrize("name", ["job1", "a", "run-12.x_y", "A" * 63])

@@ -59,53 +59,58 @@ for arg in $($bb cat /proc/cmdline); do
 done
 
 while read -r mod; do
-    $bb insmod "/lib/modules/$mod" || fail "cannot load kernel module $mod"
+    insmod "/lib/modules/$mod" || fail "cannot load kernel module $mod"
 done < /lib/modules/order
 
 raw="/sys/firmware/qemu_fw_cfg/by_name/$table/raw"
-$bb cat "$raw" > /shares 2>/dev/null || fail "no share table: no fw_cfg entry $table"
+cat "$raw" > /shares 2>/dev/null || fail "no share table: no fw_cfg entry $table"
 
 mount9p() {  # TAG OPTIONS DIR: the 9p devices may still be probing, so retry a while
     i=0
-    until $bb mount -t 9p -o "$2,trans=virtio,version=9p2000.L,msize=512000" "$1" "$3" \
+    until mount -t 9p -o "$2,trans=virtio,version=9p2000.L,msize=512000" "$1" "$3" \
         2>/dev/null; do
         i=$((i + 1))
         [ $i -lt 50 ] || fail "cannot mount host share $1 (no virtio-9p with mount_tag=$1)"
-        $bb sleep 0.1
+        sleep 0.1
     done
 }
 
-$bb mount -t tmpfs -o mode=0755 hpcvm-root /newroot
-$bb mount -t tmpfs -o mode=0755 hpcvm-rw /mnt/rw
+# Applets by name, not "$bb name": busybox's shell runs them without exec'ing busybox
+# again (a fork at most), which under TCG is what a boot with many shares spends.
+mount -t tmpfs -o mode=0755 hpcvm-root /newroot
+mount -t tmpfs -o mode=0755 hpcvm-rw /mnt/rw
 while read -r kind tag path; do
     case "$kind" in
         link)
-            $bb mkdir -p "/newroot$($bb dirname "$path")"
-            $bb ln -s "$tag" "/newroot$path" || fail "cannot make the link $path"
+            mkdir -p "/newroot${path%/*}"
+            ln -s "$tag" "/newroot$path" || fail "cannot make the link $path"
             ;;
         hide)  # a whiteout (char device 0:0) in the share's upper layer hides the entry
-            $bb mkdir -p "/mnt/rw/$tag/upper/$($bb dirname "$path")"
-            $bb mknod "/mnt/rw/$tag/upper/$path" c 0 0 || fail "cannot hide $path"
+            case "$path" in
+                */*) mkdir -p "/mnt/rw/$tag/upper/${path%/*}" ;;
+                *) mkdir -p "/mnt/rw/$tag/upper" ;;
+            esac
+            mknod "/mnt/rw/$tag/upper/$path" c 0 0 || fail "cannot hide $path"
             ;;
         ro)
-            $bb mkdir -p "/mnt/9p/$tag" "/mnt/rw/$tag/upper" "/mnt/rw/$tag/work" "/newroot$path"
+            mkdir -p "/mnt/9p/$tag" "/mnt/rw/$tag/upper" "/mnt/rw/$tag/work" "/newroot$path"
             mount9p "$tag" ro,cache=loose "/mnt/9p/$tag"
-            $bb mount -t overlay -o \
+            mount -t overlay -o \
                 "lowerdir=/mnt/9p/$tag,upperdir=/mnt/rw/$tag/upper,workdir=/mnt/rw/$tag/work" \
                 "hpcvm-$tag" "/newroot$path" || fail "cannot mount the overlay on $path"
             ;;
         rw)
-            $bb mkdir -p "/newroot$path"
+            mkdir -p "/newroot$path"
             mount9p "$tag" cache=mmap "/newroot$path"
             ;;
         *) fail "bad share table line: $kind $tag $path" ;;
     esac
 done < /shares
 [ -d /newroot/etc ] || fail "the share table gives the guest no /etc"
-$bb mkdir -p /newroot/proc /newroot/sys /newroot/dev /newroot/run /newroot/tmp \
+mkdir -p /newroot/proc /newroot/sys /newroot/dev /newroot/run /newroot/tmp \
     /newroot/var/tmp /newroot/root
-$bb chmod 1777 /newroot/tmp /newroot/var/tmp
-$bb chmod 0700 /newroot/root
+chmod 1777 /newroot/tmp /newroot/var/tmp
+chmod 0700 /newroot/root
 
 # Our own files live in the new root's /run (a tmpfs), so the host needs none of them
 # and nothing of ours shows up elsewhere in the guest's file system.

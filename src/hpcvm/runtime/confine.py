@@ -98,6 +98,33 @@ def can_access(path: str, user: QemuUser, *, write: bool, opened_by_root: bool) 
     return proc.returncode == 0
 
 
+def can_search(path: str, user: QemuUser) -> bool:
+    """Whether ``user`` can reach entries of the directory ``path`` by name (search
+    permission on it and every parent), asked of the kernel as that user."""
+    if not user.switch:
+        return os.access(path, os.X_OK)
+    proc = subprocess.run(
+        ["/bin/sh", "-c", 'test -x "$1"', "sh", path],
+        user=user.uid,
+        group=user.gid,
+        extra_groups=list(user.groups),
+        cwd="/",
+        capture_output=True,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+def blocking_parent(path: str, user: QemuUser) -> str:
+    """The first directory on the way to ``path`` that ``user`` cannot search."""
+    parts = Path(path).parts
+    for depth in range(1, len(parts) + 1):
+        step = str(Path(*parts[:depth]))
+        if not can_search(step, user):
+            return step
+    return path
+
+
 def describe_mode(path: str) -> str:
     """``root 0700`` (owner and mode) for an error message."""
     try:

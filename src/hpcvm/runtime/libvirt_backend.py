@@ -47,7 +47,13 @@ from typing import Any, Literal
 
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.runtime import paths, state
-from hpcvm.runtime.confine import QemuUser, user_by_ids
+from hpcvm.runtime.confine import (
+    QemuUser,
+    blocking_parent,
+    can_search,
+    describe_mode,
+    user_by_ids,
+)
 from hpcvm.runtime.model import BackendName, Machine
 
 DEFAULT_URI = "qemu:///system"
@@ -174,6 +180,25 @@ def dac_user(capabilities: str) -> QemuUser:
     )
 
 
+def let_qemu_reach(run_dir: Path, user: QemuUser) -> None:
+    """A disk image boots through an overlay and a seed in the VM's run dir: libvirt
+    gives both files to its QEMU user for the guest's lifetime (``dynamic_ownership``),
+    but that user must also be able to search the run dir. Its group gets search, not
+    read (mode 0710: no listing; the sockets stay 0600). UsageError, before anything
+    starts, when a parent of the run dir keeps it out."""
+    if not user.switch:
+        return
+    os.chown(run_dir, -1, user.gid)
+    run_dir.chmod(0o710)
+    if not can_search(str(run_dir), user):
+        blocker = blocking_parent(str(run_dir), user)
+        raise UsageError(
+            f"libvirt's QEMU runs as {user.name}, which cannot reach the VM's run directory "
+            f"{run_dir} ({blocker} is {describe_mode(blocker)}): set {paths.ENV_RUNTIME_DIR} "
+            f"to a directory it can search, or use --backend qemu"
+        )
+
+
 def owner_run_dir(xml: str) -> str | None:
     """The run directory a domain's metadata names (None: not an hpcvm domain)."""
     try:
@@ -294,6 +319,8 @@ class LibvirtBackend:
         machine = with_private_agent_port(machine)
         _refuse_grabbed_agent(machine)
         self._refuse_existing(machine)
+        if machine.boot.disk_image or machine.boot.seed_image:
+            let_qemu_reach(Path(machine.run_dir), self.qemu_user())
         xml = domain_xml(machine)
         conn = self.connection()
         dom = self._call(f"define domain {name}", conn.defineXML, xml)

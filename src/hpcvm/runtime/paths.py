@@ -3,7 +3,7 @@
 Separate ``hpcvm`` processes (``up``, ``ps``, ``exec``, ``down``) find a VM only through
 this directory, so its location is computed in one place. The root is
 ``$HPCVM_RUNTIME_DIR`` if set (tests use a temporary one), else ``/run/hpcvm`` for root,
-else ``$XDG_RUNTIME_DIR/hpcvm``. Directories are 0700 and sockets 0600: the QMP and agent
+else ``$XDG_RUNTIME_DIR/hpcvm``. VM directories are 0700 and sockets 0600: the QMP and agent
 sockets give full control of the guest, so no other user may reach them.
 """
 
@@ -43,9 +43,11 @@ def runtime_root() -> Path:
 
 
 def ensure_root() -> Path:
-    """Create the runtime root (0700) if missing and return it."""
+    """Create the runtime root if missing and return it. Mode 0711: nobody else may
+    list it, but libvirt's QEMU user may pass through it to the one VM directory it is
+    let into (libvirt_backend.let_qemu_reach); every VM directory is 0700 otherwise."""
     root = runtime_root()
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    root.mkdir(mode=0o711, parents=True, exist_ok=True)
     return root
 
 

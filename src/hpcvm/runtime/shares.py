@@ -214,27 +214,37 @@ def _workdir_request(
 def etc_hidden(etc: str = ETC) -> tuple[str, ...]:
     """Entries of ``etc`` (relative paths) the guest must not see: the ``ETC_SECRETS``
     and everything not readable by every user (a directory: not searchable by all).
-    Nothing below a hidden directory is listed; an unreadable directory is hidden.
-    One ``lstat`` per entry (``scandir``): this runs at every ``up``."""
+    Nothing below a hidden directory is listed; an unreadable directory is hidden, and
+    so is a directory whose every entry is hidden (one whiteout instead of many: each
+    costs the guest's init a process at boot). One ``lstat`` per entry (``scandir``):
+    this runs at every ``up``."""
+    return tuple(sorted(_hidden_in(etc, "")[0]))
+
+
+def _hidden_in(etc: str, rel_dir: str) -> tuple[list[str], bool]:
+    """(hidden entries under ``rel_dir``, whether all of its entries are hidden)."""
+    try:
+        with os.scandir(os.path.join(etc, rel_dir)) as listing:
+            entries = sorted(listing, key=lambda e: e.name)
+    except OSError:
+        return [], False
     hidden: list[str] = []
-    pending = [""]
-    while pending:
-        rel_dir = pending.pop()
-        try:
-            with os.scandir(os.path.join(etc, rel_dir)) as listing:
-                entries = sorted(listing, key=lambda e: e.name)
-        except OSError:
-            continue
-        for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            if "\n" in rel:
-                continue
-            kind = _secret_kind(rel, entry)
-            if kind == "secret":
+    all_hidden = bool(entries)
+    for entry in entries:
+        rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+        kind = "ok" if "\n" in rel else _secret_kind(rel, entry)
+        if kind == "dir":
+            inner, whole = _hidden_in(etc, rel)
+            if whole:
                 hidden.append(rel)
-            elif kind == "dir":
-                pending.append(rel)
-    return tuple(sorted(hidden))
+            else:
+                hidden += inner
+                all_hidden = False
+        elif kind == "secret":
+            hidden.append(rel)
+        else:
+            all_hidden = False
+    return hidden, all_hidden
 
 
 def _secret_kind(rel: str, entry: os.DirEntry[str]) -> str:
