@@ -273,7 +273,8 @@ do_up() {
   [ -z "$(node_namespaces)" ] || die "namespaces from an earlier test cluster exist; run '$0 down' first"
   # Any failure from here on (an error, die's exit, Ctrl-C) removes what was made.
   trap 'up_failed $?' EXIT
-  trap 'exit 130' INT TERM
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
   mkdir -p "$DIR"
   chmod 755 "$DIR"
   write_config "$n"

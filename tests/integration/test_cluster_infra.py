@@ -105,6 +105,14 @@ def test_batch_tasks_run_in_their_own_nodes_namespace(
     assert os.stat("/proc/self/ns/net").st_ino not in {inode for _, inode, _ in seen.values()}
 
 
+def test_run_on_a_node_runs_in_that_nodes_namespace(slurm_cluster: LocalCluster) -> None:
+    for node in slurm_cluster.nodes:
+        out = slurm_cluster.run(
+            ["sh", "-c", "hostname; stat -L -c %i /proc/self/ns/net"], node=node.name
+        )
+        assert out.stdout.split() == [node.name, str(namespace_inode(node.namespace))]
+
+
 @pytest.fixture(scope="module")
 def mpi_ping(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/cluster/mpi_ping.c built with Open MPI's mpicc (the nodes share the file
