@@ -120,3 +120,15 @@ def test_in_workdir_needs_an_absolute_directory() -> None:
     assert in_workdir(Path("/tmp/w"), ["a", "b"]) == ["/usr/bin/env", "-C", "/tmp/w", "a", "b"]
     with pytest.raises(UsageError):
         in_workdir(Path("relative"), ["a"])
+
+
+def test_labels_come_from_each_suite_kind() -> None:
+    """Figures and tables say what they show: the studies' short names for hpcc and
+    noise, "CG time, np 1" for NPB, the metric itself for an unknown suite."""
+    from hpcvm.report.labels import label
+
+    assert label("hpcc", "MPIRandomAccess_GUPs", 4) == "RA MPI 4"
+    assert label("noise", "NoiseP999Detour_usec", None) == "Noise p99.9"
+    assert label("npb:cg.S", "Time_sec", 1) == "CG time, np 1"
+    assert label("npb:is.W", "Mops_total", 2) == "IS Mop/s, np 2"
+    assert label("mine", "value", 2) == "value 2"

@@ -19,6 +19,7 @@ from hpcvm.bench.launch import Bind
 from hpcvm.bench.metrics import Metric
 from hpcvm.bench.noise import METRICS as NOISE_METRICS
 from hpcvm.bench.noise import NoiseSuite
+from hpcvm.bench.npb import LABELS as NPB_LABELS
 from hpcvm.bench.npb import METRICS as NPB_METRICS
 from hpcvm.bench.npb import discover
 from hpcvm.bench.suite import Suite
@@ -105,6 +106,7 @@ class SuiteKind:
     packages: tuple[str, ...] = ()
     owns: Callable[[str], bool] | None = None
     label: Callable[[str, str], str | None] | None = None
+    np_label: Callable[[str, str, int], str | None] | None = None  # "CG time, np 2"
 
     def stores(self, suite: str) -> bool:
         return self.owns(suite) if self.owns is not None else suite == self.name
@@ -126,14 +128,17 @@ def register(kind: SuiteKind) -> None:
 
 
 def _npb_label(suite: str, metric: str) -> str | None:
-    """The studies' NPB labels: the kernel alone for time, "CG Mop/s" for the rate."""
-    suffix = NPB_SHORT.get(metric)
-    if suffix is None:
+    """What an NPB figure shows: "CG time", "CG Mop/s"."""
+    word = NPB_LABELS.get(metric)
+    if word is None:
         return None
-    return suite.removeprefix("npb:").split(".")[0].upper() + suffix
+    return f"{suite.removeprefix('npb:').split('.')[0].upper()} {word}"
 
 
-NPB_SHORT = {"Time_sec": "", "Mops_total": " Mop/s"}
+def _npb_np_label(suite: str, metric: str, np: int) -> str | None:
+    name = _npb_label(suite, metric)
+    return None if name is None else f"{name}, np {np}"
+
 
 for _kind in (
     SuiteKind(
@@ -157,6 +162,7 @@ for _kind in (
         packages=("openmpi-bin",),
         owns=lambda suite: suite.startswith("npb:"),
         label=_npb_label,
+        np_label=_npb_np_label,
     ),
     SuiteKind("cmd", _cmd, "any command and a regex (--cmd, --metric)"),
 ):
@@ -176,6 +182,14 @@ def short_name(suite: str, metric: str) -> str | None:
     """The short label of a stored suite's metric, as its kind defines it."""
     kind = kind_of(suite)
     return kind.short_name(suite, metric) if kind is not None else None
+
+
+def np_label(suite: str, metric: str, np: int) -> str | None:
+    """A kind's own label for a metric at a process count, when it has one."""
+    kind = kind_of(suite)
+    if kind is None or kind.np_label is None:
+        return None
+    return kind.np_label(suite, metric, np)
 
 
 def suite_packages() -> tuple[str, ...]:

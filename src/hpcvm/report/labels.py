@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from hpcvm.bench.suites import np_label as suite_np_label
 from hpcvm.bench.suites import short_name as suite_short_name
 from hpcvm.plan.model import PROFILE_NAMES
 from hpcvm.report.model import NATIVE
@@ -32,7 +33,11 @@ def short_name(suite: str, metric: str) -> str:
 
 
 def label(suite: str, metric: str, np: int | None) -> str:
-    """ "RA MPI 4"; the noise suite ignores np, so its labels carry none."""
+    """ "RA MPI 4", or the suite's own ("CG time, np 4"); the noise suite ignores np,
+    so its labels carry none."""
+    own = suite_np_label(suite, metric, np) if np is not None else None
+    if own is not None:
+        return own
     name = short_name(suite, metric)
     return name if np is None else f"{name} {np}"
 
