@@ -88,30 +88,38 @@ wait_for() {
 
 # --- down ---------------------------------------------------------------------------
 
+ns_pids() {
+  # Every process in the namespaces named in $@.
+  local ns
+  for ns in "$@"; do ip netns pids "$ns" 2>/dev/null || true; done
+}
+
 kill_ns_processes() {
-  local ns=$1 pids i
+  # SIGTERM to every process in the namespaces $@ at once, SIGKILL to what is left after
+  # 5 s (a job step that ignores SIGTERM), then wait until they are all gone.
+  local sig pids i
   for sig in TERM KILL; do
-    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    pids=$(ns_pids "$@")
     [ -n "$pids" ] || return 0
     # shellcheck disable=SC2086
     kill -s "$sig" $pids 2>/dev/null || true
-    for i in $(seq 1 50); do
-      pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    for i in $(seq 1 25); do
+      pids=$(ns_pids "$@")
       [ -n "$pids" ] || return 0
       sleep 0.2
     done
   done
-  [ -z "$(ip netns pids "$ns" 2>/dev/null || true)" ] || echo "test-cluster: processes left in $ns: $pids" >&2
+  echo "test-cluster: processes left in $*: $pids" >&2
 }
 
 do_down() {
   local ns created_run_netns=0
   [ -f "$DIR/created-run-netns" ] && created_run_netns=1
-  # Nodes first (their slurmd would otherwise report to a dead controller), switch last.
-  for ns in $(node_namespaces | sort -r); do
-    kill_ns_processes "$ns"
-    ip netns del "$ns" 2>/dev/null || true
-  done
+  local all
+  all=$(node_namespaces)
+  # shellcheck disable=SC2086
+  kill_ns_processes $all
+  for ns in $all; do ip netns del "$ns" 2>/dev/null || true; done
   rm -rf "$DIR"
   # `ip netns add` turned /run/netns into a mount point; undo that if it was ours and
   # nothing else lives there now.

@@ -14,6 +14,8 @@ import os
 import re
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -151,6 +153,58 @@ def test_mpi_across_two_nodes(
         pytest.skip("needs two nodes")
     text = submit(slurm_cluster, tmp_path, LAUNCHERS[launcher].format(exe=mpi_ping))
     assert_one_rank_per_node(slurm_cluster, text)
+
+
+def namespaces_running(program: str, arg: str, inodes: set[int]) -> set[int]:
+    """The namespaces (of ``inodes``) that hold a live ``program arg`` process (srun
+    starts it by its full path)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode().split("\0")
+            inode = os.stat(proc / "ns" / "net").st_ino
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if Path(argv[0]).name == program and argv[1:2] == [arg] and inode in inodes:
+            found.add(inode)
+    return found
+
+
+def wait_until(what: str, predicate: Callable[[], bool]) -> None:
+    """Poll ``predicate`` until true; fail naming ``what`` after JOB_TIMEOUT (a bound on
+    a hang, not a timing assertion)."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def test_scancel_stops_the_jobs_tasks_on_every_node(
+    slurm_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """proctrack/pgid is what finds a job's processes here: scancel must reach the
+    tasks in every node's namespace."""
+    seconds = str(3000 + os.getpid() % 1000)  # marks this test's tasks
+    batch = tmp_path / "long.sh"
+    batch.write_text(f"#!/bin/sh\nsrun --ntasks-per-node=1 sleep {seconds}\n")
+    nodes = len(slurm_cluster.nodes)
+    job = slurm_cluster.run(
+        ["sbatch", "--parsable", "-N", str(nodes), f"--chdir={tmp_path}", str(batch)]
+    ).stdout.strip()
+    inodes = {namespace_inode(node.namespace) for node in slurm_cluster.nodes}
+    try:
+        wait_until(
+            "the tasks to start",
+            lambda: namespaces_running("sleep", seconds, inodes) == inodes,
+        )
+    finally:
+        slurm_cluster.run(["scancel", job.split(";")[0]])
+    wait_until(
+        "scancel to stop the tasks", lambda: not namespaces_running("sleep", seconds, inodes)
+    )
 
 
 def cluster_processes(inodes: set[int]) -> list[str]:
