@@ -22,6 +22,7 @@
 set -euo pipefail
 
 DIR=${HPCVM_TEST_CLUSTER_DIR:-/run/hpcvm-test-cluster}
+MARKER=.hpcvm-test-cluster   # in $DIR: `down` removes only a directory that has it
 NET=${HPCVM_TEST_CLUSTER_NET:-10.77.0}   # the /24 used inside the namespaces only
 SW_NS=hpcvm-sw
 NODE_NS_PREFIX=hpcvm-n
@@ -120,7 +121,8 @@ do_down() {
   # shellcheck disable=SC2086
   kill_ns_processes $all
   for ns in $all; do ip netns del "$ns" 2>/dev/null || true; done
-  rm -rf "$DIR"
+  # Only a directory this script made (it carries the marker) is ever removed.
+  if [ -f "$DIR/$MARKER" ]; then rm -rf "$DIR"; fi
   # `ip netns add` turned /run/netns into a mount point; undo that if it was ours and
   # nothing else lives there now.
   if [ "$created_run_netns" -eq 1 ] && [ -d /run/netns ] && [ -z "$(ls -A /run/netns)" ]; then
@@ -279,12 +281,16 @@ do_up() {
     die "a test cluster is up but not all $n nodes are idle; see '$0 status', or '$0 down'"
   fi
   [ -z "$(node_namespaces)" ] || die "namespaces from an earlier test cluster exist; run '$0 down' first"
+  if [ -e "$DIR" ] && [ -n "$(ls -A "$DIR" 2>/dev/null)" ] && [ ! -f "$DIR/$MARKER" ]; then
+    die "$DIR exists and is not a test cluster's directory; set HPCVM_TEST_CLUSTER_DIR to a new path"
+  fi
   # Any failure from here on (an error, die's exit, Ctrl-C) removes what was made.
   trap 'up_failed $?' EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
   mkdir -p "$DIR"
   chmod 755 "$DIR"
+  touch "$DIR/$MARKER"
   write_config "$n"
   make_network "$n"
   start_daemons "$n"
