@@ -1,8 +1,10 @@
 """Nova's own view of flavors on a compute host: run with .venv-nova's python.
 
-Reads JSON on stdin, ``{"cases": [{"flavor": {...}, "host": {...}}, ...]}``, and writes
-one JSON answer per case (same order) on stdout. Nothing here re-implements a Nova rule:
-every answer comes from Nova 34's code, so hpcvm's tests can use it as their oracle.
+Reads batches on stdin, one JSON line each, ``{"cases": [{"flavor": {...}, "host":
+{...}}, ...]}``, and answers each with one JSON line on stdout: a list with one answer
+per case, same order (one process serves many batches: importing Nova takes seconds).
+Nothing here re-implements a Nova rule: every answer comes from Nova 34's code, so
+hpcvm's tests can use it as their oracle.
 
 - ``flavor``: ``name``, ``vcpus``, ``ram`` (MiB), ``extra_specs``.
 - ``host``: the compute host as its libvirt driver would report it, built by the test
@@ -30,10 +32,11 @@ from typing import Any
 warnings.simplefilter("ignore")
 logging.disable(logging.CRITICAL)
 
-from nova import exception, objects  # noqa: E402
 from nova.api.validation.extra_specs import validators  # noqa: E402
 from nova.scheduler import utils as scheduler_utils  # noqa: E402
 from nova.virt import hardware  # noqa: E402
+
+from nova import exception, objects  # noqa: E402
 
 objects.register_all()
 
@@ -158,14 +161,17 @@ def check(case: dict[str, Any]) -> dict[str, Any]:
         best = hardware.get_best_cpu_topology(flavor, image)
         answer["topology"] = [best.sockets, best.cores, best.threads]
         answer["fit"] = fit_view(host_topology(case["host"]), numa) if numa else None
-    except Exception as err:  # noqa: BLE001 - Nova's refusal is the answer
+    except Exception as err:
         answer["error"] = f"{type(err).__name__}: {err}"
     return answer
 
 
 def main() -> None:
-    cases = json.load(sys.stdin)["cases"]
-    json.dump([check(case) for case in cases], sys.stdout)
+    for line in sys.stdin:
+        if line.strip():
+            cases = json.loads(line)["cases"]
+            sys.stdout.write(json.dumps([check(case) for case in cases]) + "\n")
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -220,15 +220,42 @@ def _check_one_node(plan: VMPlan, host: HostTopology | None) -> None:
     if host is not None:
         node_of = {pu.os_index: pu.node for pu in host.pus}
         nodes |= {node_of.get(pu) for pu in plan.vcpu_pus()}
-    if len(nodes) <= 1 and None not in nodes:
+    if len(nodes) > 1 or None in nodes:
+        where = ", ".join("none" if n is None else str(n) for n in sorted(nodes, key=str))
+        most = f"at most {_node_capacity(plan, host)} vCPUs, or " if host is not None else ""
+        raise InfeasiblePlanError(
+            f"plan {plan.name!r}: Nova confines a dedicated or page-sized flavor without "
+            f"guest NUMA nodes to one host NUMA node, but the plan's flat guest uses host "
+            f"nodes {where}; plan with {most}--profile numa (a guest node per host node)"
+        )
+    if host is not None and nodes:
+        _check_node_memory(plan, host, next(n for n in nodes if n is not None))
+
+
+def _check_node_memory(plan: VMPlan, host: HostTopology, index: int) -> None:
+    """The implicit guest node takes all guest memory from the one host node: its pool
+    of the plan's page size, or for small pages what the huge page pools leave."""
+    node = next(n for n in host.nodes if n.os_index == index)
+    page = plan.page_size_bytes
+    pools = {p.size_bytes: p.total for p in node.hugepages}
+    if is_huge(plan):
+        have, need = pools.get(page, 0), plan.memory_bytes // page
+        if have < need:
+            raise InfeasiblePlanError(
+                f"plan {plan.name!r}: Nova takes a flat guest's huge pages from the one "
+                f"host node of its vCPUs, and node {index} has {have} {format_size(page)} "
+                f"pages of the {need} needed; reserve them there (echo {need} > /sys/"
+                f"devices/system/node/node{index}/hugepages/hugepages-{page // KIB}kB/"
+                "nr_hugepages) or plan with --profile numa"
+            )
         return
-    where = ", ".join("none" if n is None else str(n) for n in sorted(nodes, key=str))
-    most = f"at most {_node_capacity(plan, host)} vCPUs, or " if host is not None else ""
-    raise InfeasiblePlanError(
-        f"plan {plan.name!r}: Nova confines a dedicated or page-sized flavor without guest "
-        f"NUMA nodes to one host NUMA node, but the plan's flat guest uses host nodes "
-        f"{where}; plan with {most}--profile numa (a guest node per host node)"
-    )
+    small = (node.memory_bytes - sum(size * total for size, total in pools.items())) // MIB * MIB
+    if small < plan.memory_bytes:
+        raise InfeasiblePlanError(
+            f"plan {plan.name!r}: Nova takes a flat dedicated guest's memory from the one "
+            f"host node of its vCPUs, and node {index} has {format_size(small)} outside huge "
+            f"page pools; plan with --memory {format_size(small)} or less, or --profile numa"
+        )
 
 
 def _node_capacity(plan: VMPlan, host: HostTopology) -> int:
