@@ -13,9 +13,12 @@ class HpcvmError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, cause: str | None = None) -> None:
+        """``cause``: what went wrong as data (e.g. "housekeeping": the PUs are taken by
+        housekeeping cores), for a caller that acts on it without reading the text."""
         super().__init__(message)
         self.message = message
+        self.cause = cause
 
     def __str__(self) -> str:
         return self.message

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import itertools
 import os
 import platform
 import re
@@ -296,7 +297,7 @@ def plan_vm(
     try:
         plan = make_plan(host, request)
     except InfeasiblePlanError as exc:
-        if profile != "hpc" or "housekeeping" not in exc.message:
+        if profile != "hpc" or exc.cause != "housekeeping":
             raise _in_bench_terms(profile, exc) from exc
         try:
             plan = make_plan(host, request.model_copy(update={"housekeeping": 0}))
@@ -313,15 +314,24 @@ def plan_vm(
         )
     except HpcvmError as exc:
         raise _in_bench_terms(profile, exc) from exc
-    warnings += [f"{VM_PREFIX}{profile}: {w}" for w in plan.warnings]
+    warnings += [
+        f"{VM_PREFIX}{profile}: {w}"
+        for w, kind in itertools.zip_longest(
+            plan.warnings, plan.warning_kinds[: len(plan.warnings)], fillvalue="plan"
+        )
+        if kind != "tcg"  # the run says that once, from the environments' accelerators
+    ]
     return plan, warnings
 
 
 def _in_bench_terms(profile: str, exc: HpcvmError) -> HpcvmError:
     """The planner's refusal, said for ``hpcvm bench`` (whose VM size comes from
     --vm-vcpus or the largest --np, and --vm-memory)."""
-    text = exc.message.replace("--vcpus", "--vm-vcpus/--np").replace("--memory", "--vm-memory")
-    return type(exc)(f"{VM_PREFIX}{profile}: {text}")
+    return type(exc)(
+        f"{VM_PREFIX}{profile}: {exc.message} (in hpcvm bench the VM's --vcpus is "
+        "--vm-vcpus or the largest --np, its --memory is --vm-memory)",
+        cause=exc.cause,
+    )
 
 
 _WRAPPER = f"""PATH={STD_PATH}; export PATH

@@ -356,7 +356,7 @@ def _warnings(run: RunRecord, env: EnvironmentRecord, fields: dict[str, Any]) ->
         owner = _ENV_PREFIX.match(text)
         if owner is None or owner.group(1) == env.name:
             out.append(text)
-    if env.accel == "tcg" and not any(w.startswith("TCG") for w in out):
+    if env.accel == "tcg":
         out.insert(0, TCG_ROW_WARNING)
     if fields["failed"]:
         out.append(

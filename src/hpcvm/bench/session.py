@@ -89,6 +89,13 @@ class Prepared:
     resume: RunRecord | None = None
     native: NativePlacement | None = None
 
+    @property
+    def emulated(self) -> bool:
+        """Whether any VM of the run runs under TCG (say TCG_WARNING once)."""
+        return any(
+            isinstance(e, VmEnvironment) and e.plan.accel == "tcg" for e in self.envs.values()
+        )
+
 
 def recorded_config(out_dir: Path) -> BenchConfig:
     """The configuration of the latest run in ``out_dir`` (``--resume`` with no other
@@ -174,9 +181,6 @@ def prepare(
         else:
             envs[name] = NativeEnvironment(host, cpus=native.cpus, mems=native.mems)
     _check_np(config, suites, envs)
-    if any(isinstance(e, VmEnvironment) and e.plan.accel == "tcg" for e in envs.values()):
-        # one run-level TCG warning instead of the planner's, repeated per VM
-        warnings = [TCG_WARNING, *(w for w in warnings if "TCG is software emulation" not in w)]
     return Prepared(
         config=config,
         out_dir=out_dir,

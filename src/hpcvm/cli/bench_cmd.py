@@ -29,7 +29,13 @@ from hpcvm.bench.failures import CellFailures, cell_failures, failure_line, with
 from hpcvm.bench.placement import parse_native_cpus
 from hpcvm.bench.results import summaries
 from hpcvm.bench.runner import LOGS
-from hpcvm.bench.session import execute, prepare, recorded_config, results_writer
+from hpcvm.bench.session import (
+    TCG_WARNING,
+    execute,
+    prepare,
+    recorded_config,
+    results_writer,
+)
 from hpcvm.bench.suites import SuiteOptions, suite_names
 from hpcvm.cli.bench_view import print_report
 from hpcvm.cli.common import console, err_console
@@ -297,6 +303,8 @@ def _bench(out: Path, resume: bool, interval: Method, kw: dict[str, Any]) -> int
     else:
         config = _config(kw)
     prep = prepare(config, out, resume=resume)
+    if prep.emulated:
+        warn(TCG_WARNING)
     for text in prep.warnings:
         warn(text)
     with _Bar() as bar:

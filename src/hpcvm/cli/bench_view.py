@@ -18,6 +18,7 @@ from rich.text import Text
 
 from hpcvm.bench.failures import CellFailures
 from hpcvm.bench.results import ResultRow, noise_by_env
+from hpcvm.bench.session import TCG_WARNING
 from hpcvm.store import EnvironmentRecord, RunRecord
 from hpcvm.units import format_cpu_list
 
@@ -106,13 +107,13 @@ def conditions(
 
 
 def warnings_block(run: RunRecord, envs: Sequence[EnvironmentRecord]) -> RenderableType:
-    texts = list(run.warnings)
-    if any(e.accel == "tcg" for e in envs) and not any(w.startswith("TCG") for w in texts):
-        texts.insert(0, "TCG: numbers show emulation, not hardware virtualization")
+    """The TCG warning first whenever an environment was emulated (from the recorded
+    accelerators, not from any text), then the run's own warnings."""
     out = Text()
-    for w in texts:
-        style = "bold red" if w.startswith("TCG") else "yellow"
-        out.append(f"WARNING: {w}\n", style=style)
+    if any(e.accel == "tcg" for e in envs):
+        out.append(f"WARNING: {TCG_WARNING}\n", style="bold red")
+    for w in run.warnings:
+        out.append(f"WARNING: {w}\n", style="yellow")
     return out
 
 

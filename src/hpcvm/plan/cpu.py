@@ -44,7 +44,7 @@ def choose_cpu(
 def _choose_accel(host: HostTopology, request: PlanRequest, notes: Notes) -> tuple[Accel, str]:
     kvm = host.kvm
     if request.accel == "tcg":
-        notes.warn(TCG_WARNING)
+        notes.warn(TCG_WARNING, kind="tcg")
         reason = "TCG requested with --accel tcg"
         notes.decide("accel", f"accelerator TCG: {reason}; {TCG_WARNING}")
         return "tcg", reason
@@ -70,7 +70,7 @@ def _choose_accel(host: HostTopology, request: PlanRequest, notes: Notes) -> tup
             f"--accel kvm but this host cannot run an ordinary KVM guest: {kvm.reason} "
             "(use --accel tcg or auto)"
         )
-    notes.warn(TCG_WARNING)
+    notes.warn(TCG_WARNING, kind="tcg")
     reason = f"{kvm.reason}; falling back to TCG. {TCG_WARNING}"
     notes.decide("accel", f"accelerator TCG (--accel auto): {reason}")
     return "tcg", reason

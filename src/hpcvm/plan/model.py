@@ -37,6 +37,9 @@ NOVA_THREAD_POLICY: dict[SmtPolicy, str] = {
 Accel = Literal["kvm", "tcg"]
 
 
+WarningKind = Literal["plan", "tcg"]  # tcg: the VM runs under software emulation
+
+
 class PlanRequest(Frozen):
     """What the user asked for, validated for form (not yet for feasibility)."""
 
@@ -176,6 +179,9 @@ class VMPlan(Frozen):
     host_tuning: tuple[str, ...] = ()  # recommended host settings, as commands/lines
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
+    # what each warning is about ("tcg": the VM is emulated), one per warning, so a
+    # caller acts on a kind without reading the text
+    warning_kinds: tuple[WarningKind, ...] = ()
 
     @property
     def pinned(self) -> bool:

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hpcvm.plan.model import Decision
+from hpcvm.plan.model import Decision, WarningKind
 
 
 @dataclass
 class Notes:
     decisions: list[Decision] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    kinds: list[WarningKind] = field(default_factory=list)  # one per warning
 
     def decide(self, topic: str, text: str) -> None:
         self.decisions.append(Decision(topic=topic, text=text))
 
-    def warn(self, text: str) -> None:
+    def warn(self, text: str, kind: WarningKind = "plan") -> None:
+        """A warning; ``kind`` says what it is about, so a caller can act on it (say
+        the TCG warning once per run) without reading the text."""
         if text not in self.warnings:
             self.warnings.append(text)
+            self.kinds.append(kind)

@@ -148,7 +148,8 @@ def too_many_vcpus(
         fix = "bring CPUs online or widen the cpuset"
     return InfeasiblePlanError(
         f"{asked} but only {usable} PU{'s are' if usable != 1 else ' is'} usable for vCPUs "
-        f"({detail}): {fix}"
+        f"({detail}): {fix}",
+        cause="housekeeping" if reserved else "vcpus",
     )
 
 

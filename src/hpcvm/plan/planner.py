@@ -89,6 +89,7 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
         host_tuning=tuning_host,
         decisions=tuple(notes.decisions),
         warnings=tuple(notes.warnings),
+        warning_kinds=tuple(notes.kinds),
     )
 
 

@@ -258,12 +258,9 @@ def _warnings(
                 "finished so far",
             )
         )
-    # the per-environment TCG warnings above say what the run's TCG warnings say
-    out += [
-        ReportWarning(kind="run", text=w)
-        for w in run.warnings
-        if "TCG" not in w or not any(e.accel == "tcg" for e in envs)
-    ]
+    # the TCG warnings above come from the environments' accelerators; the run's own
+    # warnings no longer repeat them
+    out += [ReportWarning(kind="run", text=w) for w in run.warnings]
     out += [
         ReportWarning(
             kind="drift",
