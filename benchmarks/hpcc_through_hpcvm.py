@@ -28,9 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcvm.bench.environments import NativeEnvironment
 from hpcvm.bench.hpcc import HpccSuite
 from hpcvm.bench.metrics import MetricValue
+from hpcvm.bench.native import NativeEnvironment
 from hpcvm.stats import overhead, relative_half_width, replay_auto, summarize
 
 TARGET = 0.01

@@ -12,8 +12,8 @@ import pytest
 
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.cpuset import CGROUP_ROOT, PREFIX
-from hpcvm.bench.environments import NativeEnvironment
 from hpcvm.bench.launch import mpirun_argv
+from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.noise import NoiseSuite
 from hpcvm.bench.session import prepare
 from hpcvm.bench.suites import SuiteOptions

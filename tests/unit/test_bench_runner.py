@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.environments import NativeEnvironment, RunOutput
+from hpcvm.bench.environments import RunOutput
+from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.results import summaries
 from hpcvm.bench.runner import Runner
 from hpcvm.bench.suites import SuiteOptions, build_suites
