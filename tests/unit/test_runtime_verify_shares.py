@@ -39,4 +39,4 @@ def test_hidden_probes_name_secrets_that_exist(tmp_path: Path) -> None:
     share = Share(
         host_path=str(tmp_path), guest_path="/etc", tag="t", hide=(".lock", "gone", "shadow")
     )
-    assert hidden_probes([share]) == ["/etc/shadow", "/etc/.lock"]
+    assert hidden_probes([share]) == ["/etc/shadow", "/etc/.lock"]  # named secrets first

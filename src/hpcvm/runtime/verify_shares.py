@@ -16,12 +16,14 @@ A disk image (no share table) has its own root: nothing to check here.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Sequence
 
 from hpcvm.errors import HpcvmError
 from hpcvm.render.model import Share
 from hpcvm.runtime.model import Machine
+from hpcvm.runtime.shares import ETC_SECRETS
 from hpcvm.runtime.verify import Check, GuestExec
 
 GUEST_TIMEOUT = 120.0
@@ -80,11 +82,16 @@ def hidden_probes(shares: Sequence[Share]) -> list[str]:
     """Guest paths of hidden entries (``/etc/shadow``...) that exist on the host."""
     out: list[str] = []
     for share in shares:
-        named = sorted(share.hide, key=lambda rel: (rel.startswith("."), "/" in rel, rel))
+        named = sorted(share.hide, key=lambda rel: (not _named(rel), "/" in rel, rel))
         for rel in named[:MAX_HIDDEN]:
             if os.path.lexists(os.path.join(share.host_path, rel)):
                 out.append(os.path.join(share.guest_path, rel))
     return out
+
+
+def _named(rel: str) -> bool:
+    """One of the secrets hidden by name (shadow, sudoers...): probed first."""
+    return any(fnmatch.fnmatchcase(rel, pattern) for pattern in ETC_SECRETS)
 
 
 def check_shares(machine: Machine, agent: GuestExec) -> list[Check]:
