@@ -26,6 +26,7 @@ from hpcvm.bench.config import DEFAULT_MAX_REPS, DEFAULT_VM_MEMORY, BenchConfig
 from hpcvm.bench.environments import valid_env_names
 from hpcvm.bench.export import rows_csv, rows_json, write_atomic, write_exports
 from hpcvm.bench.failures import CellFailures, cell_failures, failure_line, without_valid_sample
+from hpcvm.bench.launch import Bind
 from hpcvm.bench.placement import parse_native_cpus
 from hpcvm.bench.results import summaries
 from hpcvm.bench.runner import LOGS
@@ -40,6 +41,7 @@ from hpcvm.bench.suites import SuiteOptions, suite_names
 from hpcvm.cli.bench_view import print_report
 from hpcvm.cli.common import console, err_console
 from hpcvm.errors import SamplesFailed, UsageError
+from hpcvm.model import Frozen
 from hpcvm.runtime.model import BackendName
 from hpcvm.stats.overhead import Method
 from hpcvm.store import SampleRecord, Store
@@ -51,6 +53,39 @@ _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h)?\s*$")
 DEFAULT_ENVS = ("native", "vm:naive", "vm:hpc")
 DEFAULT_SUITES = ("hpcc", "noise")
 _SIZES = {"quick": ("small", 5000), "small": ("small", 20000), "medium": ("medium", 20000)}
+
+
+class BenchOptions(Frozen):
+    """The bench command's options as click hands them over, typed: the parsing into a
+    BenchConfig reads these fields, never an untyped dict."""
+
+    env: tuple[str, ...]
+    suite: tuple[str, ...]
+    np: tuple[str, ...]
+    reps: str
+    confidence: float
+    target: str
+    max_time: str
+    max_reps: int
+    seed: int | None
+    timeout: str
+    vm_vcpus: int | None
+    vm_memory: str | None
+    vm_guest_nodes: int | None
+    vm_backend: BackendName
+    native_cpus: str | None
+    size: str
+    noise_quanta: int | None
+    noise_quantum_us: int
+    npb_dir: str | None
+    npb_kernels: str | None
+    cmd: str | None
+    metric: str | None
+    higher_is_better: bool | None
+    unit: str
+    metric_name: str
+    cmd_mpi: bool
+    bind: Bind
 
 
 def warn(message: str) -> None:
@@ -105,26 +140,26 @@ def _size(text: str) -> tuple[str | float, int]:
         ) from None
 
 
-def _suite_options(kw: dict[str, Any]) -> SuiteOptions:
-    hpcc_size, quanta = _size(kw["size"])
-    if kw["metric"] is not None and kw["cmd"] is None:
+def _suite_options(o: BenchOptions) -> SuiteOptions:
+    hpcc_size, quanta = _size(o.size)
+    if o.metric is not None and o.cmd is None:
         raise UsageError("--metric needs --cmd 'COMMAND ARGS'")
-    npb_dir = kw["npb_dir"]
+    npb_dir = o.npb_dir
     return SuiteOptions(
-        bind=kw["bind"],
+        bind=o.bind,
         hpcc_size=hpcc_size,
-        noise_quanta=kw["noise_quanta"] or quanta,
-        noise_quantum_us=kw["noise_quantum_us"],
+        noise_quanta=o.noise_quanta or quanta,
+        noise_quantum_us=o.noise_quantum_us,
         npb_dir=Path(npb_dir).absolute() if npb_dir else None,
-        npb_kernels=tuple(k for k in (kw["npb_kernels"] or "").split(",") if k),
-        npb_size=kw["size"] if kw["size"] in _SIZES else hpcc_size,
-        cmd=kw["cmd"],
-        metric=kw["metric"],
-        higher_is_better=kw["higher_is_better"],
-        unit=kw["unit"],
-        metric_name=kw["metric_name"],
-        cmd_cwd=Path.cwd() if kw["cmd"] else None,
-        cmd_mpi=kw["cmd_mpi"],
+        npb_kernels=tuple(k for k in (o.npb_kernels or "").split(",") if k),
+        npb_size=o.size if o.size in _SIZES else hpcc_size,
+        cmd=o.cmd,
+        metric=o.metric,
+        higher_is_better=o.higher_is_better,
+        unit=o.unit,
+        metric_name=o.metric_name,
+        cmd_cwd=Path.cwd() if o.cmd else None,
+        cmd_mpi=o.cmd_mpi,
     )
 
 
@@ -138,9 +173,9 @@ _SUITE_OPTIONS = {
 }
 
 
-def _suites(kw: dict[str, Any]) -> list[str]:
-    given = list(kw["suite"])
-    used = {key: spec for key, spec in _SUITE_OPTIONS.items() if kw[key]}
+def _suites(o: BenchOptions) -> list[str]:
+    given = list(o.suite)
+    used = {key: spec for key, spec in _SUITE_OPTIONS.items() if getattr(o, key)}
     if not given:
         return list(dict.fromkeys(suite for _, suite in used.values())) or list(DEFAULT_SUITES)
     for flag, suite in used.values():
@@ -152,30 +187,30 @@ def _suites(kw: dict[str, Any]) -> list[str]:
     return given
 
 
-def _config(kw: dict[str, Any]) -> BenchConfig:
-    suites = _suites(kw)
-    memory = kw["vm_memory"]
+def _config(o: BenchOptions) -> BenchConfig:
+    suites = _suites(o)
+    memory = o.vm_memory
     return BenchConfig(
-        envs=tuple(kw["env"]) or DEFAULT_ENVS,
+        envs=tuple(o.env) or DEFAULT_ENVS,
         suites=tuple(suites),
-        np=parse_np(kw["np"]),
-        reps=parse_reps(kw["reps"]),
-        max_reps=kw["max_reps"],
-        max_time=parse_duration(kw["max_time"], "--max-time"),
-        target=parse_target(kw["target"]),
-        confidence=kw["confidence"],
-        seed=kw["seed"],
-        timeout=parse_duration(kw["timeout"], "--timeout") or 1e9,
-        vm_vcpus=kw["vm_vcpus"],
+        np=parse_np(o.np),
+        reps=parse_reps(o.reps),
+        max_reps=o.max_reps,
+        max_time=parse_duration(o.max_time, "--max-time"),
+        target=parse_target(o.target),
+        confidence=o.confidence,
+        seed=o.seed,
+        timeout=parse_duration(o.timeout, "--timeout") or 1e9,
+        vm_vcpus=o.vm_vcpus,
         vm_memory=parse_size(memory, what="--vm-memory") if memory else DEFAULT_VM_MEMORY,
-        vm_guest_nodes=kw["vm_guest_nodes"],
-        vm_backend=cast(BackendName, kw["vm_backend"]),
-        native_cpus=parse_native_cpus(kw["native_cpus"]),
-        suite_options=_suite_options(kw),
+        vm_guest_nodes=o.vm_guest_nodes,
+        vm_backend=o.vm_backend,
+        native_cpus=parse_native_cpus(o.native_cpus),
+        suite_options=_suite_options(o),
     ).check()
 
 
-def _stopping_overrides(config: BenchConfig, kw: dict[str, Any]) -> BenchConfig:
+def _stopping_overrides(config: BenchConfig, o: BenchOptions) -> BenchConfig:
     """With only --resume --out, the recorded run's settings; stopping flags given
     explicitly on the command line still apply."""
     source = click.get_current_context()
@@ -188,7 +223,7 @@ def _stopping_overrides(config: BenchConfig, kw: dict[str, Any]) -> BenchConfig:
         ("timeout", "timeout", lambda t: parse_duration(t, "--timeout") or 1e9),
     ):
         if source.get_parameter_source(flag) == click.core.ParameterSource.COMMANDLINE:
-            update[key] = parse(kw[flag])
+            update[key] = parse(getattr(o, flag))
     return config.model_copy(update=update).check()
 
 
@@ -293,15 +328,12 @@ class _Bar:
 def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
     """Run benchmarks natively and in VMs, interleaved, into OUT/hpcvm.db; print tables."""
     with results_writer(out):
-        return _bench(out, resume, cast(Method, interval), kw)
+        return _bench(out, resume, cast(Method, interval), BenchOptions.model_validate(kw))
 
 
-def _bench(out: Path, resume: bool, interval: Method, kw: dict[str, Any]) -> int:
+def _bench(out: Path, resume: bool, interval: Method, o: BenchOptions) -> int:
     """The bench command while this process is the one writer of ``out``."""
-    if resume and not kw["env"]:
-        config = _stopping_overrides(recorded_config(out), kw)
-    else:
-        config = _config(kw)
+    config = _stopping_overrides(recorded_config(out), o) if resume and not o.env else _config(o)
     prep = prepare(config, out, resume=resume)
     if prep.emulated:
         warn(TCG_WARNING)
