@@ -2,10 +2,12 @@
 
 Each plan's flavor is checked against the plan itself (never against the renderer's own
 helpers): vCPUs and RAM, the guest topology, the guest NUMA nodes' exact vCPU/memory
-partition, the page size, which profiles pin and isolate, and that the pins and host
-nodes Nova cannot take reappear in the notes. The command lines are run through a real
-bash with an ``openstack`` shell function that records its arguments, so the quoting is
-checked by the shell that will run it.
+partition, the page size, which profiles pin, how SMT is used and what the compute
+host's nova.conf must say, and that the pins and host nodes Nova cannot take reappear
+in the notes. Plans no schedulable flavor can express are refused in one line.
+(Whether Nova itself schedules each flavor: test_render_openstack_nova.py.) The command
+lines are run through a real bash with an ``openstack`` shell function that records its
+arguments, so the quoting is checked by the shell that will run it.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import functools
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from hpcvm.errors import HpcvmError, UsageError
+from hpcvm.errors import HpcvmError, InfeasiblePlanError, UsageError
+from hpcvm.host import HostTopology
 from hpcvm.host.model import PciDevice
 from hpcvm.plan import plan as make_plan
 from hpcvm.plan.model import PROFILE_NAMES, PlanRequest, ProfileName, VMPlan
@@ -26,6 +30,7 @@ from hpcvm.render.openstack import FlavorRender, openstack_flavor, openstack_fla
 from hpcvm.units import GIB, KIB, MIB, parse_cpu_list
 from tests import render_plans as hand
 from tests.conftest import TOPOLOGIES, Snapshot, sysfs_root
+from tests.nova.host_view import lstopo_xml, machine
 from tests.plan_checks import host_from, roomy
 from tests.render_plans import plans_for, with_free_hugepages
 
@@ -37,15 +42,23 @@ NOVA_SPECS = re.compile(
     r"numa_mem\.\d+|pci_numa_affinity_policy)|pci_passthrough:alias)$"
 )
 PINNING_SPECS = ("hw:cpu_policy", "hw:cpu_thread_policy", "hw:emulator_threads_policy")
+STACKED = ("r-numa", "r-numa-4k")  # hand-built: two guest nodes on host node 0
 _NOVA_UNITS = {"KB": KIB, "MB": MIB, "GB": GIB}
 
 
 @functools.cache
-def cloud_plans(snap: Snapshot) -> tuple[VMPlan, ...]:
+def snapshot_host(snap: Snapshot) -> HostTopology:
+    return host_from(snap.kind, str(snap.path))
+
+
+@functools.cache
+def cloud_plans(snap: Snapshot) -> tuple[tuple[HostTopology, VMPlan], ...]:
     """The planner's plans for the snapshot with free 2M pages (all shapes, TCG and
-    KVM), and on a roomy copy (free 2M and 1G pages) numa/hpc plans on 1G pages."""
-    host = host_from(snap.kind, str(snap.path))
-    plans = plans_for(with_free_hugepages(host), "t")
+    KVM), and on a roomy copy (free 2M and 1G pages) numa/hpc plans on 1G pages, each
+    with the host copy it was planned on."""
+    host = snapshot_host(snap)
+    pooled = with_free_hugepages(host)
+    plans = [(pooled, p) for p in plans_for(pooled, "t")]
     for profile in ("numa", "hpc"):
         for vcpus in (8, 4, 2, 1):
             request = PlanRequest(
@@ -57,7 +70,7 @@ def cloud_plans(snap: Snapshot) -> tuple[VMPlan, ...]:
                 accel="kvm" if profile == "hpc" else "tcg",
             )
             try:
-                plans.append(make_plan(roomy(host), request))
+                plans.append((roomy(host), make_plan(roomy(host), request)))
                 break
             except HpcvmError:
                 continue
@@ -73,8 +86,9 @@ def nova_page_bytes(value: str) -> int:
     return int(match[1]) * _NOVA_UNITS[match[2]]
 
 
-def check_flavor(plan: VMPlan, render: FlavorRender) -> None:
-    """The flavor asks Nova for exactly the plan's guest."""
+def check_flavor(plan: VMPlan, render: FlavorRender, host: HostTopology | None = None) -> None:
+    """The flavor asks Nova for exactly the plan's guest; with ``host``, the compute
+    side is the one that gives it."""
     flavor, specs = render.flavor, render.extra_specs
     assert flavor["name"] == plan.name
     assert flavor["vcpus"] == plan.vcpus
@@ -85,6 +99,8 @@ def check_flavor(plan: VMPlan, render: FlavorRender) -> None:
     _check_numa(plan, specs)
     _check_pages(plan, specs)
     _check_pinning(plan, specs, render.notes)
+    if host is not None and plan.pinned:
+        _check_compute(plan, render, host)
 
 
 def _check_topology(plan: VMPlan, specs: dict[str, str]) -> None:
@@ -132,10 +148,13 @@ def _check_pinning(plan: VMPlan, specs: dict[str, str], notes: tuple[str, ...]) 
     if not pinned:
         assert not any(k in specs for k in PINNING_SPECS), specs
         return
-    smt = plan.topology.threads > 1
-    assert specs["hw:cpu_thread_policy"] == ("require" if smt else "isolate")
+    policy = specs["hw:cpu_thread_policy"]
+    if plan.topology.threads > 1:
+        assert policy == "require"
+    else:
+        assert policy in ("isolate", "prefer")  # which one: _check_compute
     hpc = plan.profile == "hpc"
-    assert (specs.get("hw:emulator_threads_policy") == "isolate") == hpc
+    assert (specs.get("hw:emulator_threads_policy") == "share") == hpc
     assert ("hw:emulator_threads_policy" in specs) == hpc
     assert (specs.get("hw:locked_memory") == "true") == (hpc and plan.accel == "kvm")
     # what Nova cannot take is said: the pins, and each guest node's host node
@@ -145,17 +164,66 @@ def _check_pinning(plan: VMPlan, specs: dict[str, str], notes: tuple[str, ...]) 
         assert any(f"guest node {node.index} -> host node {node.host_node}" in n for n in notes)
 
 
+def _check_compute(plan: VMPlan, render: FlavorRender, host: HostTopology) -> None:
+    """cpu_dedicated_set: usable PUs only, no housekeeping core; one thread per core
+    when the plan gives each vCPU a core of its own on an SMT host (then ``prefer``:
+    ``isolate`` only on a host without SMT); cpu_shared_set: the housekeeping PUs."""
+    assert render.compute is not None
+    dedicated = set(render.compute.dedicated)
+    usable = {p.os_index for p in host.pus if p.online and p.allowed}
+    assert dedicated <= usable and len(dedicated) >= plan.vcpus
+    assert set(render.compute.shared) == set(plan.housekeeping_pus)
+    housekeeping_cores = {p.core for p in host.pus if p.os_index in plan.housekeeping_pus}
+    core_of = {p.os_index: p.core for p in host.pus}
+    assert not {core_of[pu] for pu in dedicated} & housekeeping_cores
+    smt_host = any(len(c.pus) > 1 for c in host.cores)
+    per_core = Counter(core_of[pu] for pu in plan.vcpu_pus())
+    policy = render.extra_specs["hw:cpu_thread_policy"]
+    if set(per_core.values()) == {1}:
+        assert policy == ("prefer" if smt_host else "isolate")
+        if smt_host:
+            assert max(Counter(core_of[pu] for pu in dedicated).values()) == 1
+    else:
+        assert policy != "isolate"
+
+
+def nova_cannot_hold(plan: VMPlan, host: HostTopology) -> bool:
+    """Guest nodes sharing a host node, or a flat dedicated/page-sized guest over
+    host nodes or short of memory on its one node: Nova's NUMA fitting has no host for
+    any of them (Nova itself confirms: test_render_openstack_nova.py)."""
+    hosts = [n.host_node for n in plan.guest_nodes]
+    if len(set(hosts)) < len(hosts):
+        return True
+    if plan.guest_nodes or not plan.pinned:
+        return False
+    node_of = {p.os_index: p.node for p in host.pus}
+    nodes = {node_of[pu] for pu in plan.vcpu_pus()} | set(plan.hugepages_needed)
+    if len(nodes) > 1 or None in nodes:
+        return True
+    node = next(n for n in host.nodes if n.os_index in nodes)
+    pools = {p.size_bytes: p.total * p.size_bytes for p in node.hugepages}
+    if plan.page_size_bytes != 4 * KIB:
+        return pools.get(plan.page_size_bytes, 0) < plan.memory_bytes
+    return node.memory_bytes - sum(pools.values()) < plan.memory_bytes
+
+
 @pytest.mark.parametrize("profile", PROFILE_NAMES)
 def test_snapshot_plans_make_the_planned_flavor(snapshot: Snapshot, profile: ProfileName) -> None:
-    plans = [p for p in cloud_plans(snapshot) if p.profile == profile]
+    plans = [(h, p) for h, p in cloud_plans(snapshot) if p.profile == profile]
     if not plans:
         pytest.skip(f"the planner accepts no {profile} request on {snapshot.name}")
-    for plan in plans:
-        check_flavor(plan, openstack_flavor(plan))
+    for host, plan in plans:
+        if nova_cannot_hold(plan, host):
+            with pytest.raises(InfeasiblePlanError) as info:
+                openstack_flavor(plan, host)
+            assert "\n" not in str(info.value)
+            continue
+        check_flavor(plan, openstack_flavor(plan, host), host)
+        check_flavor(plan, openstack_flavor(plan))  # without the host: no compute side
 
 
 def test_snapshot_plans_cover_the_shapes_that_matter(all_snapshots: list[Snapshot]) -> None:
-    plans = [p for snap in all_snapshots for p in cloud_plans(snap)]
+    plans = [p for snap in all_snapshots for _, p in cloud_plans(snap)]
     assert {p.profile for p in plans} == set(PROFILE_NAMES)
     assert any(len(p.guest_nodes) > 1 for p in plans), "no multi-node guest"
     assert any(p.topology.threads > 1 and p.pinned for p in plans), "no SMT guest"
@@ -163,16 +231,45 @@ def test_snapshot_plans_cover_the_shapes_that_matter(all_snapshots: list[Snapsho
     assert any(p.profile == "hpc" and p.accel == "kvm" for p in plans), "no hpc under KVM"
 
 
+def spread(plan: VMPlan) -> VMPlan:
+    """A hand-built plan with guest node N on host node N (as on a multi-node host)."""
+    nodes = tuple(n.model_copy(update={"host_node": n.index}) for n in plan.guest_nodes)
+    return plan.model_copy(update={"guest_nodes": nodes})
+
+
+def hand_plans() -> dict[str, VMPlan]:
+    """The hand-built plans, with the stacked guest nodes spread over host nodes."""
+    return {k: spread(p) if k in STACKED else p for k, p in hand.all_plans().items()}
+
+
 @pytest.mark.parametrize("name", sorted(hand.all_plans()))
 def test_hand_built_plans_make_the_planned_flavor(name: str) -> None:
-    plan = hand.all_plans()[name]
+    plan = hand_plans()[name]
     check_flavor(plan, openstack_flavor(plan))
+
+
+@pytest.mark.parametrize("name", STACKED)
+def test_stacked_guest_nodes_are_refused(name: str) -> None:
+    """Nova fits each guest node into a host node of its own: two guest nodes on host
+    node 0 have no schedulable flavor; the refusal says how many guest nodes would."""
+    with pytest.raises(InfeasiblePlanError, match="--guest-nodes 1") as info:
+        openstack_flavor(hand.all_plans()[name])
+    assert "\n" not in str(info.value)
+
+
+def test_flat_guest_over_host_nodes_is_refused() -> None:
+    """A flat huge-page guest whose pages lie on two host nodes: Nova confines it to one."""
+    plan = hand.hugepages().model_copy(update={"hugepages_needed": {0: 128, 1: 128}})
+    with pytest.raises(InfeasiblePlanError, match="--profile numa") as info:
+        openstack_flavor(plan)
+    assert "\n" not in str(info.value)
 
 
 def test_flavor_checks_can_fail() -> None:
     """A plan's flavor checked against a different plan fails: nodes, pages, pins."""
-    numa, pinned, hpc = hand.numa(), hand.pinned(), hand.hpc_kvm()
-    for plan, other in ((numa, pinned), (numa, hand.numa_4k()), (pinned, hand.naive())):
+    numa, pinned, hpc = spread(hand.numa()), hand.pinned(), hand.hpc_kvm()
+    numa_4k = spread(hand.numa_4k())
+    for plan, other in ((numa, pinned), (numa, numa_4k), (pinned, hand.naive())):
         with pytest.raises(AssertionError):
             check_flavor(plan, openstack_flavor(other.model_copy(update={"name": plan.name})))
     swapped = tuple(n.model_copy(update={"vcpus": (1 - n.index,)}) for n in numa.guest_nodes)
@@ -225,7 +322,7 @@ def _run_commands(script: str, tmp_path: Path) -> list[list[str]]:
 
 @pytest.mark.parametrize("name", sorted(hand.all_plans()))
 def test_commands_create_and_set_the_flavor(name: str, tmp_path: Path) -> None:
-    plan = hand.all_plans()[name].model_copy(update={"name": f"job '{name}' $HOME"})
+    plan = hand_plans()[name].model_copy(update={"name": f"job '{name}' $HOME"})
     render = openstack_flavor(plan)
     script = openstack_flavor_commands(plan)
     calls = _run_commands(script, tmp_path)
@@ -318,8 +415,50 @@ def test_cli_prints_runnable_flavor_commands(tmp_path: Path) -> None:
 
 def test_a_note_with_a_newline_stays_a_comment(tmp_path: Path) -> None:
     """A hand-edited plan's host tuning line with a newline must not become a command."""
-    plan = hand.numa().model_copy(
+    plan = spread(hand.numa()).model_copy(
         update={"host_tuning": ("sysctl -w x=1\nopenstack flavor delete r-numa",)}
     )
     calls = _run_commands(openstack_flavor_commands(plan), tmp_path)
     assert [c[:2] for c in calls] == [["flavor", "create"], ["flavor", "set"]]
+
+
+def test_commands_print_the_compute_hosts_nova_conf(tmp_path: Path) -> None:
+    """hpc (cores first) on a 2 nodes x 6 cores x 2 threads machine: the output's
+    cpu_dedicated_set is one thread of every core without housekeeping, by hwloc's own
+    view of the cores, and cpu_shared_set the housekeeping PUs; the flavor asks for
+    ``prefer`` (``isolate`` never lands on an SMT host) and shares emulator threads."""
+    xml = TOPOLOGIES / "xml" / f"{POOLED_XML}.xml"
+    host = roomy(host_from("xml", str(xml)))
+    plan = make_plan(host, PlanRequest(name="h", profile="hpc", vcpus=4, memory_bytes=GIB))
+    script = openstack_flavor_commands(plan, host)
+    conf = dict(
+        line[len("#   ") :].split(" = ", 1) for line in script.splitlines() if " = " in line
+    )
+    dedicated = set(parse_cpu_list(conf["cpu_dedicated_set"]))
+    shared = set(parse_cpu_list(conf["cpu_shared_set"]))
+    hw = machine(lstopo_xml(xml=xml))
+    assert hw.smt and shared == set(plan.housekeeping_pus) and shared
+    for core in hw.cores:
+        assert len(core & dedicated) == (0 if core & shared else 1), sorted(core)
+    calls = _run_commands(script, tmp_path)
+    props = dict(p.split("=", 1) for p in calls[1][4::2])
+    assert props["hw:cpu_thread_policy"] == "prefer"
+    assert props["hw:emulator_threads_policy"] == "share"
+
+
+def test_cli_refuses_stacked_guest_nodes_in_one_line(tmp_path: Path) -> None:
+    """hwloc's synthetic one-node machine, two guest nodes asked for: exit 3, one line
+    naming the fix, nothing on stdout (no half-written script)."""
+    xml = tmp_path / "one-node.xml"
+    done = subprocess.run(
+        ["lstopo-no-graphics", "--input", "node:1 core:4 pu:1", "--of", "xml"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    xml.write_text(done.stdout)
+    result = run_plan(
+        "--profile", "numa", "--vcpus", "2", "--memory", "256M", "--page-size", "4K",
+        "--guest-nodes", "2", "--topology", xml, "--format", "openstack",
+    )  # fmt: skip
+    assert result.returncode == 3 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert "--guest-nodes 1" in line and "Traceback" not in line

@@ -434,6 +434,14 @@ def _numa(plan: VMPlan, parts: _Parts) -> None:
             "a flavor cannot set guest NUMA distances; the plan's distance matrix is "
             f"not expressed: {distances_text(plan)}"
         )
+    for node in plan.guest_nodes:
+        if not node.local or (node.cpu_node is not None and node.cpu_node != node.host_node):
+            cpus = "PUs without a node" if node.cpu_node is None else f"host node {node.cpu_node}"
+            parts.notes.append(
+                f"guest node {node.index}'s vCPUs run on {cpus} and its memory is on host "
+                f"node {node.host_node} in the plan; Nova keeps a guest node's vCPUs and "
+                "memory on one host node"
+            )
 
 
 def _emulator(plan: VMPlan, parts: _Parts) -> None:
