@@ -298,8 +298,9 @@ def _shape(plan: VMPlan, host: HostTopology) -> _Shape:
         return _Shape("prefer", 0)
     note = (
         f"the plan spreads its {plan.vcpus} vCPUs over {len(loads)} cores, siblings on "
-        f"{sum(1 for n in loads if n > 1)} of them, because whole cores ran short; Nova's "
-        f"hw:cpu_thread_policy=prefer fills every sibling of a core first and so takes "
+        f"{sum(1 for n in loads if n > 1)} of them, because whole cores ran short; with "
+        "every thread of each core in cpu_dedicated_set (below), Nova's "
+        "hw:cpu_thread_policy=prefer fills every sibling of a core first and so takes "
         f"{len(packed)} cores: the guest is the same, its vCPUs share cores more than planned"
     )
     return _Shape("prefer", 0, note)
@@ -344,9 +345,7 @@ def _cpus(plan: VMPlan, parts: _Parts) -> None:
         dedicated=_dedicated_set(plan, parts.host, shape.per_core),
         shared=tuple(sorted(plan.housekeeping_pus)),
     )
-    parts.notes.append(_shape_note(shape))
-    if shape.note:
-        parts.notes.append(shape.note)
+    parts.notes.append(shape.note or _shape_note(shape))
 
 
 def _shape_note(shape: _Shape) -> str:
