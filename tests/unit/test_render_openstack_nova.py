@@ -6,7 +6,8 @@ scripts/setup-nova.sh) answers whether the flavor validates, what Nova makes of 
 (numa_get_constraints, the placement request, the guest topology) and whether
 numa_fit_instance_to_host fits it onto that machine, built from hwloc's XML (not from
 hpcvm's host model) with the output's cpu_dedicated_set / cpu_shared_set and the huge
-pages the test reserved. Every flavor must fit, and Nova's view must be the plan's.
+pages the test reserved. Every flavor must fit, and Nova's view must be the plan's;
+pinned flavors must also fit the same machine with every non-housekeeping PU dedicated.
 Refusals must be one line and only for plans that hwloc's view shows Nova cannot hold.
 """
 
@@ -271,6 +272,24 @@ def test_nova_schedules_every_flavor_as_planned(snapshot: Snapshot, nova: Checke
         except AssertionError as err:
             failures.append(f"{_short(plan.request)}: {str(err).splitlines()[0]}")
     assert not failures, f"{len(failures)} of {len(cases)} flavors: " + "\n".join(failures[:8])
+    _check_whole_host(snapshot, [(plan, case) for plan, _, case in cases if plan.pinned], nova)
+
+
+def _check_whole_host(
+    snap: Snapshot, cases: list[tuple[VMPlan, dict[str, Any]]], nova: Checker
+) -> None:
+    """Each flavor also fits a host of this machine whose cpu_dedicated_set is simply
+    every usable PU but the housekeeping ones (an operator who did not narrow it): it
+    is schedulable there too, only Nova may pack vCPUs onto siblings."""
+    every = set().union(*hwloc_view(snap).cores)
+    wide = []
+    for plan, case in cases:
+        housekeeping = set(plan.housekeeping_pus)
+        host = {**case["host"], "dedicated": sorted(every - housekeeping)}
+        wide.append({**case, "host": host})
+    answers = nova.ask(wide)
+    unfit = [_short(p.request) for (p, _), a in zip(cases, answers, strict=True) if not a["fit"]]
+    assert not unfit, f"{len(unfit)} flavors fit no host with every PU dedicated: {unfit[:5]}"
 
 
 def test_the_nova_checks_can_fail(nova: Checker) -> None:
