@@ -462,3 +462,12 @@ def test_cli_refuses_stacked_guest_nodes_in_one_line(tmp_path: Path) -> None:
     assert result.returncode == 3 and result.stdout == ""
     (line,) = result.stderr.splitlines()
     assert "--guest-nodes 1" in line and "Traceback" not in line
+
+
+def test_a_plan_for_another_host_is_a_usage_error() -> None:
+    """hpc_kvm pins PUs up to 51; a 24-PU machine has none of 24-51: one line, no
+    flavor for a host the plan was not made for."""
+    host = host_from("xml", str(TOPOLOGIES / "xml" / f"{POOLED_XML}.xml"))
+    with pytest.raises(UsageError, match="does not have") as info:
+        openstack_flavor(hand.hpc_kvm(), host)
+    assert "\n" not in str(info.value)

@@ -195,6 +195,14 @@ def check_schedulable(plan: VMPlan, host: HostTopology | None) -> None:
     could never fit on its own host: Nova fits each guest NUMA node into a host node of
     its own, and gives a dedicated or page-sized flavor without ``hw:numa_nodes`` one
     implicit guest node that must fit into one host node."""
+    if host is not None:
+        known = {pu.os_index for pu in host.pus}
+        unknown = sorted(set(plan.vcpu_pus()) - known)
+        if unknown:
+            raise UsageError(
+                f"plan {plan.name!r} pins vCPUs to host PUs {format_cpu_list(unknown)}, "
+                "which this host does not have; render it with the host it was planned on"
+            )
     if plan.guest_nodes:
         _check_distinct_nodes(plan)
     elif plan.pinned or is_huge(plan):
