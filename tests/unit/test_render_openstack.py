@@ -477,3 +477,23 @@ def test_a_plan_for_another_host_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="does not have") as info:
         openstack_flavor(hand.hpc_kvm(), host)
     assert "\n" not in str(info.value)
+
+
+def test_cli_renders_for_the_host_it_planned_on(tmp_path: Path) -> None:
+    """`hpcvm plan --format openstack` hands the renderer the host it read: the output
+    carries that machine's nova.conf sets, and a flat guest spread over its two nodes is
+    refused (exit 3, one line) instead of rendered."""
+    xml = pooled_xml(tmp_path)
+    ok = run_plan(
+        "--profile", "hpc", "--vcpus", "4", "--memory", "1G", "--topology", xml,
+        "--format", "openstack",
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "cpu_dedicated_set =" in ok.stdout and "cpu_shared_set =" in ok.stdout
+    spread_flat = run_plan(
+        "--profile", "pinned", "--vcpus", "16", "--memory", "1G", "--topology", xml,
+        "--format", "openstack",
+    )  # fmt: skip
+    assert spread_flat.returncode == 3 and spread_flat.stdout == "", spread_flat.stdout
+    (line,) = [ln for ln in spread_flat.stderr.splitlines() if ln.startswith("hpcvm: error:")]
+    assert "--profile numa" in line

@@ -90,7 +90,7 @@ def plan_command(
         print_plan(vm, console, host)
         return
     target = get_target(fmt)
-    click.echo(target.render(vm))
+    click.echo(target.render(vm, host))
     if target.warns:
         for message in vm.warnings:
             warn(message)

@@ -67,7 +67,10 @@ def _smt_text(plan: VMPlan) -> str:
     if not plan.pinned:
         return "none (vCPUs not pinned)"
     smt = plan.request.smt or "cores"
-    return f"{smt} (OpenStack hw:cpu_thread_policy={NOVA_THREAD_POLICY[smt]}); see decisions"
+    return (
+        f"{smt} (in intent OpenStack's hw:cpu_thread_policy={NOVA_THREAD_POLICY[smt]}; "
+        "--format openstack picks what Nova can schedule here); see decisions"
+    )
 
 
 def _cpu_text(plan: VMPlan) -> str:

@@ -29,6 +29,10 @@ AccelChoice = Literal["auto", "kvm", "tcg"]
 # siblings only, refused on a host without SMT (require).
 SmtPolicy = Literal["cores", "pack", "require"]
 SMT_POLICIES: tuple[SmtPolicy, ...] = ("cores", "pack", "require")
+# The OpenStack thread policy each SMT policy means in intent. The flavor hpcvm renders
+# (render/openstack.py) picks what Nova can schedule on the planned host instead: on an
+# SMT host a cores-first plan is `prefer` with one thread per core in cpu_dedicated_set,
+# since `isolate` forbids every SMT host (docs/openstack.md).
 NOVA_THREAD_POLICY: dict[SmtPolicy, str] = {
     "cores": "isolate",
     "pack": "prefer",

@@ -14,15 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpcvm.errors import UsageError
+from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
 
 
 @dataclass(frozen=True)
 class RenderTarget:
-    """One output of ``hpcvm plan``: ``render(plan)`` is the whole text printed."""
+    """One output of ``hpcvm plan``: ``render(plan, host)`` is the whole text printed;
+    ``host`` is the machine the plan was made for (a cloud flavor checks that what it
+    asks for is schedulable there, and prints the compute host's side)."""
 
     name: str
-    render: Callable[[VMPlan], str]
+    render: Callable[[VMPlan, HostTopology], str]
     description: str
     warns: bool = True  # the plan's warnings go to stderr beside the output
 
@@ -47,29 +50,29 @@ def get(name: str) -> RenderTarget:
         ) from None
 
 
-def _json(plan: VMPlan) -> str:
+def _json(plan: VMPlan, _host: HostTopology) -> str:
     return plan.model_dump_json(indent=2)
 
 
-def _qemu(plan: VMPlan) -> str:
+def _qemu(plan: VMPlan, _host: HostTopology) -> str:
     from hpcvm.render.qemu import qemu_command_line
 
     return qemu_command_line(plan)
 
 
-def _libvirt(plan: VMPlan) -> str:
+def _libvirt(plan: VMPlan, _host: HostTopology) -> str:
     from hpcvm.render.libvirt import libvirt_xml
 
     return libvirt_xml(plan)
 
 
-def _openstack(plan: VMPlan) -> str:
+def _openstack(plan: VMPlan, host: HostTopology) -> str:
     from hpcvm.render.openstack import openstack_flavor_commands
 
-    return openstack_flavor_commands(plan).rstrip("\n")
+    return openstack_flavor_commands(plan, host).rstrip("\n")
 
 
-def _kubevirt(plan: VMPlan) -> str:
+def _kubevirt(plan: VMPlan, _host: HostTopology) -> str:
     from hpcvm.render.kubevirt import kubevirt_yaml
 
     return kubevirt_yaml(plan).rstrip("\n")
