@@ -33,11 +33,16 @@ else
   echo "setup: Debian packages already installed"
 fi
 
+# Slurm, munge and Open MPI for the one-machine Slurm test cluster (docs/cluster-testing.md).
+bash scripts/setup-cluster.sh
+
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -e '.[dev]'
+# Test-only: Nova 34 in its own .venv-nova, the oracle of `plan --format openstack`.
+bash scripts/setup-nova.sh
 echo "setup: hpcvm installed in .venv ($(.venv/bin/hpcvm --version))"
 
 if [ -f Makefile ]; then

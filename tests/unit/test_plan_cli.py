@@ -124,3 +124,20 @@ def test_qemu_and_libvirt_formats(root: Path) -> None:
     libvirt = hpcvm(*args, "--format", "libvirt")
     assert libvirt.returncode == 0, libvirt.stderr
     assert ET.fromstring(libvirt.stdout).tag == "domain"
+
+
+def test_the_table_shows_the_guests_share_list(root: Path, tmp_path: Path) -> None:
+    """What a built-in guest would see: the share given (at its host path, read-write
+    as asked) and the system directories, never /root or /home; a bad --share is one
+    line with exit 2 and no table."""
+    shared = tmp_path / "inputs"
+    shared.mkdir()
+    base = ("--profile", "naive", "--vcpus", "1", "--memory", "1G", "--sysfs-root", root)
+    result = hpcvm(*base, "--share", f"{shared}:rw")
+    assert result.returncode == 0, result.stderr
+    (line,) = [ln for ln in result.stdout.splitlines() if ln.startswith("guest sees: ")]
+    seen = line.removeprefix("guest sees: ").split("; ")
+    assert f"{shared} (rw)" in seen and "/usr (ro)" in seen
+    assert not any(s.startswith(("/root", "/home", "/var")) for s in seen)
+    bad = hpcvm(*base, "--share", "relative/dir")
+    assert "relative" in _one_error_line(bad, 2) and bad.stdout == ""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,15 @@ class Cpuset:
         return _move
 
     def remove(self) -> None:
-        """Remove the (by now empty) cpuset; a busy one is left for the stale sweep."""
-        with contextlib.suppress(FileNotFoundError):
-            self.path.rmdir()
+        """Remove the cpuset once its last process is gone. A killed benchmark's
+        processes may take a moment to leave it (rmdir says EBUSY until then); one that
+        stays busy is left, empty later, for the next bench's stale sweep: tearing down
+        never fails on it."""
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)

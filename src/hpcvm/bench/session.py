@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shlex
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -167,12 +168,14 @@ def prepare(
     config = _fixed_noise_work(config, previous, native)
     suites = build_suites(config.suites, config.suite_options)
     envs: dict[str, Environment] = {}
+    extra = _guest_shares(config)
     for name in profiles:
         if name in plans:
             envs[name] = VmEnvironment(
                 plans[name],
                 vm_name=f"bench{os.getpid()}-{profiles[name]}",
                 backend=config.vm_backend,
+                shares=extra,
             )
         else:
             envs[name] = NativeEnvironment(host, cpus=native.cpus, mems=native.mems)
@@ -188,6 +191,33 @@ def prepare(
         resume=previous,
         native=native,
     )
+
+
+# What a built-in guest shares anyway (runtime/shares.py): programs there need nothing.
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/opt", "/etc")
+
+
+def _guest_shares(config: BenchConfig) -> tuple[str, ...]:
+    """Directories the suites run from that a guest would not otherwise see: the NPB
+    bin directory and a --cmd program's directory outside the working directory and
+    the system directories (both shared read-only, at their host paths)."""
+    options = config.suite_options
+    dirs: list[Path] = []
+    if "npb" in config.suites and options.npb_dir is not None:
+        dirs.append(options.npb_dir)
+    if "cmd" in config.suites and options.cmd:
+        program = Path(shlex.split(options.cmd)[0])
+        if program.is_absolute():
+            dirs.append(program.parent)
+    cwd = Path.cwd().resolve()
+    out = []
+    for d in dirs:
+        resolved = d.resolve()
+        inside = [resolved, *resolved.parents]
+        if cwd in inside or any(Path(s) in inside for s in _SYSTEM_DIRS):
+            continue
+        out.append(str(resolved))
+    return tuple(dict.fromkeys(out))
 
 
 def _native(

@@ -143,8 +143,12 @@ class VmEnvironment:
         *,
         vm_name: str,
         backend: BackendName = "qemu",
+        shares: tuple[str, ...] = (),
     ) -> None:
+        """``shares``: host directories the suites run from besides the working
+        directory (an NPB bin directory, a --cmd program's), shared read-only."""
         self.plan = plan
+        self.shares = shares
         self.profile: ProfileName = plan.profile
         self.name = f"{VM_PREFIX}{plan.profile}"
         self.vcpus = plan.vcpus
@@ -160,7 +164,8 @@ class VmEnvironment:
         from hpcvm.runtime import lifecycle
 
         self.machine = lifecycle.up(
-            self.plan, lifecycle.UpOptions(name=self.vm_name, backend=self.backend_name)
+            self.plan,
+            lifecycle.UpOptions(name=self.vm_name, backend=self.backend_name, shares=self.shares),
         )
         facts = self._exec(["/bin/sh", "-c", _FACTS], 120.0)
         self._facts = facts.stdout.splitlines()

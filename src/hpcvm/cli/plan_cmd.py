@@ -40,6 +40,13 @@ TABLE = "table"  # the plan for a person; every other --format is a render targe
     "cores run out), pack (fill siblings, fewest nodes), require (siblings only). "
     "OpenStack hw:cpu_thread_policy isolate / prefer / require.",
 )
+@click.option(
+    "--share",
+    "shares",
+    multiple=True,
+    metavar="HOST_DIR[:GUEST_DIR][:rw]",
+    help="Table: show what a built-in guest started here with these shares would see.",
+)
 @click.option("--name", default="hpcvm", show_default=True, help="VM name.")
 @click.option(
     "--format",
@@ -61,6 +68,7 @@ def plan_command(
     passthrough: tuple[str, ...],
     accel: str,
     smt: str | None,
+    shares: tuple[str, ...],
     name: str,
     fmt: str,
     sysfs_root: Path | None,
@@ -86,8 +94,11 @@ def plan_command(
     vm = make_plan(host, request)
     if fmt == TABLE:
         from hpcvm.cli.plan_view import print_plan
+        from hpcvm.runtime.shares import preview
 
+        seen = preview(shares, warn=warn)  # a bad --share is refused before any output
         print_plan(vm, console, host)
+        console.print("guest sees: " + "; ".join(seen), highlight=False, soft_wrap=True)
         return
     target = get_target(fmt)
     click.echo(target.render(vm, host))

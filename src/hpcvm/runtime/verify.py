@@ -433,5 +433,8 @@ def verify(machine: Machine, agent: GuestExec, backend: Backend | None = None) -
         from hpcvm.runtime.backends import get_backend
 
         backend = get_backend(machine.backend, machine.connect_uri)
+    from hpcvm.runtime.verify_shares import check_shares  # it imports Check from here
+
     seen = gather(machine, agent, backend)
-    return VerifyReport.of(machine.name, run_checks(machine.plan, seen))
+    checks = [*run_checks(machine.plan, seen), *check_shares(machine, agent)]
+    return VerifyReport.of(machine.name, checks)
