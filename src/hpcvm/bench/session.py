@@ -436,9 +436,12 @@ def _resolution_warnings(suites: list[Suite], samples: list[SampleRecord]) -> li
 
 
 def _close_all(prep: Prepared, store: Store, run_id: int) -> None:
-    """Every VM down, whatever state it is in; a failure to stop one is recorded."""
+    """Every environment closed, whatever state it is in: a failure to close one (a VM
+    that will not stop, a cpuset the kernel keeps busy, any error at all) is recorded
+    and the others are still closed, so no QEMU outlives the run."""
     for name, env in prep.envs.items():
         try:
             env.close()
-        except HpcvmError as exc:
-            store.add_warning(run_id, f"{name}: bringing the VM down failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the next environment must still close
+            text = exc.message if isinstance(exc, HpcvmError) else f"{type(exc).__name__}: {exc}"
+            store.add_warning(run_id, f"{name}: closing it failed: {text}")
