@@ -442,6 +442,6 @@ def _close_all(prep: Prepared, store: Store, run_id: int) -> None:
     for name, env in prep.envs.items():
         try:
             env.close()
-        except Exception as exc:  # noqa: BLE001 - the next environment must still close
+        except Exception as exc:  # the next environment must still close
             text = exc.message if isinstance(exc, HpcvmError) else f"{type(exc).__name__}: {exc}"
             store.add_warning(run_id, f"{name}: closing it failed: {text}")
