@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.lock import is_held
 from hpcvm.runtime import hugetlbfs, paths
 from hpcvm.runtime.model import Machine
 
@@ -158,17 +159,7 @@ def starting_lock(run_dir: Path) -> Iterator[None]:
 
 def is_starting(run_dir: Path) -> bool:
     """True while another process holds the up-lock of ``run_dir``."""
-    try:
-        fd = os.open(run_dir / paths.LOCK_FILE, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return is_held(run_dir / paths.LOCK_FILE)
 
 
 # -- listing and cleaning ---------------------------------------------------------------
