@@ -2,7 +2,7 @@
 with ``ast`` (imports inside functions included) and fail when a stage imports a stage
 that comes later than it. The layers are DESIGN.md's pipeline read as dependencies:
 
-    foundation  errors, model, units, lock, signals, plugins, bootspec (anyone may use)
+    foundation  errors, model, units, lock, signals, plugins, registry, bootspec
     1           host; stats and store (libraries of their own: no stage below them)
     2 plan  3 render  4 guest  5 runtime  6 tune  7 bench  8 cluster  9 report  10 cli
 
@@ -15,7 +15,17 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hpcvm"
-FOUNDATION = {"errors", "model", "units", "lock", "signals", "plugins", "bootspec", "__init__"}
+FOUNDATION = {
+    "errors",
+    "model",
+    "units",
+    "lock",
+    "signals",
+    "plugins",
+    "registry",
+    "bootspec",
+    "__init__",
+}
 LAYER = {
     "host": 1,
     "stats": 1,

@@ -25,6 +25,7 @@ from hpcvm.bench.npb import discover
 from hpcvm.bench.suite import Suite
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
+from hpcvm.registry import Registry
 
 
 class SuiteOptions(Frozen):
@@ -117,14 +118,12 @@ class SuiteKind:
         return next((m.short for m in self.metrics if m.name == metric and m.short), None)
 
 
-REGISTRY: dict[str, SuiteKind] = {}
+REGISTRY: Registry[SuiteKind] = Registry("suite")
 
 
 def register(kind: SuiteKind) -> None:
     """Add a suite kind (hpcvm's own below, or a plugin's: see hpcvm/plugins.py)."""
-    if kind.name in REGISTRY:
-        raise UsageError(f"suite {kind.name!r} is registered twice")
-    REGISTRY[kind.name] = kind
+    REGISTRY.register(kind.name, kind)
 
 
 def _npb_label(suite: str, metric: str) -> str | None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hpcvm.errors import UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
+from hpcvm.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -30,24 +30,17 @@ class RenderTarget:
     warns: bool = True  # the plan's warnings go to stderr beside the output
 
 
-TARGETS: dict[str, RenderTarget] = {}
+TARGETS: Registry[RenderTarget] = Registry("render target")
 
 
 def register(target: RenderTarget) -> None:
     """Add a target; a second target of the same name is a mistake, not an override."""
-    if target.name in TARGETS:
-        raise UsageError(f"render target {target.name!r} is registered twice")
-    TARGETS[target.name] = target
+    TARGETS.register(target.name, target)
 
 
 def get(name: str) -> RenderTarget:
     """The target called ``name``; UsageError naming the known ones otherwise."""
-    try:
-        return TARGETS[name]
-    except KeyError:
-        raise UsageError(
-            f"unknown render target {name!r}: use one of {', '.join(TARGETS)}"
-        ) from None
+    return TARGETS.get_or_refuse(name)
 
 
 def _json(plan: VMPlan, _host: HostTopology) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcvm.errors import UsageError
+from hpcvm.registry import Registry
 from hpcvm.report.compare import Comparison
 from hpcvm.report.figures import FigureFile
 from hpcvm.report.html import render_compare_html, render_html
@@ -39,24 +39,17 @@ class ReportFormat:
     description: str = ""
 
 
-FORMATS: dict[str, ReportFormat] = {}
+FORMATS: Registry[ReportFormat] = Registry("report format")
 
 
 def register(fmt: ReportFormat) -> None:
     """Add a format; a second format of the same name is a mistake, not an override."""
-    if fmt.name in FORMATS:
-        raise UsageError(f"report format {fmt.name!r} is registered twice")
-    FORMATS[fmt.name] = fmt
+    FORMATS.register(fmt.name, fmt)
 
 
 def get(name: str) -> ReportFormat:
     """The format called ``name``; UsageError naming the known ones otherwise."""
-    try:
-        return FORMATS[name]
-    except KeyError:
-        raise UsageError(
-            f"unknown report format {name!r}: use one of {', '.join(FORMATS)}"
-        ) from None
+    return FORMATS.get_or_refuse(name)
 
 
 def report_json(data: ReportData, figures: Sequence[FigureFile], _out: Path) -> str:

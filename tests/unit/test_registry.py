@@ -1,0 +1,29 @@
+"""The shared registry shape: registered order, no silent override, a one-line refusal
+naming the known entries for an unknown name (exit 2, a usage error)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcvm.errors import UsageError
+from hpcvm.registry import Registry
+from hpcvm.render.targets import TARGETS
+from hpcvm.report.formats import FORMATS
+
+
+def test_order_override_and_unknown_names() -> None:
+    reg: Registry[int] = Registry("widget")
+    reg.register("b", 2)
+    reg.register("a", 1)
+    assert list(reg) == ["b", "a"] and reg["a"] == 1 and "b" in reg and len(reg) == 2
+    with pytest.raises(UsageError, match="widget 'a' is registered twice"):
+        reg.register("a", 3)
+    with pytest.raises(UsageError) as refused:
+        reg.get_or_refuse("c")
+    assert str(refused.value) == "unknown widget 'c': use one of b, a"
+    assert refused.value.exit_code == 2
+
+
+def test_hpcvms_own_entries() -> None:
+    assert list(TARGETS) == ["json", "qemu", "libvirt", "openstack", "kubevirt"]
+    assert list(FORMATS) == ["html", "md", "json"]
