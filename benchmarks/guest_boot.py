@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hpcvm.bootspec import SHARE_TABLE_FWCFG
 from hpcvm.guest import GuestImage, build_guest
-from hpcvm.render.model import SHARE_TABLE_FWCFG
 from hpcvm.runtime.agent import GuestAgent
 
 

@@ -42,8 +42,8 @@ def _run(args: list[str], *, whole_root: bool = False) -> subprocess.CompletedPr
 def _whole_root_cli(args: list[str]) -> int:
     """The hpcvm CLI with the pre-share-list guest: ``/`` as the only (read-only)
     share and QEMU left as root without its sandbox."""
+    from hpcvm.bootspec import Share
     from hpcvm.cli.main import main as hpcvm_main
-    from hpcvm.render.model import Share
     from hpcvm.runtime import boot, lifecycle
 
     def whole_root(media: boot.BootMedia, *_args: object, **_kw: object) -> boot.BootMedia:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm.bootspec import SHARE_TABLE_FWCFG
 from hpcvm.errors import RuntimeFailure
 from hpcvm.guest import GuestImage, build_guest
-from hpcvm.render.model import SHARE_TABLE_FWCFG
 from hpcvm.runtime.agent import GuestAgent
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from hpcvm.bootspec import Share
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, libvirt_xml
-from hpcvm.render.model import Share
 from hpcvm.units import parse_cpu_list
 from tests import render_plans as plans
 from tests.conftest import Snapshot

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 from qemu.qmp import QMPClient
 
+from hpcvm.bootspec import Share
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, qemu_argv
-from hpcvm.render.model import Share
 from tests import render_plans as plans
 from tests.render_checks import check_qemu_argv
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm.bootspec import BootSpec
 from hpcvm.errors import RuntimeFailure
 from hpcvm.host import discover
 from hpcvm.plan import plan
 from hpcvm.plan.model import PlanRequest, ProfileName
-from hpcvm.render.model import BootSpec
 from hpcvm.runtime import paths, pinning, state
 from hpcvm.runtime.model import Machine
 from hpcvm.runtime.qemu_backend import QemuBackend

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm.bootspec import SHARE_TABLE_FWCFG
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.guest import hosttools, image, scripts
 from hpcvm.guest import kernel as kernels
 from hpcvm.guest.image import build_guest, cached_guest, ensure_guest, guest_inputs
 from hpcvm.guest.initramfs import read_initrd
-from hpcvm.render.model import SHARE_TABLE_FWCFG
 from tests.guest_support import unpacked_kernel
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm.bootspec import BootSpec, Share
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
-from hpcvm.render.model import BootSpec, Share
 from hpcvm.runtime import libvirt_backend as lb
 from hpcvm.runtime.model import Machine
 

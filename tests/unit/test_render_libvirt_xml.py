@@ -6,10 +6,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from hpcvm.bootspec import SHARE_TABLE_FWCFG, Share, share_table
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, libvirt_xml
-from hpcvm.render.model import SHARE_TABLE_FWCFG, Share, share_table
 from hpcvm.units import parse_cpu_list
 from tests import render_plans as plans
 

@@ -6,10 +6,10 @@ import shlex
 
 import pytest
 
+from hpcvm.bootspec import SHARE_TABLE_FWCFG, GuestLink, Share, share_table
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
 from hpcvm.render import BootSpec, qemu_argv, qemu_command_line
-from hpcvm.render.model import SHARE_TABLE_FWCFG, GuestLink, Share, share_table
 from tests import render_parse as rp
 from tests import render_plans as plans
 

@@ -3,8 +3,8 @@ plan's guest kernel arguments (pure functions on the spec)."""
 
 from __future__ import annotations
 
+from hpcvm.bootspec import BootSpec
 from hpcvm.guest.image import CMDLINE
-from hpcvm.render.model import BootSpec
 from hpcvm.runtime.boot import confined, with_guest_kernel_args
 from hpcvm.runtime.confine import QemuUser
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm.bootspec import BootSpec, share_table
 from hpcvm.errors import UsageError
-from hpcvm.render.model import BootSpec, share_table
 from hpcvm.runtime import paths
 from hpcvm.runtime import shares as sh
 from hpcvm.runtime.confine import QEMU_USER, can_access, qemu_user, user_by_ids

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm.bootspec import BootSpec
 from hpcvm.errors import UsageError
-from hpcvm.render.model import BootSpec
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.model import Machine
 from tests.runtime_support import tiny_plan

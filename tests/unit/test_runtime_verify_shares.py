@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcvm.render.model import Share
+from hpcvm.bootspec import Share
 from hpcvm.runtime.verify_shares import absent_probes, hidden_probes
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from hpcvm.bootspec import SHARE_TABLE_FWCFG, BootSpec
 from hpcvm.errors import UsageError
 from hpcvm.guest import hosttools, scripts
 from hpcvm.guest import kernel as kernels
@@ -33,7 +34,6 @@ from hpcvm.guest.initramfs import build_entries, write_initrd
 from hpcvm.guest.modules import GUEST_MODULES, ModuleIndex
 from hpcvm.guest.vmlinux import extract_pvh_vmlinux
 from hpcvm.model import Frozen
-from hpcvm.render.model import SHARE_TABLE_FWCFG, BootSpec
 
 ENV_CACHE = "HPCVM_CACHE"
 BUILDER_VERSION = 3  # bump when the builder itself changes what it writes

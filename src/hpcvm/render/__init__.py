@@ -5,8 +5,8 @@ Pure functions, no I/O: ``qemu_argv``/``qemu_command_line`` for the QEMU backend
 ``--format libvirt``. A ``BootSpec`` adds what the runtime needs to boot the plan.
 """
 
+from hpcvm.bootspec import BootSpec
 from hpcvm.render.libvirt import libvirt_xml
-from hpcvm.render.model import BootSpec
 from hpcvm.render.qemu import qemu_argv, qemu_command_line
 
 __all__ = ["BootSpec", "libvirt_xml", "qemu_argv", "qemu_command_line"]

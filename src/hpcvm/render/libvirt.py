@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+from hpcvm.bootspec import SHARE_TABLE_FWCFG, BootSpec, share_table
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
 from hpcvm.render.checks import check_renderable
-from hpcvm.render.model import SHARE_TABLE_FWCFG, BootSpec, share_table
 from hpcvm.render.qemu import disk_format, passthrough_bdfs
 from hpcvm.units import KIB, format_cpu_list
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import shlex
 
+from hpcvm.bootspec import SANDBOX, SHARE_TABLE_FWCFG, BootSpec, share_table
 from hpcvm.plan.model import MemoryRegion, VMPlan
 from hpcvm.render.checks import check_renderable
-from hpcvm.render.model import SANDBOX, SHARE_TABLE_FWCFG, BootSpec, share_table
 from hpcvm.units import format_size
 
 Args = list[str]

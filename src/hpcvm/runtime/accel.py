@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcvm.render.model import SANDBOX
+from hpcvm.bootspec import SANDBOX
 from hpcvm.render.qemu import opts
 from hpcvm.runtime.confine import qemu_user
 

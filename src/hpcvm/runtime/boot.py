@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hpcvm.bootspec import BootSpec
 from hpcvm.errors import UsageError
-from hpcvm.render.model import BootSpec
 from hpcvm.runtime import shares as sharing
 from hpcvm.runtime.confine import QemuUser
 

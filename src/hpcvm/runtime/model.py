@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
+from hpcvm.bootspec import BootSpec
 from hpcvm.model import Frozen
 from hpcvm.plan.model import VMPlan
-from hpcvm.render.model import BootSpec
 from hpcvm.runtime.confine import QemuUser
 
 BackendName = Literal["qemu", "libvirt"]

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hpcvm
+from hpcvm.bootspec import GuestLink, Share
 from hpcvm.errors import UsageError
-from hpcvm.render.model import GuestLink, Share
 from hpcvm.runtime import paths
 from hpcvm.runtime.confine import QemuUser, can_access, describe_mode
 

@@ -20,8 +20,8 @@ import fnmatch
 import os
 from collections.abc import Sequence
 
+from hpcvm.bootspec import Share
 from hpcvm.errors import HpcvmError
-from hpcvm.render.model import Share
 from hpcvm.runtime.model import Machine
 from hpcvm.runtime.shares import ETC_SECRETS
 from hpcvm.runtime.verify import Check, GuestExec

@@ -1,7 +1,9 @@
-"""What the runtime adds to a plan to make it bootable: boot media, the host directories
+"""What the runtime adds to a plan to make it bootable: boot media, the directories
 shared with the guest, the agent channel, sockets and logs, and how QEMU is confined.
-Kept apart from VMPlan because one plan boots in many ways (built-in guest, a disk
-image) and renders for targets that boot nothing (``hpcvm plan --format qemu``)."""
+A foundation type below guest/, render/ and runtime/ (all three use it), so guest/ does
+not depend on render/. Kept apart from VMPlan because one plan boots in many ways
+(built-in guest, a disk image) and renders for targets that boot nothing
+(``hpcvm plan --format qemu``)."""
 
 from __future__ import annotations
 
