@@ -143,6 +143,38 @@ def report(samples: dict[tuple[str, str, str], list[float]]) -> None:
             print(f"{env:8} {metric.name:22} {cells[0]:28} {cells[1]:28} {change}")
 
 
+def figure(samples: dict[tuple[str, str, str], list[float]], path: Path, title: str) -> None:
+    """Bars of each state's mean with its 97% interval as whiskers, per environment and
+    metric (the README's before/after figure), drawn from this run's own samples."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(9, 3.6))
+    for ax, metric in zip(axes, METRICS, strict=True):
+        for i, env in enumerate(("native", "vm:hpc")):
+            for j, host_state in enumerate(STATES):
+                s = summarize(samples[(env, host_state, metric.name)], CONFIDENCE)
+                err = [[s.mean - (s.ci_low or s.mean)], [(s.ci_high or s.mean) - s.mean]]
+                ax.bar(
+                    i + 0.38 * (j - 0.5),
+                    s.mean,
+                    0.36,
+                    yerr=err,
+                    capsize=4,
+                    color=("#d62728", "#1f77b4")[j],
+                    label=host_state if i == 0 else None,
+                )
+        ax.set_xticks([0, 1], ["native", "vm:hpc"])
+        ax.set_title(f"{metric.short or metric.name} ({metric.unit})", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"figure: {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=8, help="blocks kept (plus one warm-up)")
@@ -151,6 +183,7 @@ def main() -> None:
     parser.add_argument("--memory", default="512M")
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--state-dir", type=Path, default=state.state_dir())
+    parser.add_argument("--figure", type=Path, default=None, help="write the figure (PNG)")
     args = parser.parse_args()
     if state.load(args.state_dir) is not None:
         raise SystemExit("hpcvm tuning is already applied: `hpcvm tune --revert` first")
@@ -171,6 +204,10 @@ def main() -> None:
     report(samples)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"took {time.time() - started:.0f} s; load average at the end {load}")
+    if args.figure is not None:
+        title = (f"noise on the vCPU PUs, untuned vs hpcvm tune --apply; {args.reps} blocks, "
+                 f"TCG guest, {platform.node()}, whiskers: 97% intervals")  # fmt: skip
+        figure(samples, args.figure, title)
 
 
 if __name__ == "__main__":
