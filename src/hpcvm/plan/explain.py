@@ -60,6 +60,11 @@ def explain_selection(
             f"; memory decided too: {len(cpu_only.domains)} node(s) would hold the vCPUs but "
             "not their share of guest memory plus QEMU's overhead"
         )
+    elif cpu_only is not None and set(cpu_only.domains) != set(choice.domains):
+        text += (
+            f"; memory decided too: {_names(cpu_only.domains)} would hold the vCPUs but not "
+            "their share of guest memory plus QEMU's overhead"
+        )
     if not choice.strict:
         text += "; no choice holds the memory in free huge pages, so the pools must grow"
     notes.decide("nodes", text)
