@@ -166,9 +166,13 @@ class Runner:
         ]
 
     def _stored_given_up(self) -> set[CellKey]:
-        """Cells a previous process gave up (a resumed run does not retry them)."""
-        keys = {(s.env, s.suite, s.np) for s in self.store.samples(self.run_id)}
-        return {k for k in keys if repeats_same_failure(self._cell_samples(k)) is not None}
+        """Cells a previous process gave up (a resumed run does not retry them); the
+        stored samples are read once and grouped by cell."""
+        by_cell: dict[CellKey, list[SampleRecord]] = {}
+        for s in self.store.samples(self.run_id):
+            if s.env in self.envs:
+                by_cell.setdefault((s.env, s.suite, s.np), []).append(s)
+        return {k for k, taken in by_cell.items() if repeats_same_failure(taken) is not None}
 
     def _failed(self, sample: NewSample, label: str) -> None:
         """Say at once that a sample failed and why; give the cell up when its first two
