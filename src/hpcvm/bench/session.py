@@ -400,19 +400,22 @@ def _measure(
         raise
     with signals_deferred():
         _close_all(prep, store, run_id)
-        for text in _resolution_warnings(prep.suites, store.samples(run_id, include_warmup=False)):
+        samples = store.samples(run_id)
+        measured = [s for s in samples if not s.warmup]
+        for text in _resolution_warnings(prep.suites, measured):
             store.add_warning(run_id, text)
-        _mark_outliers(store, run_id)
+        _mark_outliers(store, run_id, samples)
         store.set_status(
             run_id, "finished", stop_reason=outcome.stop_reason, stop_detail=outcome.detail
         )
     return outcome
 
 
-def _mark_outliers(store: Store, run_id: int) -> None:
+def _mark_outliers(store: Store, run_id: int, samples: list[SampleRecord] | None = None) -> None:
     """Mark the run's outlying values in the database (they are kept and summarised;
     the table counts them and the robust overhead is shown beside the mean's)."""
-    store.set_outliers(run_id, outlier_marks(store.samples(run_id)))
+    taken = store.samples(run_id) if samples is None else samples
+    store.set_outliers(run_id, outlier_marks(taken))
 
 
 def _resolution_warnings(suites: list[Suite], samples: list[SampleRecord]) -> list[str]:
