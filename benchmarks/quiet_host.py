@@ -151,21 +151,23 @@ def figure(samples: dict[tuple[str, str, str], list[float]], path: Path, title: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from hpcvm.report.figures import whisker
+
     fig, axes = plt.subplots(1, len(METRICS), figsize=(9, 3.6))
     for ax, metric in zip(axes, METRICS, strict=True):
         for i, env in enumerate(("native", "vm:hpc")):
             for j, host_state in enumerate(STATES):
                 s = summarize(samples[(env, host_state, metric.name)], CONFIDENCE)
-                err = [[s.mean - (s.ci_low or s.mean)], [(s.ci_high or s.mean) - s.mean]]
+                x = i + 0.38 * (j - 0.5)
                 ax.bar(
-                    i + 0.38 * (j - 0.5),
+                    x,
                     s.mean,
                     0.36,
-                    yerr=err,
-                    capsize=4,
                     color=("#d62728", "#1f77b4")[j],
                     label=host_state if i == 0 else None,
                 )
+                if s.ci_low is not None and s.ci_high is not None:
+                    whisker(ax, x, s.ci_low, s.ci_high)
         ax.set_xticks([0, 1], ["native", "vm:hpc"])
         ax.set_title(f"{metric.short or metric.name} ({metric.unit})", fontsize=10)
         ax.legend(fontsize=8)

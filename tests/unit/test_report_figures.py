@@ -14,6 +14,7 @@ from itertools import combinations
 
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.text import Annotation, Text
@@ -151,8 +152,37 @@ def test_an_unbounded_interval_is_a_hatched_bar_with_an_arrow(colours: dict[str,
     assert len(arrows) == 1
     assert "interval unbounded" in {t.get_text() for t in fig.legends[0].get_texts()}
     # 39 bounded bars with whiskers; the unbounded one has none.
-    whiskers = [c for c in ax.containers if getattr(c, "errorbar", None) is not None]
+    whiskers = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
     assert len(whiskers) == 10 * len(VMS) - 1
+
+
+@pytest.mark.parametrize(
+    ("pct", "low", "high"),
+    [
+        # A zero-width interval a rounding error above its estimate (all samples equal).
+        (12.5, 12.5 + 1e-12, 12.5 + 1e-12),
+        # A BCa bootstrap interval that does not contain the ratio of means.
+        (3.0, 4.0, 9.0),
+    ],
+)
+def test_a_whisker_spans_its_interval_even_when_the_estimate_lies_outside(
+    colours: dict[str, str], pct: float, low: float, high: float
+) -> None:
+    rows = [
+        r.model_copy(update={"overhead_pct": pct, "overhead_ci_low": low, "overhead_ci_high": high})
+        if r.env == "vm:hpc" and r.metric == CHOSEN[0].name
+        else r
+        for r in _rows()
+    ]
+    fig = overhead_figure([r for r in rows if r.env in (NATIVE, "vm:hpc")], colours, SUITE, 0.97)
+    assert fig is not None
+    # One series: the first metric's whisker is the one at x = 0.
+    first = min(
+        (c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)),
+        key=lambda c: abs(c.lines[2][0].get_segments()[0][0][0]),
+    )
+    [[(_, y0), (_, y1)]] = first.lines[2][0].get_segments()
+    assert (min(y0, y1), max(y0, y1)) == pytest.approx((low, high), abs=1e-9)
 
 
 def test_crowded_labels_are_rotated_until_they_fit() -> None:

@@ -112,6 +112,24 @@ def _bar_width(series: int) -> float:
     return 0.8 / max(series, 1)
 
 
+def whisker(ax: Axes, x: float, low: float, high: float) -> None:
+    """An interval's whisker drawn from its own bounds, not as distances from a bar.
+
+    An interval need not contain the estimate (a BCa bootstrap interval may not), and a
+    zero-width one can sit a rounding error beside it; matplotlib refuses either as a
+    negative error, which once failed a whole report.
+    """
+    ax.errorbar(
+        x,
+        (low + high) / 2,
+        yerr=abs(high - low) / 2,
+        fmt="none",
+        ecolor="black",
+        elinewidth=1.0,
+        capsize=2,
+    )
+
+
 def draw_bars(
     ax: Axes,
     groups: Sequence[str],
@@ -142,16 +160,8 @@ def draw_bars(
                     arrowprops={"arrowstyle": "<->", "color": colour, "lw": 1.0},
                 )
                 continue
-            ax.bar(
-                x,
-                bar.value,
-                width,
-                color=colour,
-                yerr=[[bar.value - bar.low], [bar.high - bar.value]],
-                capsize=2,
-                error_kw={"elinewidth": 1.0, "ecolor": "black"},
-                gid=name,
-            )
+            ax.bar(x, bar.value, width, color=colour, gid=name)
+            whisker(ax, x, bar.low, bar.high)
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(groups)), [text(g) for g in groups])
     ax.set_xlim(-0.6, len(groups) - 0.4)
@@ -299,10 +309,9 @@ def _absolute_panel(
             r = index.get((env, np_))
             if r is None or r.mean is None:
                 continue
-            err = None
+            ax.bar(i + offset, r.mean, width, color=colours[env], gid=env)
             if r.ci_low is not None and r.ci_high is not None:
-                err = [[r.mean - r.ci_low], [r.ci_high - r.mean]]
-            ax.bar(i + offset, r.mean, width, color=colours[env], yerr=err, capsize=2, gid=env)
+                whisker(ax, i + offset, r.ci_low, r.ci_high)
     ax.set_xticks(range(len(nps)), ["all CPUs" if n is None else f"np {n}" for n in nps])
     ax.grid(axis="y", alpha=0.3)
 
