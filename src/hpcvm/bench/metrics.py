@@ -34,6 +34,13 @@ class Metric(Frozen):
     higher_is_better: bool
     description: str = ""
     short: str = ""  # the label of the studies' figures ("HPL", "RA MPI"); "" for none
+    # An extreme statistic (a maximum, a p99.9) of each sample: its mean over samples has
+    # an interval, but no repetition count narrows it to a target, so a stopping rule
+    # leaves it out of its judgement.
+    extreme: bool = False
+    # The message size this figure was measured at (latency/bandwidth curves), for the
+    # report's figures against message size; None for figures without one.
+    message_bytes: int | None = None
 
     def value(self, value: float) -> MetricValue:
         """This metric measured as ``value``; a non-finite value is a failed metric."""
