@@ -7,6 +7,8 @@ not depend on render/. Kept apart from VMPlan because one plan boots in many way
 
 from __future__ import annotations
 
+from typing import Literal
+
 from hpcvm.model import Frozen
 
 SHARE_TABLE_FWCFG = "opt/org.hpcvm/shares"  # fw_cfg entry the built-in guest reads
@@ -40,6 +42,31 @@ class GuestLink(Frozen):
     target: str
 
 
+NicKind = Literal["bridge", "macvtap", "vf"]
+NicModel = Literal["virtio", "e1000"]
+
+
+class Nic(Frozen):
+    """One network interface of the VM, resolved and checked on the host before anything
+    starts (runtime/network.py). Everything about it is deterministic from the VM's name
+    (``mac``, ``ifname``) or read from the host (``mtu``, ``vhost``), so the same
+    ``up`` gives the same NIC and a test can predict it.
+
+    ``mac`` is the guest's MAC (locally administered); ``ifname`` the host-side tap
+    (at most 15 characters, never ``vir*``: Open MPI skips such names); ``address`` the
+    IPv4 interface the guest gives itself at boot (``hpcvm.net=`` on its command line).
+    """
+
+    kind: NicKind
+    source: str  # the bridge (bridge), parent device (macvtap) or VF's PCI address (vf)
+    model: NicModel = "virtio"
+    mac: str
+    ifname: str
+    address: str | None = None  # "10.77.0.101/24"
+    mtu: int
+    vhost: bool = False  # /dev/vhost-net exists: the datapath runs in the host kernel
+
+
 class BootSpec(Frozen):
     """Boot media and runtime endpoints. Every field is optional; the renderers emit
     only what is set. Paths are absolute host paths."""
@@ -60,6 +87,14 @@ class BootSpec(Frozen):
     paused: bool = False  # start with vCPUs stopped (-S)
     run_as: str | None = None  # QEMU drops to this user once set up (-runas)
     sandbox: bool = False  # QEMU's seccomp sandbox (-sandbox on,...)
+    nics: tuple[Nic, ...] = ()  # network interfaces (runtime/network.py)
+
+
+def nic_kernel_arg(nic: Nic) -> str:
+    """The built-in guest's command line word for one NIC: ``hpcvm.net=MAC,ADDR,MTU``
+    (ADDR empty for a NIC without an address); its rc script finds the interface by MAC
+    and configures it (guest/scripts.py)."""
+    return f"hpcvm.net={nic.mac},{nic.address or ''},{nic.mtu}"
 
 
 def share_table(boot: BootSpec) -> str:

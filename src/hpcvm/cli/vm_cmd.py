@@ -75,6 +75,20 @@ def _vm_options(func: F) -> F:
             "/etc without secrets and the working directory, read-only.",
         ),
         click.option(
+            "--network",
+            default=None,
+            metavar="KIND=SOURCE[,model=virtio|e1000][,mtu=N]",
+            help="Give the VM a NIC on the host network: bridge=BR (a tap in bridge BR; "
+            "model=e1000 alone means bridge=br0). See docs/networking.md.",
+        ),
+        click.option(
+            "--address",
+            default=None,
+            metavar="IPV4/PREFIX",
+            help="The guest's address on --network (e.g. 10.77.0.101/24), set by the "
+            "guest itself at boot.",
+        ),
+        click.option(
             "--ready-timeout",
             type=float,
             default=None,
@@ -111,6 +125,8 @@ def _up_options(name: str, kw: dict[str, Any]) -> lifecycle.UpOptions:
         image=kw["image"],
         ready_timeout=kw["ready_timeout"],
         shares=tuple(kw["shares"]),
+        network=kw["network"],
+        address=kw["address"],
     )
 
 
@@ -140,6 +156,13 @@ def _start(name: str, kw: dict[str, Any], *, out: Console = console) -> Machine:
         f"{format_size(plan.memory_bytes)})",
         highlight=False,
     )
+    for nic in machine.boot.nics:
+        out.print(
+            f"{machine.name}: {nic.model} NIC {nic.mac} on {nic.kind} {nic.source} (tap "
+            f"{nic.ifname}, MTU {nic.mtu}{', vhost-net' if nic.vhost else ''}), address "
+            f"{nic.address or 'none'}",
+            highlight=False,
+        )
     lines = describe_shares(machine.boot.shares, machine.boot.links)
     out.print(
         f"{machine.name}: guest sees " + ("; ".join(lines) or "no host directory"),
@@ -179,7 +202,9 @@ def ps_cmd(as_json: bool) -> int:
         console.print("no VMs", highlight=False)
         return 0
     table = Table(box=None, header_style="bold")
-    for col in ("name", "backend", "state", "pid", "uptime", "profile", "vcpus", "memory"):
+    columns = ["name", "backend", "state", "pid", "uptime", "profile", "vcpus", "memory"]
+    with_address = any(r.addresses for r in rows)
+    for col in [*columns, "address"] if with_address else columns:
         table.add_column(col)
     for r in rows:
         table.add_row(
@@ -191,6 +216,7 @@ def ps_cmd(as_json: bool) -> int:
             r.profile or "-",
             str(r.vcpus or "-"),
             format_size(r.memory_bytes) if r.memory_bytes else "-",
+            *([" ".join(r.addresses) or "-"] if with_address else []),
         )
     console.print(table)
     return 0

@@ -17,7 +17,9 @@ from hpcvm.errors import RuntimeFailure
 # before the module that needs them. virtio-pci carries every device; 9p shares the
 # host's directories; virtio_console carries the guest agent; overlay makes read-only
 # shares writable in the guest; qemu_fw_cfg reads the share table hpcvm passes on
-# fw_cfg; virtio_blk is for user disk images. NUMA and hugetlbfs are built into distribution
+# fw_cfg; virtio_blk is for user disk images; virtio_net (with net_failover and failover,
+# from modules.dep) and e1000 are the NICs of ``--network`` (the paravirtual one and
+# the emulated one the studies compare it with). NUMA and hugetlbfs are built into distribution
 # kernels (checked by kernel.check_config), so no module is needed for them.
 GUEST_MODULES: tuple[str, ...] = (
     "virtio_ring",
@@ -34,6 +36,8 @@ GUEST_MODULES: tuple[str, ...] = (
     "overlay",
     "qemu_fw_cfg",
     "virtio_blk",
+    "virtio_net",
+    "e1000",
 )
 
 _SUFFIXES = (".ko", ".ko.xz", ".ko.gz", ".ko.zst")

@@ -18,6 +18,10 @@ Kernel command line words they read:
   hpcvm.shares=NAME    fw_cfg entry of the share table (default opt/org.hpcvm/shares)
   hpcvm.hostname=NAME  guest host name (default hpcvm)
   hpcvm.agent=NAME     virtio-serial port name of the agent (default org.qemu.guest_agent.0)
+  hpcvm.net=MAC,ADDR,MTU  one per NIC (bootspec.py ``nic_kernel_arg``): the interface
+                       with that MAC gets that MTU and IPv4 address/prefix (none when
+                       ADDR is empty) and is brought up, before the agent starts; no
+                       DHCP, no gateway (the VMs share the host's segment)
 
 9p options: ``msize=512000`` is the largest the 6.1 virtio transport takes (larger is
 clamped with a warning). Read-only shares use ``cache=loose``, which caches metadata
@@ -133,7 +137,7 @@ INITTAB = r"""::sysinit:/run/hpcvm/busybox sh /run/hpcvm/rc
 """
 
 RC = r"""# hpcvm guest, stage 2 (PID 1 is busybox init in the overlay root): the usual
-# pseudo-file systems, a host name, loopback, and shutdown commands that work
+# pseudo-file systems, a host name, loopback, the NICs, and shutdown commands that work
 # without systemd (qemu-ga's guest-shutdown runs /sbin/shutdown).
 bb=/run/hpcvm/busybox
 $bb mkdir -p /dev/pts /dev/shm
@@ -154,6 +158,46 @@ for arg in $($bb cat /proc/cmdline); do
 done
 $bb hostname "$name"
 $bb ip link set lo up
+
+# hpcvm.net=MAC,ADDR,MTU: the NIC is found by its MAC (names depend on the PCI slot),
+# waiting a little in case its driver is still probing.
+netdev_by_mac() {
+    i=0
+    while [ $i -lt 100 ]; do
+        for f in /sys/class/net/*/address; do
+            if [ "$($bb cat "$f")" = "$1" ]; then
+                f="${f%/address}"
+                echo "${f##*/}"
+                return 0
+            fi
+        done
+        $bb sleep 0.05
+        i=$((i + 1))
+    done
+    return 1
+}
+for arg in $($bb cat /proc/cmdline); do
+    case "$arg" in
+        hpcvm.net=*)
+            spec="${arg#*=}"
+            mac="${spec%%,*}"
+            rest="${spec#*,}"
+            addr="${rest%%,*}"
+            mtu="${rest#*,}"
+            if ! dev=$(netdev_by_mac "$mac"); then
+                echo "hpcvm-guest: error: no network interface with MAC $mac"
+                continue
+            fi
+            $bb ip link set dev "$dev" mtu "$mtu" ||
+                echo "hpcvm-guest: error: cannot set MTU $mtu on $dev"
+            if [ -n "$addr" ]; then
+                $bb ip addr add "$addr" dev "$dev" ||
+                    echo "hpcvm-guest: error: cannot give $dev the address $addr"
+            fi
+            $bb ip link set dev "$dev" up || echo "hpcvm-guest: error: cannot bring $dev up"
+            ;;
+    esac
+done
 
 for cmd in shutdown poweroff reboot halt; do
     $bb rm -f "/sbin/$cmd"

@@ -194,6 +194,7 @@ def _devices(domain: ET.Element, plan: VMPlan, boot: BootSpec, emulator: str) ->
     _share(devices, boot)
     ET.SubElement(devices, "controller", type="usb", model="none")
     _agent(devices, boot)
+    _interfaces(devices, boot)
     _console(devices, boot)
     _hostdevs(devices, plan)
     ET.SubElement(devices, "memballoon", model="none")
@@ -249,6 +250,24 @@ def _agent(devices: ET.Element, boot: BootSpec) -> None:
     channel = ET.SubElement(devices, "channel", type="unix")
     ET.SubElement(channel, "source", mode="bind", path=boot.agent_socket)
     ET.SubElement(channel, "target", type="virtio", name=boot.agent_port_name)
+
+
+def _interfaces(devices: ET.Element, boot: BootSpec) -> None:
+    """Each NIC as ``<interface type='bridge'>``: libvirt creates the tap under the
+    planned name, puts it into the bridge with the MTU and removes it with the domain,
+    as the QEMU backend does with QEMU's own tap (runtime/network.py). ``driver`` says
+    vhost or QEMU's userspace datapath for virtio, as ``vhost=on`` does on the QEMU line."""
+    for nic in boot.nics:
+        if nic.kind != "bridge":
+            raise UsageError(f"a {nic.kind} NIC cannot be rendered for libvirt yet: use bridge")
+        iface = ET.SubElement(devices, "interface", type="bridge")
+        ET.SubElement(iface, "mac", address=nic.mac)
+        ET.SubElement(iface, "source", bridge=nic.source)
+        ET.SubElement(iface, "target", dev=nic.ifname)
+        ET.SubElement(iface, "model", type=nic.model)
+        if nic.model == "virtio":
+            ET.SubElement(iface, "driver", name="vhost" if nic.vhost else "qemu")
+        ET.SubElement(iface, "mtu", size=str(nic.mtu))
 
 
 def _console(devices: ET.Element, boot: BootSpec) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import shlex
 
-from hpcvm.bootspec import SANDBOX, SHARE_TABLE_FWCFG, BootSpec, share_table
+from hpcvm.bootspec import SANDBOX, SHARE_TABLE_FWCFG, BootSpec, Nic, share_table
+from hpcvm.errors import UsageError
 from hpcvm.plan.model import MemoryRegion, VMPlan
 from hpcvm.render.checks import check_renderable
 from hpcvm.units import format_size
@@ -284,7 +285,7 @@ def _mem_lock(plan: VMPlan) -> Args:
 
 def _boot(plan: VMPlan, boot: BootSpec) -> Args:
     argv: Args = []
-    for group in (_kernel, _disks, _share, _agent, _console, _control, _confine):
+    for group in (_kernel, _disks, _share, _agent, _nics, _console, _control, _confine):
         argv += group(plan, boot)
     return argv
 
@@ -373,6 +374,48 @@ def _agent(plan: VMPlan, boot: BootSpec) -> Args:
         "-device",
         port,
     ]
+
+
+NIC_DEVICES = {"virtio": "virtio-net-pci", "e1000": "e1000"}  # QEMU device per model
+
+
+def _nics(plan: VMPlan, boot: BootSpec) -> Args:
+    """Each NIC as a tap netdev and its device (nothing without NICs, so every other
+    line is unchanged). ``ifname=``: QEMU opens (creates) the tap hpcvm named and later
+    puts in the bridge (runtime/network.py); ``script=no,downscript=no``: no helper
+    script runs (the sandbox denies spawning anyway); ``vhost=on`` moves the virtio
+    datapath into the host kernel. ``host_mtu`` tells a virtio guest the network's MTU
+    (VIRTIO_NET_F_MTU); e1000, the emulated NIC of the studies' comparison, has no such
+    field and gets its MTU from the guest's command line like every NIC."""
+    argv: Args = []
+    for index, nic in enumerate(boot.nics):
+        argv += ["-netdev", tap_netdev(nic, index), "-device", nic_device(nic, index)]
+    return argv
+
+
+def tap_netdev(nic: Nic, index: int) -> str:
+    if nic.kind != "bridge":
+        raise UsageError(f"a {nic.kind} NIC cannot be rendered for QEMU yet: use bridge")
+    pairs: list[tuple[str, str | int]] = [
+        ("id", f"net{index}"),
+        ("ifname", nic.ifname),
+        ("script", "no"),
+        ("downscript", "no"),
+    ]
+    if nic.vhost:
+        pairs.append(("vhost", "on"))
+    return opts("tap", *pairs)
+
+
+def nic_device(nic: Nic, index: int) -> str:
+    pairs: list[tuple[str, str | int]] = [
+        ("netdev", f"net{index}"),
+        ("id", f"nic{index}"),
+        ("mac", nic.mac),
+    ]
+    if nic.model == "virtio":
+        pairs.append(("host_mtu", nic.mtu))
+    return opts(NIC_DEVICES[nic.model], *pairs)
 
 
 def _console(plan: VMPlan, boot: BootSpec) -> Args:

@@ -14,13 +14,14 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from hpcvm.bootspec import Nic, nic_kernel_arg
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import MemoryRegion, PlanRequest, VMPlan
-from hpcvm.runtime import accel, hugetlbfs, paths, pinning, state
+from hpcvm.runtime import accel, hugetlbfs, network, paths, pinning, state
 from hpcvm.runtime import shares as sharing
 from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.boot import (
@@ -62,6 +63,8 @@ class UpOptions:
     ready_timeout: float | None = None  # None: $HPCVM_READY_TIMEOUT or READY_TIMEOUT
     shares: tuple[str, ...] = ()  # --share HOST_DIR[:GUEST_DIR][:rw] (runtime/shares.py)
     workdir: str | None = None  # shared with the built-in guest; None: the current directory
+    network: str | None = None  # --network bridge=br0[,model=e1000][,mtu=N] (runtime/network.py)
+    address: str | None = None  # --address 10.77.0.101/24: the guest's, set by itself at boot
 
 
 # -- up -----------------------------------------------------------------------------------
@@ -140,6 +143,14 @@ def up(
         opened_by_root=getattr(backend, "opens_shares_as_root", False) and user.switch,
         warn=warn,
     )
+    nics = network.resolve_nics(
+        options.network,
+        options.address,
+        vm=name,
+        privileged=network.is_root() or backend.name == "libvirt",
+        warn=warn,
+    )
+    media = _with_nics(media, nics, warn)
     for region in plan.memory:
         if region.backend == "file" and region.mem_path:
             hugetlbfs.ensure_mount(region.mem_path, region.page_size_bytes)
@@ -155,6 +166,22 @@ def up(
             if failure is exc:
                 raise
             raise failure from exc
+
+
+def _with_nics(media: BootMedia, nics: tuple[Nic, ...], warn: Warn | None) -> BootMedia:
+    """The NICs on the boot spec and, for a guest that reads hpcvm's command line (the
+    built-in one, a user's kernel), one ``hpcvm.net=`` word each: the guest configures
+    them itself, no DHCP server needed. A disk image boots its own command line, so its
+    own network configuration applies; say so when an address was asked for."""
+    if not nics:
+        return media
+    boot = media.boot.model_copy(update={"nics": nics})
+    if boot.cmdline is not None and boot.share_table:
+        words = " ".join(nic_kernel_arg(nic) for nic in nics)
+        boot = boot.model_copy(update={"cmdline": f"{boot.cmdline} {words}"})
+    elif warn is not None and any(nic.address for nic in nics):
+        warn("a disk image configures its own network: --address is not set in the guest")
+    return replace(media, boot=boot)
 
 
 def _refuse_if_in_use(name: str) -> None:
@@ -435,6 +462,8 @@ class VmStatus:
     vcpus: int | None
     memory_bytes: int | None
     note: str = ""
+    addresses: tuple[str, ...] = ()  # the guest's planned IPv4 addresses (--address)
+    nics: tuple[dict[str, object], ...] = field(default_factory=tuple)  # Nic, as JSON
 
 
 def list_vms(*, clean: bool = True) -> list[VmStatus]:
@@ -460,6 +489,8 @@ def list_vms(*, clean: bool = True) -> list[VmStatus]:
                 note=(f"{entry.reason}; cleaned" if clean else entry.reason)
                 if entry.state == "stale"
                 else "",
+                addresses=tuple(n.address for n in m.boot.nics if n.address) if m else (),
+                nics=tuple(n.model_dump() for n in m.boot.nics) if m else (),
             )
         )
     return out

@@ -8,6 +8,10 @@ QEMU runs as a child detached into its own session (so it outlives ``hpcvm up`` 
 Ctrl-C in the terminal does not reach it), with its stdout/stderr in ``qemu.log`` in the
 VM's directory. When the plan restricts QEMU's own threads (``emulator_pus``), QEMU
 starts with that affinity already, so none of its threads ever runs on a vCPU's PU.
+
+A NIC's tap is created by QEMU itself (``-netdev tap,ifname=``) and put into its bridge
+here once QMP answers, while the vCPUs are still stopped; it is not persistent, so the
+kernel removes it whenever QEMU exits (runtime/network.py).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from hpcvm.errors import RuntimeFailure
-from hpcvm.runtime import paths, qmp, state
+from hpcvm.runtime import network, paths, qmp, state
 from hpcvm.runtime.confine import QemuUser, qemu_user
 from hpcvm.runtime.model import BackendName, Machine
 
@@ -77,6 +81,7 @@ class QemuBackend:
         started = machine.model_copy(update={"pid": proc.pid})
         try:
             self._wait_for_qmp(started, proc)
+            network.attach_nics(machine.boot.nics)  # QEMU made the taps; the guest waits (-S)
         except BaseException:
             _kill(proc)
             raise

@@ -1,0 +1,358 @@
+"""A VM's network interface on the host network: ``--network`` text -> a checked ``Nic``.
+
+Network kinds are a registry (``NETWORK_KINDS``), as backends and render targets are:
+a kind resolves a request into a ``Nic`` (every check on the host before anything
+starts) and attaches the host side once QEMU has opened it (before any vCPU runs).
+
+``bridge`` (the only kind registered today): a tap in an existing Linux bridge, with
+vhost-net when ``/dev/vhost-net`` exists. With the QEMU backend QEMU itself creates the
+tap (``-netdev tap,ifname=...``, opened as root before ``-runas`` drops privileges), and
+hpcvm only puts it into the bridge while the guest is still paused. The tap is not
+persistent: the kernel removes it when QEMU exits, however QEMU exits (``down``, a
+crash, SIGKILL), so a dead VM can never leave a tap behind and nothing needs a cleanup
+that could touch an interface hpcvm did not make. No unprivileged user owns the tap
+(only QEMU's already-open descriptor reaches it). libvirt creates, enslaves and removes
+its tap itself (``<interface type='bridge'>``, render/libvirt.py).
+
+Not registered yet (an unknown kind is refused naming the known ones): ``macvtap`` on a
+parent device, and ``vf``, an SR-IOV virtual function passed through like the other
+passthrough devices (plan/passthrough.py); see docs/networking.md.
+
+Host links are read through netlink (``ip -j``), never /sys/class/net: a process moved
+into a network namespace with ``nsenter --net`` still sees the host's sysfs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+from hpcvm.bootspec import Nic, NicModel
+from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.registry import Registry
+
+Warn = Callable[[str], None]
+
+DEFAULT_BRIDGE = "br0"  # ``--network model=e1000`` alone: a tap in br0
+MODELS: tuple[NicModel, ...] = ("virtio", "e1000")
+OPTIONS = ("model", "mtu")  # keys of --network besides the kind
+MAC_FIRST_OCTET = "0a"  # locally administered (bit 1), unicast (bit 0 clear)
+TAP_FIRST_OCTET = "fe"  # the tap's own MAC: high, so the bridge never adopts it
+IFNAME_PREFIX = "hv"  # not "vir": Open MPI's out-of-band layer skips vir* interfaces
+MIN_MTU = 68  # RFC 791: every IPv4 host must take this
+TUN = Path("/dev/net/tun")
+VHOST_NET = Path("/dev/vhost-net")
+IP_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class NetworkRequest:
+    """``--network`` parsed: which kind, on what, which device model, and an MTU below
+    the host's (None: the host network's own)."""
+
+    kind: str
+    source: str
+    model: NicModel = "virtio"
+    mtu: int | None = None
+
+
+class NetworkKind(Protocol):
+    """One way to connect a VM to the host network."""
+
+    def resolve(
+        self, request: NetworkRequest, *, vm: str, index: int, address: str | None, warn: Warn
+    ) -> Nic:
+        """The NIC for ``request``; UsageError for anything the host cannot give, before
+        anything is started."""
+        ...
+
+    def attach(self, nic: Nic) -> None:
+        """Connect the host side QEMU opened (QEMU backend; the guest is still paused)."""
+        ...
+
+
+# -- parsing --------------------------------------------------------------------------
+
+
+def parse_network(text: str) -> NetworkRequest:
+    """``bridge=br0[,model=e1000][,mtu=N]``; without a kind key, a tap in br0.
+
+    Each key at most once; an unknown key is one line naming the known kinds and options.
+    """
+    fields: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or not key or not value.strip():
+            raise UsageError(
+                f"--network {text!r}: {part!r} is not KEY=VALUE: use e.g. bridge=br0,model=e1000"
+            )
+        if key not in NETWORK_KINDS and key not in OPTIONS:
+            raise UsageError(
+                f"--network {text!r}: unknown key {key!r}: kinds are "
+                f"{', '.join(NETWORK_KINDS)}; options are {', '.join(OPTIONS)}"
+            )
+        if key in fields:
+            raise UsageError(f"--network {text!r}: {key} is given twice")
+        fields[key] = value.strip()
+    kinds = [k for k in fields if k in NETWORK_KINDS]
+    if len(kinds) > 1:
+        raise UsageError(f"--network {text!r}: give one kind, not {' and '.join(kinds)}")
+    kind = kinds[0] if kinds else "bridge"
+    return NetworkRequest(
+        kind=kind,
+        source=fields.get(kind, DEFAULT_BRIDGE),
+        model=_model(fields.get("model", "virtio"), text),
+        mtu=_mtu(fields["mtu"], text) if "mtu" in fields else None,
+    )
+
+
+def _model(value: str, text: str) -> NicModel:
+    for model in MODELS:
+        if value == model:
+            return model
+    raise UsageError(f"--network {text!r}: unknown model {value!r}: use {' or '.join(MODELS)}")
+
+
+def _mtu(value: str, text: str) -> int:
+    try:
+        mtu = int(value)
+    except ValueError:
+        raise UsageError(f"--network {text!r}: mtu={value!r} is not a number") from None
+    if mtu < MIN_MTU:
+        raise UsageError(f"--network {text!r}: mtu={mtu} is below the IPv4 minimum {MIN_MTU}")
+    return mtu
+
+
+def parse_address(text: str) -> ipaddress.IPv4Interface:
+    """``10.77.0.101/24``: an IPv4 host address with its prefix, not the network's or
+    broadcast address."""
+    if "/" not in text:
+        raise UsageError(f"--address {text!r} has no prefix length: write it as {text}/24")
+    try:
+        iface = ipaddress.IPv4Interface(text)
+    except ValueError as exc:
+        raise UsageError(f"--address {text!r} is not an IPv4 address/prefix: {exc}") from None
+    net = iface.network
+    if net.prefixlen < 31 and iface.ip in (net.network_address, net.broadcast_address):
+        raise UsageError(
+            f"--address {text!r} is the network's or broadcast address of {net}: use a host address"
+        )
+    return iface
+
+
+# -- deterministic names --------------------------------------------------------------
+
+
+def _digest(vm: str, index: int) -> bytes:
+    return hashlib.sha256(f"hpcvm-nic/{vm}/{index}".encode()).digest()
+
+
+def mac_for(vm: str, index: int = 0) -> str:
+    """The guest MAC of NIC ``index`` of VM ``vm``: ``0a`` (locally administered,
+    unicast) and 40 bits of a hash of the name, so a VM keeps its MAC across restarts
+    and on any host, and two VMs' MACs collide with odds of about 1 in 10^12."""
+    return ":".join([MAC_FIRST_OCTET, *(f"{b:02x}" for b in _digest(vm, index)[:5])])
+
+
+def tap_mac(mac: str) -> str:
+    """The tap's own MAC: the guest's with ``fe`` first. A bridge takes the lowest MAC
+    of its ports when it has none set; ``fe`` keeps the bridge's MAC from changing when
+    a VM joins (as libvirt does)."""
+    return f"{TAP_FIRST_OCTET}{mac[2:]}"
+
+
+def ifname_for(vm: str, index: int = 0) -> str:
+    """The host tap's name: ``hv`` and 10 hex digits of the same hash (12 of the
+    kernel's 15 characters)."""
+    return IFNAME_PREFIX + _digest(vm, index).hex()[:10]
+
+
+# -- reading host links (netlink through iproute2) ------------------------------------
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess[str]:
+    if shutil.which("ip") is None:
+        raise UsageError("`ip` (iproute2) is not installed: install the iproute2 package")
+    return subprocess.run(
+        ["ip", *args], capture_output=True, text=True, timeout=IP_TIMEOUT, check=False
+    )
+
+
+def link(name: str) -> dict[str, Any] | None:
+    """``ip -j -d link show dev NAME`` (kind in ``linkinfo.info_kind``), or None when
+    there is no such link in this network namespace."""
+    proc = _ip("-j", "-d", "link", "show", "dev", name)
+    if proc.returncode != 0:
+        return None
+    found = json.loads(proc.stdout or "[]")
+    return cast(dict[str, Any], found[0]) if found else None
+
+
+def link_kind(info: dict[str, Any]) -> str:
+    """``bridge``, ``tun``, ``veth``... or "" for a plain device."""
+    return str(info.get("linkinfo", {}).get("info_kind", ""))
+
+
+def ipv4_of(name: str) -> list[ipaddress.IPv4Interface]:
+    """The IPv4 addresses (with prefixes) of link ``name``."""
+    proc = _ip("-j", "-4", "addr", "show", "dev", name)
+    if proc.returncode != 0:
+        return []
+    out: list[ipaddress.IPv4Interface] = []
+    for entry in json.loads(proc.stdout or "[]"):
+        for addr in entry.get("addr_info", []):
+            out.append(ipaddress.IPv4Interface(f"{addr['local']}/{addr['prefixlen']}"))
+    return out
+
+
+def _run_ip(*args: str) -> None:
+    proc = _ip(*args)
+    if proc.returncode != 0:
+        raise RuntimeFailure(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
+
+
+# -- the bridge kind ------------------------------------------------------------------
+
+
+def check_address(
+    address: ipaddress.IPv4Interface, bridge: str, on_bridge: Sequence[ipaddress.IPv4Interface]
+) -> str | None:
+    """Why ``address`` does not fit the bridge's subnets (None: it fits). Pure."""
+    for own in on_bridge:
+        if address.ip == own.ip:
+            return f"--address {address} is {bridge}'s own address: give the VM another"
+    if on_bridge and not any(address.network == own.network for own in on_bridge):
+        nets = ", ".join(str(own.network) for own in on_bridge)
+        return f"--address {address} is outside {bridge}'s subnet {nets}: use one in it"
+    return None
+
+
+class BridgeKind:
+    """A tap in an existing Linux bridge (the host's NIC is in the bridge too)."""
+
+    def resolve(
+        self, request: NetworkRequest, *, vm: str, index: int, address: str | None, warn: Warn
+    ) -> Nic:
+        bridge = request.source
+        info = link(bridge)
+        if info is None:
+            raise UsageError(
+                f"bridge {bridge!r} does not exist in this network namespace: create it "
+                f"(`ip link add {bridge} type bridge`) or name another with --network "
+                "bridge=NAME"
+            )
+        if link_kind(info) != "bridge":
+            raise UsageError(
+                f"{bridge!r} is not a bridge (it is a {link_kind(info) or 'plain device'}): "
+                "name a bridge with --network bridge=NAME"
+            )
+        if not TUN.exists():
+            raise UsageError(f"{TUN} does not exist: load the tun module (`modprobe tun`)")
+        ifname = ifname_for(vm, index)
+        if link(ifname) is not None:
+            raise UsageError(
+                f"an interface named {ifname} (VM {vm}'s tap) already exists: remove it "
+                f"(`ip link del {ifname}`) if nothing uses it, or choose another --name"
+            )
+        mtu = _bridge_mtu(bridge, int(info["mtu"]), request.mtu)
+        iface = parse_address(address) if address is not None else None
+        if iface is not None:
+            _check_subnet(iface, bridge, warn)
+        return Nic(
+            kind="bridge",
+            source=bridge,
+            model=request.model,
+            mac=mac_for(vm, index),
+            ifname=ifname,
+            address=str(iface) if iface is not None else None,
+            mtu=mtu,
+            vhost=request.model == "virtio" and VHOST_NET.exists(),
+        )
+
+    def attach(self, nic: Nic) -> None:
+        """Into the bridge with the NIC's MTU and the tap's own MAC, then up."""
+        _run_ip("link", "set", "dev", nic.ifname, "address", tap_mac(nic.mac), "mtu", str(nic.mtu))
+        _run_ip("link", "set", "dev", nic.ifname, "master", nic.source, "up")
+
+
+def _bridge_mtu(bridge: str, host_mtu: int, wanted: int | None) -> int:
+    if wanted is None:
+        return host_mtu
+    if wanted > host_mtu:
+        raise UsageError(
+            f"--network mtu={wanted} is above {bridge}'s MTU {host_mtu}: frames that large "
+            "would be dropped; give at most that, or leave mtu out"
+        )
+    return wanted
+
+
+def _check_subnet(iface: ipaddress.IPv4Interface, bridge: str, warn: Warn) -> None:
+    on_bridge = ipv4_of(bridge)
+    if not on_bridge:
+        warn(f"bridge {bridge} has no IPv4 address: --address {iface} is not checked")
+        return
+    problem = check_address(iface, bridge, on_bridge)
+    if problem:
+        raise UsageError(problem)
+
+
+NETWORK_KINDS: Registry[NetworkKind] = Registry("network kind")
+NETWORK_KINDS.register("bridge", BridgeKind())
+
+
+# -- what the runtime calls -------------------------------------------------------------
+
+
+def resolve_nics(
+    network: str | None,
+    address: str | None,
+    *,
+    vm: str,
+    privileged: bool,
+    warn: Warn | None = None,
+) -> tuple[Nic, ...]:
+    """The VM's NICs from ``--network``/``--address`` (none without ``--network``).
+
+    ``privileged``: whoever creates the tap may (root with the QEMU backend, libvirtd
+    with libvirt); otherwise the request is refused here, not by a failing QEMU.
+    """
+    if network is None:
+        if address is not None:
+            raise UsageError("--address needs --network (e.g. --network bridge=br0)")
+        return ()
+    request = parse_network(network)
+    if not privileged:
+        raise UsageError(
+            "--network needs root with the QEMU backend: creating a tap and adding it to a "
+            "bridge needs CAP_NET_ADMIN; run hpcvm as root or use --backend libvirt"
+        )
+    kind = NETWORK_KINDS.get_or_refuse(request.kind)
+    return (kind.resolve(request, vm=vm, index=0, address=address, warn=warn or _ignore),)
+
+
+def attach_nics(nics: Sequence[Nic]) -> None:
+    """Connect each NIC's host side (QEMU backend, QEMU paused)."""
+    for nic in nics:
+        NETWORK_KINDS.get_or_refuse(nic.kind).attach(nic)
+
+
+def tap_exists(nic: Nic) -> bool:
+    """Whether the NIC's tap is (still) there in this namespace (for tests and docs)."""
+    return link(nic.ifname) is not None
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _ignore(_text: str) -> None:
+    return None
