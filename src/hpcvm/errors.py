@@ -13,12 +13,19 @@ class HpcvmError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: str, *, cause: str | None = None) -> None:
-        """``cause``: what went wrong as data (e.g. "housekeeping": the PUs are taken by
-        housekeeping cores), for a caller that acts on it without reading the text."""
+    def __init__(
+        self, message: str, *, cause: str | None = None, option: str | None = None
+    ) -> None:
+        """Two facts as data, for a caller that acts on them without reading the text:
+        ``cause``, what went wrong (e.g. "housekeeping": the PUs are taken by
+        housekeeping cores); ``option``, which field of the request the refusal is about
+        (a ``PlanRequest`` field such as "vcpus" or "memory_bytes"), so that a command
+        building that request from options of its own (``hpcvm bench``) can name its
+        own option instead of the one the message names."""
         super().__init__(message)
         self.message = message
         self.cause = cause
+        self.option = option
 
     def __str__(self) -> str:
         return self.message

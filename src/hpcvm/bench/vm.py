@@ -69,7 +69,9 @@ def plan_vm(
             raise InfeasiblePlanError(
                 f"vm:hpc with {vcpus} vCPUs does not fit this host: {exc.message} "
                 f"(and housekeeping 0 is refused too: {again.message}); give vm:hpc fewer "
-                "vCPUs (--vm-vcpus, --np) or use vm:numa"
+                "vCPUs (--vm-vcpus, --np) or use vm:numa",
+                cause=exc.cause,
+                option="vcpus",
             ) from exc
         warnings.append(
             f"vm:hpc: this host has too few PUs for {vcpus} vCPUs plus a housekeeping core; "
@@ -88,14 +90,39 @@ def plan_vm(
     return plan, warnings
 
 
+# The planner's request field -> what sets it in ``hpcvm bench``, as a phrase after
+# "in hpcvm bench". A field bench leaves at the profile's default has no entry.
+_BENCH_OPTION: dict[str, str] = {
+    "vcpus": "the VM's --vcpus is --vm-vcpus or the largest --np",
+    "memory_bytes": "the VM's --memory is --vm-memory",
+    "guest_nodes": "the VM's --guest-nodes is --vm-guest-nodes",
+    "profile": "--profile P is --env vm:P",
+}
+# The request field -> the flag the planner's messages call it.
+_PLAN_FLAG: dict[str, str] = {
+    "page_size_bytes": "--page-size",
+    "housekeeping": "--housekeeping",
+    "passthrough": "--passthrough",
+    "accel": "--accel",
+    "smt": "--smt",
+}
+
+
 def _in_bench_terms(profile: str, exc: HpcvmError) -> HpcvmError:
-    """The planner's refusal, said for ``hpcvm bench`` (whose VM size comes from
-    --vm-vcpus or the largest --np, and --vm-memory)."""
-    return type(exc)(
-        f"{VM_PREFIX}{profile}: {exc.message} (in hpcvm bench the VM's --vcpus is "
-        "--vm-vcpus or the largest --np, its --memory is --vm-memory)",
-        cause=exc.cause,
-    )
+    """The planner's refusal, said for ``hpcvm bench``: the request field it is about
+    (``exc.option``, data) names the bench option that sets it, or says that bench
+    plans that field with the profile's default. A refusal about no request field (the
+    host itself) needs no translation."""
+    message = f"{VM_PREFIX}{profile}: {exc.message}"
+    if exc.option in _BENCH_OPTION:
+        message += f" (in hpcvm bench {_BENCH_OPTION[exc.option]})"
+    elif exc.option is not None:
+        flag = _PLAN_FLAG.get(exc.option, exc.option)
+        message += (
+            f" (hpcvm bench has no {flag}: it plans {VM_PREFIX}{profile} with the "
+            "profile's default)"
+        )
+    return type(exc)(message, cause=exc.cause, option=exc.option)
 
 
 _WRAPPER = f"""PATH={STD_PATH}; export PATH

@@ -68,7 +68,8 @@ def _choose_accel(host: HostTopology, request: PlanRequest, notes: Notes) -> tup
             return "kvm", reason
         raise InfeasiblePlanError(
             f"--accel kvm but this host cannot run an ordinary KVM guest: {kvm.reason} "
-            "(use --accel tcg or auto)"
+            "(use --accel tcg or auto)",
+            option="accel",
         )
     notes.warn(TCG_WARNING, kind="tcg")
     reason = f"{kvm.reason}; falling back to TCG. {TCG_WARNING}"

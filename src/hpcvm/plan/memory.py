@@ -43,7 +43,8 @@ def split_memory(total: int, page: int, weights: Sequence[int]) -> list[int]:
     raise UsageError(
         f"--memory {format_size(total)} cannot be split in {format_size(page)} pages over "
         f"{len(weights)} guest nodes in proportion to their vCPUs "
-        f"({', '.join(map(str, weights))}): use --memory {format_size(pages * page)} or more"
+        f"({', '.join(map(str, weights))}): use --memory {format_size(pages * page)} or more",
+        option="memory_bytes",
     )
 
 
@@ -288,7 +289,8 @@ def check_host_total(
         raise InfeasiblePlanError(
             f"--memory {format_size(total)} plus about {format_size(overhead)} of QEMU overhead "
             f"is more than this host's {format_size(have)} of RAM{where}: "
-            + (f"use --memory {format_size(best)} or less" if best else "the host is too small")
+            + (f"use --memory {format_size(best)} or less" if best else "the host is too small"),
+            option="memory_bytes",
         )
 
 
@@ -305,7 +307,8 @@ def _too_big_flat(
     return InfeasiblePlanError(
         f"--memory {format_size(total)} plus about {format_size(overhead)} of QEMU overhead "
         f"does not fit the {format_size(max(limit, 0))} of memory left outside the host's "
-        f"{format_size(pools)} of huge page pools: {fix}"
+        f"{format_size(pools)} of huge page pools: {fix}",
+        option="memory_bytes",
     )
 
 
@@ -319,7 +322,8 @@ def _too_big_node(
     return InfeasiblePlanError(
         f"host node {node.os_index} has {format_size(node.memory_bytes)} of RAM{pools_text}; "
         f"the plan puts {format_size(guest_bytes)} of guest memory{over} there: {fix}, or "
-        "spread the vCPUs over more nodes"
+        "spread the vCPUs over more nodes",
+        option="memory_bytes",
     )
 
 
@@ -346,7 +350,7 @@ def _check_free_bound(host: HostTopology, needed: dict[int, int], page: int, not
             path = f"/sys/devices/system/node/node{h}/hugepages/{page_dir_name(page)}/nr_hugepages"
             short.append(_shortfall_text(f"host node {h}", want, free, total, known, page, path))
     if short:
-        raise InfeasiblePlanError("; ".join(short) + _boot_hint(page))
+        raise InfeasiblePlanError("; ".join(short) + _boot_hint(page), option="memory_bytes")
     notes.decide("hugepages", f"{format_size(page)} huge pages per node: " + "; ".join(seen))
 
 
@@ -363,7 +367,8 @@ def _check_free_flat(
     if free < want:
         path = f"/sys/kernel/mm/hugepages/{page_dir_name(page)}/nr_hugepages"
         raise InfeasiblePlanError(
-            _shortfall_text("the host", want, free, total, known, page, path) + _boot_hint(page)
+            _shortfall_text("the host", want, free, total, known, page, path) + _boot_hint(page),
+            option="memory_bytes",
         )
     notes.decide(
         "hugepages",

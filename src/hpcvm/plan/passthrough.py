@@ -27,7 +27,8 @@ def normalise_bdf(text: str) -> str:
     match = _BDF_RE.match(text.strip().lower())
     if not match:
         raise UsageError(
-            f"--passthrough {text!r} is not a PCI address: use the form 0000:3b:00.0 or 3b:00.0"
+            f"--passthrough {text!r} is not a PCI address: use the form 0000:3b:00.0 or 3b:00.0",
+            option="passthrough",
         )
     domain = int(match["domain"] or "0", 16)
     return f"{domain:04x}:{int(match['bus'], 16):02x}:{int(match['dev'], 16):02x}.{match['fn']}"
@@ -46,13 +47,16 @@ def check_passthrough(host: HostTopology, requested: Sequence[str]) -> list[Chec
     bdfs = [normalise_bdf(b) for b in requested]
     dupes = sorted({b for b in bdfs if bdfs.count(b) > 1})
     if dupes:
-        raise UsageError(f"--passthrough lists {', '.join(dupes)} more than once")
+        raise UsageError(
+            f"--passthrough lists {', '.join(dupes)} more than once", option="passthrough"
+        )
     by_bdf = {d.bdf: d for d in host.pci}
     devices = [_find(host, by_bdf, b) for b in bdfs]
     if host.iommu is False:
         raise InfeasiblePlanError(
             "IOMMU is off: boot the host with intel_iommu=on iommu=pt (or amd_iommu=on) "
-            "to pass devices through"
+            "to pass devices through",
+            option="passthrough",
         )
     passed = set(bdfs)
     return [_check_group(host, by_bdf, d, passed) for d in devices]
@@ -65,7 +69,9 @@ def _find(host: HostTopology, by_bdf: dict[str, PciDevice], bdf: str) -> PciDevi
     candidates = [c for c, d in zip(candidates, host.pci, strict=True) if not d.is_bridge]
     listing = "; ".join(candidates) if candidates else "none"
     what = "is a bridge, not a device" if bdf in by_bdf else "is not on this host"
-    raise UsageError(f"--passthrough {bdf} {what}; passthrough candidates: {listing}")
+    raise UsageError(
+        f"--passthrough {bdf} {what}; passthrough candidates: {listing}", option="passthrough"
+    )
 
 
 def _check_group(
@@ -75,7 +81,8 @@ def _check_group(
     if group is None or group not in host.iommu_groups:
         raise InfeasiblePlanError(
             f"cannot pass {device.bdf} through: the host description has no IOMMU groups "
-            "(IOMMU off or not recorded); enable the IOMMU (intel_iommu=on or amd_iommu=on)"
+            "(IOMMU off or not recorded); enable the IOMMU (intel_iommu=on or amd_iommu=on)",
+            option="passthrough",
         )
     members = host.iommu_groups[group]
     blockers = [
@@ -87,7 +94,8 @@ def _check_group(
         raise InfeasiblePlanError(
             f"cannot pass {device.bdf} through: IOMMU group {group} also holds "
             f"{', '.join(blockers)}, which VFIO would hand to the guest too: pass them as well "
-            "(--passthrough) or move the device to a slot with its own group"
+            "(--passthrough) or move the device to a slot with its own group",
+            option="passthrough",
         )
     others = tuple(m for m in members if m != device.bdf and m in passed)
     return CheckedDevice(device=device, others_passed=others)

@@ -150,6 +150,8 @@ def too_many_vcpus(
         f"{asked} but only {usable} PU{'s are' if usable != 1 else ' is'} usable for vCPUs "
         f"({detail}): {fix}",
         cause="housekeeping" if reserved else "vcpus",
+        # with every usable core reserved, only fewer housekeeping cores make room
+        option="housekeeping" if reserved and not usable else "vcpus",
     )
 
 

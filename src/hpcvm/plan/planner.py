@@ -98,7 +98,8 @@ def _profile(request: PlanRequest) -> Profile:
         return PROFILES[request.profile]
     except KeyError:
         raise UsageError(
-            f"unknown profile {request.profile!r}: use one of {', '.join(PROFILES)}"
+            f"unknown profile {request.profile!r}: use one of {', '.join(PROFILES)}",
+            option="profile",
         ) from None
 
 

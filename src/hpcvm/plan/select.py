@@ -103,11 +103,13 @@ def _check_smt_possible(layout: CpuLayout, vcpus: int, smt: SmtPolicy) -> None:
     if have == 0:
         raise InfeasiblePlanError(
             "--smt require but no usable core of this host has two usable SMT siblings: "
-            "use --smt cores or --smt pack"
+            "use --smt cores or --smt pack",
+            option="smt",
         )
     raise InfeasiblePlanError(
         f"--smt require: only {have} PUs sit on cores whose siblings are all usable, "
-        f"{vcpus} vCPUs requested: use --vcpus {have} or fewer, or --smt pack"
+        f"{vcpus} vCPUs requested: use --vcpus {have} or fewer, or --smt pack",
+        option="smt",
     )
 
 
@@ -133,5 +135,6 @@ def _memory_refusal(
         f"no choice of host nodes holds {request.vcpus} vCPU(s) with "
         f"{format_size(request.memory_bytes)} of guest memory plus about "
         f"{format_size(qemu_overhead(request.memory_bytes))} of QEMU overhead ({kind} on the "
-        f"allowed nodes {allowed}, shared in proportion to vCPUs): {fix}"
+        f"allowed nodes {allowed}, shared in proportion to vCPUs): {fix}",
+        option="memory_bytes" if best else "vcpus",
     )

@@ -57,7 +57,9 @@ def numa_guest(selection: Selection, guest_nodes: int | None, notes: Notes) -> G
         if min(sizes) < 1:
             raise UsageError(
                 f"--guest-nodes {guest_nodes} puts {per_host} guest nodes on {domain_name(node)}, "
-                f"which holds only {len(pus)} of the vCPUs: use fewer --guest-nodes or more --vcpus"
+                f"which holds only {len(pus)} of the vCPUs: "
+                "use fewer --guest-nodes or more --vcpus",
+                option="guest_nodes",
             )
         start = 0
         for size in sizes:
@@ -103,7 +105,8 @@ def _guest_nodes_per_host(guest_nodes: int | None, used: Sequence[int]) -> int:
         raise UsageError(
             f"--guest-nodes {guest_nodes} is not a multiple of the {len(used)} host nodes "
             f"the vCPUs use ({', '.join(domain_name(n) for n in used)}): use --guest-nodes "
-            + " or ".join(map(str, options))
+            + " or ".join(map(str, options)),
+            option="guest_nodes",
         )
     return guest_nodes // len(used)
 

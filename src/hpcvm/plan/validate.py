@@ -26,13 +26,16 @@ def validate_request(host: HostTopology, request: PlanRequest, profile: Profile)
 
 def _check_counts(request: PlanRequest) -> None:
     if request.vcpus < 1:
-        raise UsageError(f"--vcpus must be at least 1, got {request.vcpus}")
+        raise UsageError(f"--vcpus must be at least 1, got {request.vcpus}", option="vcpus")
     if request.memory_bytes <= 0:
-        raise UsageError(f"--memory must be positive, got {request.memory_bytes} bytes")
+        raise UsageError(
+            f"--memory must be positive, got {request.memory_bytes} bytes", option="memory_bytes"
+        )
     if request.memory_bytes % MIB:
         raise UsageError(
             f"--memory {request.memory_bytes} bytes is not a whole number of MiB: "
-            "use a size like 2G or 1536M"
+            "use a size like 2G or 1536M",
+            option="memory_bytes",
         )
 
 
@@ -40,48 +43,61 @@ def _check_flags_for_profile(request: PlanRequest, profile: Profile) -> None:
     if request.housekeeping is not None:
         if not profile.housekeeping:
             raise UsageError(
-                f"--housekeeping applies to --profile hpc only (got --profile {profile.name})"
+                f"--housekeeping applies to --profile hpc only (got --profile {profile.name})",
+                option="housekeeping",
             )
         if request.housekeeping < 0:
             raise UsageError(
-                f"--housekeeping must be 0 or more cores per NUMA node, got {request.housekeeping}"
+                f"--housekeeping must be 0 or more cores per NUMA node, got {request.housekeeping}",
+                option="housekeeping",
             )
     if request.guest_nodes is not None:
         if not profile.vnuma:
             raise UsageError(
                 "--guest-nodes applies to --profile numa or hpc only "
-                f"(got --profile {profile.name})"
+                f"(got --profile {profile.name})",
+                option="guest_nodes",
             )
         if request.guest_nodes < 1:
-            raise UsageError(f"--guest-nodes must be at least 1, got {request.guest_nodes}")
+            raise UsageError(
+                f"--guest-nodes must be at least 1, got {request.guest_nodes}", option="guest_nodes"
+            )
         if request.guest_nodes > request.vcpus:
             raise UsageError(
                 f"--guest-nodes {request.guest_nodes} needs at least as many vCPUs "
-                f"(got --vcpus {request.vcpus}): every guest node holds at least one vCPU"
+                f"(got --vcpus {request.vcpus}): every guest node holds at least one vCPU",
+                option="guest_nodes",
             )
     if request.smt is not None and not profile.pin:
         raise UsageError(
             f"--smt applies to pinned profiles (pinned, hugepages, numa, hpc), not "
-            f"--profile {profile.name}, whose vCPUs the host scheduler moves"
+            f"--profile {profile.name}, whose vCPUs the host scheduler moves",
+            option="smt",
         )
     if request.passthrough and not profile.passthrough:
         raise UsageError(
-            f"--passthrough applies to --profile hpc only (got --profile {profile.name})"
+            f"--passthrough applies to --profile hpc only (got --profile {profile.name})",
+            option="passthrough",
         )
 
 
 def _check_page_size(host: HostTopology, request: PlanRequest, profile: Profile, page: int) -> None:
     if page not in PAGE_SIZES:
-        raise UsageError(f"--page-size {format_size(page)} is not a page size: use 4K, 2M or 1G")
+        raise UsageError(
+            f"--page-size {format_size(page)} is not a page size: use 4K, 2M or 1G",
+            option="page_size_bytes",
+        )
     if page > SMALL_PAGE and not profile.hugepages:
         raise UsageError(
             f"--page-size {format_size(page)} needs huge pages, which --profile {profile.name} "
-            f"does not use: use --profile {'/'.join(HUGEPAGE_PROFILES)} (or --page-size 4K)"
+            f"does not use: use --profile {'/'.join(HUGEPAGE_PROFILES)} (or --page-size 4K)",
+            option="page_size_bytes",
         )
     if page == SMALL_PAGE and profile.name == "hugepages":
         raise UsageError(
             "--profile hugepages with --page-size 4K is the pinned profile: "
-            "use --profile pinned, or --page-size 2M or 1G"
+            "use --profile pinned, or --page-size 2M or 1G",
+            option="page_size_bytes",
         )
     if page > SMALL_PAGE:
         offered = host_page_sizes(host)
@@ -91,7 +107,8 @@ def _check_page_size(host: HostTopology, request: PlanRequest, profile: Profile,
             raise UsageError(
                 f"the host offers no {format_size(page)} huge pages ({how}; huge page sizes "
                 f"it reports: {have}): use --page-size "
-                + " or ".join(format_size(s) for s in [*sorted(offered), SMALL_PAGE])
+                + " or ".join(format_size(s) for s in [*sorted(offered), SMALL_PAGE]),
+                option="page_size_bytes",
             )
 
 
@@ -102,7 +119,8 @@ def _check_memory_size(request: PlanRequest, page: int) -> None:
         near = f"{format_size(lower)} or {format_size(upper)}" if lower else format_size(upper)
         raise UsageError(
             f"--memory {format_size(request.memory_bytes)} is not a multiple of the "
-            f"{format_size(page)} page size: use --memory {near}"
+            f"{format_size(page)} page size: use --memory {near}",
+            option="memory_bytes",
         )
 
 
