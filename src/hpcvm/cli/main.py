@@ -28,6 +28,7 @@ COMMAND_MODULES: dict[str, str] = {
     "results": "bench_cmd",
     "report": "report_cmd",
     "tune": "tune_cmd",
+    "cluster": "cluster_cmd",
 }
 
 

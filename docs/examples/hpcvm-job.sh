@@ -1,0 +1,34 @@
+#!/bin/bash
+# A Slurm batch job that runs an MPI program in tuned VMs, one VM per allocated node.
+#
+#   sbatch -N 2 docs/examples/hpcvm-job.sh [PROGRAM ARGS...]
+#
+# Each node's VM is planned for that node (hpcvm's hpc profile: vCPUs pinned 1:1, huge
+# pages, virtual NUMA mirroring the node) and joined to the others through a tap in the
+# node's bridge. The settings below are environment variables so that the same script
+# serves a real cluster and hpcvm's one-machine test cluster (tests/integration/
+# test_cluster_job.py submits it).
+#SBATCH --job-name=hpcvm-mpi
+#SBATCH --exclusive
+set -euo pipefail
+
+hpcvm=${HPCVM:-hpcvm}
+name=${HPCVM_NAME:-job$SLURM_JOB_ID}
+vcpus=${HPCVM_VCPUS:-1}                        # per VM; the job runs vcpus x nodes ranks
+memory=${HPCVM_MEMORY:-512M}
+network=${HPCVM_NETWORK:-bridge=br0}           # each node's bridge holding its address
+address=${HPCVM_ADDRESS:-10.77.0.101/24}       # the first VM's; the k-th node's VM gets +k
+extra=${HPCVM_UP_OPTIONS:-}                    # e.g. --accel tcg
+ranks=$((vcpus * SLURM_JOB_NUM_NODES))
+
+# shellcheck disable=SC2086  # $extra is a list of options
+"$hpcvm" cluster up --name "$name" --profile hpc --vcpus "$vcpus" --memory "$memory" \
+    --network "$network" --address "$address" $extra
+trap '"$hpcvm" cluster down "$name"' EXIT      # also ended by scancel or the job's end
+"$hpcvm" cluster ps "$name"
+
+if [ $# -gt 0 ]; then
+    "$hpcvm" cluster exec "$name" -- mpirun -np "$ranks" "$@"
+else
+    "$hpcvm" cluster exec "$name" -- mpirun -np "$ranks" hostname
+fi

@@ -1,0 +1,130 @@
+"""How MPI ranks start in every VM of a job: sshd in each guest, with a per-job key.
+
+Why sshd: Open MPI 4.1's launcher for hosts outside a batch system is ``plm rsh``,
+which starts its daemon (``orted``) on every host through ``ssh``; every MPI user knows
+that path and every Open MPI version supports it. The alternatives were worse here:
+Slurm inside the guests duplicates the host's Slurm; PMIx daemons started through the
+guest agent would make hpcvm a launcher of its own. The guests run the host's
+``/usr/sbin/sshd`` (the built-in guest shares ``/usr``) with a key pair made for this
+job only: the public key goes to every guest, the private key only to the first VM,
+where ``cluster exec`` runs ``mpirun``. Tree spawn is off, so no other guest ever needs
+the private key. Each guest gets its own host key, made at boot in its tmpfs.
+
+The guest's ``/etc/shadow`` is hidden from it (the host's secrets stay on the host), and
+sshd refuses an account whose password entry it cannot read ("account is locked"), so
+the guest writes its own one-line ``/etc/shadow`` (root, no password: key only) into its
+private overlay. Nothing of it reaches the host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from hpcvm.errors import RuntimeFailure
+from hpcvm.runtime.model import Machine
+
+GUEST_DIR = "/run/hpcvm-cluster"  # the guest's tmpfs: gone with the VM
+AUTHORIZED_KEYS = f"{GUEST_DIR}/authorized_keys"
+PRIVATE_KEY = f"{GUEST_DIR}/id_job"
+HOSTFILE = f"{GUEST_DIR}/hostfile"
+SSHD = "/usr/sbin/sshd"
+SSH_PACKAGES = "openssh-server openssh-client"
+GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+_SSH_OPTIONS = (
+    "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o BatchMode=yes"
+)
+
+
+def sshd_script(hostname: str, address: ipaddress.IPv4Interface) -> str:
+    """Shell run in a guest (the job's public key on stdin): name the guest (Open MPI
+    tells hosts apart by name), accept the job's key, start sshd on the VM network's
+    address only."""
+    d = GUEST_DIR
+    return f"""set -e
+umask 077
+hostname {shlex.quote(hostname)}
+mkdir -p {d} /run/sshd
+cat > {AUTHORIZED_KEYS}
+echo 'root:*:1::::::' > /etc/shadow
+ssh-keygen -q -t ed25519 -N '' -f {d}/host_key
+cat > {d}/sshd_config <<'EOF'
+HostKey {d}/host_key
+AuthorizedKeysFile {AUTHORIZED_KEYS}
+ListenAddress {address.ip}
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PidFile {d}/sshd.pid
+EOF
+{SSHD} -f {d}/sshd_config -E {d}/sshd.log
+"""
+
+
+def first_vm_script(hosts: Sequence[tuple[str, int]]) -> str:
+    """Shell run in the first VM (the private key on stdin): the key and the hostfile
+    of every VM's address with its vCPU count as slots."""
+    lines = "\n".join(f"{address} slots={slots}" for address, slots in hosts)
+    return f"""set -e
+umask 077
+mkdir -p {GUEST_DIR}
+cat > {PRIVATE_KEY}
+cat > {HOSTFILE} <<'EOF'
+{lines}
+EOF
+"""
+
+
+def mpi_environment(network: ipaddress.IPv4Network) -> list[str]:
+    """The environment ``cluster exec`` gives its command in the first VM: a plain
+    ``mpirun -np N ./app`` then starts ranks on every VM of the job, over the VM
+    network (TCP between VMs, shared memory within one), as root (the guest is the
+    job's own machine)."""
+    subnet = str(network)
+    return [
+        f"PATH={GUEST_PATH}",
+        "HOME=/root",
+        f"OMPI_MCA_plm_rsh_agent=ssh -i {PRIVATE_KEY} {_SSH_OPTIONS}",
+        "OMPI_MCA_plm_rsh_no_tree_spawn=1",
+        f"OMPI_MCA_orte_default_hostfile={HOSTFILE}",
+        f"OMPI_MCA_btl_tcp_if_include={subnet}",
+        f"OMPI_MCA_oob_tcp_if_include={subnet}",
+        "OMPI_MCA_pml=ob1",
+        "OMPI_MCA_btl=self,vader,tcp",
+        "OMPI_ALLOW_RUN_AS_ROOT=1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+    ]
+
+
+def run_script(machine: Machine, script: str, stdin: str, what: str, timeout: float = 60) -> None:
+    """Run ``script`` with ``sh`` in the guest, ``stdin`` fed to it; RuntimeFailure with
+    the guest's own error text when it fails."""
+    from hpcvm.runtime.agent import GuestAgent
+
+    assert machine.boot.agent_socket is not None
+    agent = GuestAgent(machine.boot.agent_socket, timeout=30.0, console_log=machine.boot.serial_log)
+    try:
+        done = agent.exec(
+            ["/bin/sh", "-c", script],
+            timeout=timeout,
+            input=stdin.encode(),
+            env=[f"PATH={GUEST_PATH}"],
+        )
+    finally:
+        agent.close()
+    if done.exit_code != 0:
+        text = done.stderr.strip() or done.stdout.strip() or f"exit code {done.exit_code}"
+        raise RuntimeFailure(f"{what} failed in VM {machine.name}: {text.splitlines()[-1]}")
+
+
+def require_sshd() -> None:
+    """The guests run the host's sshd: refuse before anything starts when it is missing."""
+    if not Path(SSHD).is_file():
+        raise RuntimeFailure(
+            f"{SSHD} not found: the guests start MPI ranks over ssh; install {SSH_PACKAGES}"
+        )

@@ -1,0 +1,160 @@
+"""One task of the holder step: the VM of one node, from boot to the step's end.
+
+The task plans the VM from its own node's topology (unlike nodes get unlike plans),
+boots it on the node's network, starts the guest's sshd (launcher.py), reports
+``ready`` and then holds the VM: when Slurm ends the step (``cluster down``, the job's
+end, ``scancel``) it stops the VM and removes what hpcvm made on this node; when the
+VM dies it reports ``died`` and exits non-zero, and ``srun --kill-on-bad-exit`` ends
+the other nodes' tasks, so no job keeps running on part of its VMs.
+
+Slurm sends SIGTERM and, ``KillWait`` seconds later, SIGKILL: stopping is forceful
+(QEMU is stopped, not asked to shut the guest down), so it fits in that window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+from hpcvm.cluster import launcher
+from hpcvm.cluster.slurm import TaskPlace, task_place
+from hpcvm.cluster.spec import SPEC_ENV, ClusterSpec, EventKind, NodeEvent
+from hpcvm.errors import HpcvmError, UsageError
+from hpcvm.runtime import lifecycle
+from hpcvm.runtime.backends import get_backend
+from hpcvm.runtime.model import Machine
+
+STOP_TIMEOUT = 2.0  # seconds for QEMU to go; Slurm's KillWait is 30 s by default
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def read_spec(env: dict[str, str] | None = None) -> ClusterSpec:
+    """The job's spec, as ``cluster up`` put it in the environment."""
+    text = (os.environ if env is None else env).get(SPEC_ENV)
+    if not text:
+        raise UsageError(
+            "hpcvm cluster node is started by hpcvm cluster up (through srun), not by hand"
+        )
+    return ClusterSpec.model_validate_json(text)
+
+
+def emit(event: NodeEvent) -> None:
+    """One event line on stdout, which srun relays to the batch node at once."""
+    sys.stdout.write(event.line() + "\n")
+    sys.stdout.flush()
+
+
+def _event(kind: EventKind, spec: ClusterSpec, place: TaskPlace, **fields: object) -> NodeEvent:
+    return NodeEvent.model_validate(
+        {
+            "event": kind,
+            "node": place.node,
+            "index": place.index,
+            "vm": spec.vm_name(place.node),
+            "step": place.step,
+            **fields,
+        }
+    )
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """While booting, Slurm's SIGTERM interrupts like Ctrl-C: ``up`` then removes the
+    half-started VM itself."""
+
+    def _raise(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, _raise) for s in _SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _boot(spec: ClusterSpec, place: TaskPlace) -> Machine:
+    """Plan and boot this node's VM, then make it an MPI host of the job."""
+    address = spec.address(place.index)
+    name = spec.vm_name(place.node)
+    options = lifecycle.UpOptions(
+        name=name,
+        backend=spec.backend,
+        kernel=spec.kernel,
+        initrd=spec.initrd,
+        image=spec.image,
+        shares=spec.shares,
+        ready_timeout=spec.ready_timeout,
+        workdir=spec.workdir,
+        network=spec.network,
+        address=str(address),
+    )
+    machine = lifecycle.up(spec.request.model_copy(update={"name": name}), options)
+    try:
+        launcher.run_script(
+            machine, launcher.sshd_script(name, address), spec.public_key, "starting sshd"
+        )
+        if place.index == 0:
+            hosts = [(str(spec.address(i).ip), spec.request.vcpus) for i in range(spec.nodes)]
+            launcher.run_script(
+                machine, launcher.first_vm_script(hosts), spec.private_key, "the MPI hostfile"
+            )
+    except BaseException:
+        lifecycle.teardown(machine)
+        raise
+    return machine
+
+
+def _hold(machine: Machine) -> bool:
+    """Wait until the step is ended (True) or the VM dies (False)."""
+    stop = threading.Event()
+
+    def _stop(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    for s in _SIGNALS:
+        signal.signal(s, _stop)
+    backend = get_backend(machine.backend, machine.connect_uri)
+    while not stop.wait(0.5):
+        if not backend.alive(machine):
+            return False
+    return True
+
+
+def run() -> int:
+    """The task's whole life; its exit code tells srun whether this node failed."""
+    spec = read_spec()
+    place = task_place()
+    try:
+        with _interruptible():
+            machine = _boot(spec, place)
+    except (HpcvmError, KeyboardInterrupt) as exc:
+        why = "interrupted while starting" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        emit(_event("failed", spec, place, message=why))
+        return 1
+    emit(
+        _event(
+            "ready",
+            spec,
+            place,
+            address=str(spec.address(place.index)),
+            vcpu_pus=tuple(p.host_pu for p in machine.plan.placements),
+            profile=machine.plan.profile,
+            accel=machine.plan.accel,
+            log=machine.boot.serial_log or "",
+        )
+    )
+    ended = _hold(machine)
+    with contextlib.suppress(HpcvmError):
+        lifecycle.stop(machine, timeout=STOP_TIMEOUT)
+    lifecycle.teardown(machine)
+    if ended:
+        emit(_event("down", spec, place))
+        return 0
+    emit(_event("died", spec, place, message=f"VM {machine.name} died; see its console log"))
+    return 1

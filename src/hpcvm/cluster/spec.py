@@ -1,0 +1,146 @@
+"""What every node of a cluster job is asked to do, and what it answers.
+
+``cluster up`` fixes one :class:`ClusterSpec` for the whole job and hands it to the
+holder step's tasks in their environment (Slurm exports the caller's environment to
+every task), so no shared file system is needed to start the VMs. Each task answers
+with :class:`NodeEvent` lines on its standard output, which ``srun`` relays to the
+batch node, where ``cluster up``, ``ps``, ``exec`` and ``down`` read them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import ValidationError
+
+from hpcvm.errors import UsageError
+from hpcvm.model import Frozen
+from hpcvm.plan.model import PlanRequest
+from hpcvm.runtime.model import BackendName
+
+SPEC_ENV = "HPCVM_CLUSTER_SPEC"
+EVENT_PREFIX = "hpcvm-cluster-event "
+
+EventKind = Literal["ready", "failed", "died", "down"]
+
+
+class ClusterSpec(Frozen):
+    """One cluster job: the VM every node plans for itself, and how they are joined."""
+
+    name: str
+    job_id: str
+    nodes: int  # how many nodes the job has (one VM on each)
+    request: PlanRequest
+    backend: BackendName = "qemu"
+    kernel: str | None = None
+    initrd: str | None = None
+    image: str | None = None
+    shares: tuple[str, ...] = ()
+    ready_timeout: float | None = None
+    workdir: str  # shared with every guest at the same path (the job's directory)
+    network: str  # --network, as the runtime parses it (runtime/network.py)
+    first_address: str  # IPv4 interface of the first node's VM, e.g. 10.0.0.101/24
+    public_key: str  # the job's SSH key: every guest's sshd accepts it
+    # Its private half, installed in the first VM only (where mpirun runs). Slurm hands
+    # every task the same environment, so the other nodes' tasks see it too: it opens
+    # nothing but this job's own guests, which the job's user owns anyway.
+    private_key: str
+
+    @property
+    def network_of_vms(self) -> ipaddress.IPv4Network:
+        """The network the VMs' addresses are in (what MPI is told to use)."""
+        return parse_address(self.first_address).network
+
+    def address(self, index: int) -> ipaddress.IPv4Interface:
+        """The guest address of the job's ``index``-th node: the first address plus
+        ``index``, in the first address's network. Deterministic: no DHCP server."""
+        return node_address(self.first_address, index)
+
+    def vm_name(self, node: str) -> str:
+        """The VM's name on ``node``: unique in the job and across nodes that share a
+        runtime directory (as the one-machine test cluster's nodes do)."""
+        return f"{self.name}-{node}"
+
+
+def node_address(first: str, index: int) -> ipaddress.IPv4Interface:
+    """``first`` (an IPv4 interface) moved up by ``index`` host addresses; UsageError
+    when that leaves the network or reaches its broadcast address."""
+    base = parse_address(first)
+    address = base.ip + index
+    net = base.network
+    if address not in net or address == net.broadcast_address:
+        raise UsageError(
+            f"--address {first}: node {index + 1} of the job would get {address}, outside "
+            f"{net} or its broadcast address; start lower or use a larger network"
+        )
+    return ipaddress.IPv4Interface(f"{address}/{net.prefixlen}")
+
+
+def parse_address(text: str) -> ipaddress.IPv4Interface:
+    """An IPv4 address with its prefix length, as ``--address`` takes it."""
+    try:
+        iface = ipaddress.IPv4Interface(text)
+    except ValueError as exc:
+        raise UsageError(
+            f"--address {text!r} is not an IPv4 address with a prefix length, e.g. 10.0.0.101/24"
+        ) from exc
+    if "/" not in text:
+        raise UsageError(
+            f"--address {text!r} has no prefix length: give the network's, e.g. {text}/24"
+        )
+    if iface.ip in (iface.network.network_address, iface.network.broadcast_address):
+        raise UsageError(f"--address {text}: that is the network's own or broadcast address")
+    return iface
+
+
+def check_addresses(first: str, count: int) -> None:
+    """Refuse before anything starts when ``count`` nodes do not fit after ``first``."""
+    node_address(first, count - 1)
+
+
+class NodeEvent(Frozen):
+    """What one node's task reports: its VM is ready, failed to start, died, or is
+    down. ``vcpu_pus`` maps vCPU -> host PU (None: not pinned)."""
+
+    event: EventKind
+    node: str
+    index: int
+    vm: str
+    step: str | None = None  # JOBID.STEPID of the holder step
+    address: str | None = None
+    vcpu_pus: tuple[int | None, ...] = ()
+    profile: str | None = None
+    accel: str | None = None
+    message: str = ""
+    log: str = ""  # a log that says more (the VM's console or QEMU log on that node)
+
+    def line(self) -> str:
+        """The event as one line of the task's standard output."""
+        return EVENT_PREFIX + self.model_dump_json()
+
+
+def parse_events(lines: Iterable[str]) -> list[NodeEvent]:
+    """The events among ``lines`` (srun may prefix a task label; other output is the
+    tasks' own and ignored here). A garbled event line is skipped, not fatal: the log
+    keeps it for a person to read."""
+    events = []
+    for line in lines:
+        _, found, payload = line.partition(EVENT_PREFIX)
+        if not found:
+            continue
+        try:
+            events.append(NodeEvent.model_validate(json.loads(payload)))
+        except (ValueError, ValidationError):
+            continue
+    return events
+
+
+def latest_per_node(events: Iterable[NodeEvent]) -> dict[int, NodeEvent]:
+    """Each node's last word, by node index."""
+    out: dict[int, NodeEvent] = {}
+    for event in events:
+        out[event.index] = event
+    return dict(sorted(out.items()))
