@@ -17,7 +17,7 @@ APT_PACKAGES=(
   genisoimage                             # --image: the cloud-init NoCloud seed
   mmdebstrap syslinux syslinux-common mtools dosfstools fdisk e2fsprogs  # tests: build a Debian disk image
   numactl
-  hpcc openmpi-bin libopenmpi-dev         # benchmarks
+  hpcc openmpi-bin libopenmpi-dev netpipe-openmpi  # benchmarks
   chromium qemu-user                      # report tests: headless browser; TCG-emulated samples
 )
 

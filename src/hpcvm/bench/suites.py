@@ -17,6 +17,8 @@ from hpcvm.bench.hpcc import COMMUNICATION_METRICS, HpccSize, HpccSuite
 from hpcvm.bench.hpcc import METRICS as HPCC_METRICS
 from hpcvm.bench.launch import Bind
 from hpcvm.bench.metrics import Metric
+from hpcvm.bench.netpipe import METRICS as NETPIPE_METRICS
+from hpcvm.bench.netpipe import NetpipeSize, NetpipeSuite
 from hpcvm.bench.noise import METRICS as NOISE_METRICS
 from hpcvm.bench.noise import NoiseSuite
 from hpcvm.bench.npb import LABELS as NPB_LABELS
@@ -39,6 +41,7 @@ class SuiteOptions(Frozen):
     npb_dir: Path | None = None
     npb_kernels: tuple[str, ...] = ()
     npb_size: str | float = "small"  # --size as given: picks one NPB class per kernel
+    netpipe_size: NetpipeSize = "small"  # --size quick/small/medium: repetitions per size
     cmd: str | None = None
     metric: str | None = None  # regex with one group
     higher_is_better: bool | None = None  # None: the user has not said
@@ -60,6 +63,10 @@ def _noise(options: SuiteOptions) -> list[Suite]:
             iterations=options.noise_iterations,
         )
     ]
+
+
+def _netpipe(options: SuiteOptions) -> list[Suite]:
+    return [NetpipeSuite(options.netpipe_size, bind=options.bind)]
 
 
 def _npb(options: SuiteOptions) -> list[Suite]:
@@ -163,6 +170,14 @@ for _kind in (
         label=_npb_label,
         np_label=_npb_np_label,
     ),
+    SuiteKind(
+        "netpipe",
+        _netpipe,
+        "NetPIPE ping-pong between 2 MPI ranks: latency and bandwidth per message size "
+        "(--np does not apply)",
+        metrics=NETPIPE_METRICS,
+        packages=("netpipe-openmpi", "openmpi-bin"),
+    ),
     SuiteKind("cmd", _cmd, "any command and a regex (--cmd, --metric)"),
 ):
     register(_kind)
@@ -181,6 +196,16 @@ def short_name(suite: str, metric: str) -> str | None:
     """The short label of a stored suite's metric, as its kind defines it."""
     kind = kind_of(suite)
     return kind.short_name(suite, metric) if kind is not None else None
+
+
+def message_bytes(suite: str, metric: str) -> int | None:
+    """The message size a stored suite's metric was measured at (its kind's
+    ``Metric.message_bytes``); None for a metric without one or an unknown suite. The
+    database stores no metric definitions, so the report asks the registry."""
+    kind = kind_of(suite)
+    if kind is None:
+        return None
+    return next((m.message_bytes for m in kind.metrics if m.name == metric), None)
 
 
 def np_label(suite: str, metric: str, np: int) -> str | None:
