@@ -20,10 +20,12 @@ node 1. A fixed percentage (e.g. 85%) would fail small nodes for no fault of the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from hpcvm.bootspec import Nic
 from hpcvm.model import Frozen
 from hpcvm.plan.model import MemoryRegion, VMPlan
 from hpcvm.runtime import guest_sysfs, observe
@@ -436,5 +438,63 @@ def verify(machine: Machine, agent: GuestExec, backend: Backend | None = None) -
     from hpcvm.runtime.verify_shares import check_shares  # it imports Check from here
 
     seen = gather(machine, agent, backend)
-    checks = [*run_checks(machine.plan, seen), *check_shares(machine, agent)]
+    checks = [
+        *run_checks(machine.plan, seen),
+        *check_shares(machine, agent),
+        *check_nics(machine.boot.nics, agent),
+    ]
     return VerifyReport.of(machine.name, checks)
+
+
+# -- NICs (runtime/network.py) -----------------------------------------------------------
+
+GUEST_IP_ARGV = ("ip", "-j", "addr", "show")  # the host's iproute2, run in the guest
+
+
+def nic_checks(nics: Sequence[Nic], ip_json: str) -> list[Check]:
+    """For each planned NIC: an interface with its MAC is there, with its MTU, up, and
+    with its address (when one was planned). Pure: ``ip_json`` is the guest's
+    ``ip -j addr show``, the guest kernel's own view (netlink), not hpcvm's."""
+    try:
+        links: list[dict[str, Any]] = json.loads(ip_json or "[]")
+    except json.JSONDecodeError as exc:
+        return [_check("guest NICs", "ip -j addr output", "unreadable", False, str(exc))]
+    by_mac = {str(link.get("address", "")).lower(): link for link in links}
+    checks: list[Check] = []
+    for nic in nics:
+        link = by_mac.get(nic.mac)
+        if link is None:
+            checks.append(_check(f"NIC {nic.mac}", "present", "no interface", False))
+            continue
+        name = str(link.get("ifname", "?"))
+        mtu = link.get("mtu")
+        checks.append(_check(f"NIC {nic.mac} MTU", nic.mtu, mtu, mtu == nic.mtu, name))
+        up = "UP" in link.get("flags", [])
+        checks.append(_check(f"NIC {nic.mac} up", "UP", "UP" if up else "down", up, name))
+        if nic.address is not None:
+            have = [
+                f"{a['local']}/{a['prefixlen']}"
+                for a in link.get("addr_info", [])
+                if a.get("family") == "inet"
+            ]
+            ok = nic.address in have
+            got = ", ".join(have) or "none"
+            checks.append(_check(f"NIC {nic.mac} address", nic.address, got, ok, name))
+    return checks
+
+
+def check_nics(nics: Sequence[Nic], agent: GuestExec) -> list[Check]:
+    """``nic_checks`` on what the guest reports (one agent call; none without NICs)."""
+    from hpcvm.errors import HpcvmError
+
+    if not nics:
+        return []
+    try:
+        result = agent.exec(list(GUEST_IP_ARGV), timeout=GUEST_TIMEOUT)
+    except HpcvmError as exc:
+        return [_check("guest NICs", "ip -j addr in the guest", "failed", False, exc.message)]
+    if result.exit_code != 0:
+        why = result.stderr.strip().splitlines()
+        detail = why[-1] if why else f"exit {result.exit_code}"
+        return [_check("guest NICs", "ip -j addr in the guest", "failed", False, detail)]
+    return nic_checks(nics, result.stdout)

@@ -1,0 +1,309 @@
+"""runtime/network.py without a host network: parsing, refusals, deterministic names,
+and how a NIC is rendered (QEMU argv; libvirt XML checked by virt-xml-validate) and
+verified (the guest's ``ip -j addr``, captured from a real guest)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from hpcvm.bootspec import BootSpec, Nic, nic_kernel_arg
+from hpcvm.errors import UsageError
+from hpcvm.render import libvirt_xml
+from hpcvm.render.qemu import qemu_argv
+from hpcvm.runtime import network
+from hpcvm.runtime.network import (
+    NETWORK_KINDS,
+    check_address,
+    ifname_for,
+    mac_for,
+    parse_address,
+    parse_network,
+    tap_mac,
+)
+from hpcvm.runtime.verify import nic_checks
+from tests import render_plans as plans
+
+IFNAMSIZ = 16  # the kernel's limit, with the terminating NUL
+
+
+def _nic(model: str = "virtio", vhost: bool = False, mtu: int = 1500) -> Nic:
+    return Nic(
+        kind="bridge",
+        source="br0",
+        model=model,  # type: ignore[arg-type]
+        mac=mac_for("job1"),
+        ifname=ifname_for("job1"),
+        address="10.77.0.101/24",
+        mtu=mtu,
+        vhost=vhost,
+    )
+
+
+# -- parsing ----------------------------------------------------------------------------
+
+
+def test_bridge_with_options() -> None:
+    req = parse_network("bridge=brX,model=e1000,mtu=9000")
+    assert (req.kind, req.source, req.model, req.mtu) == ("bridge", "brX", "e1000", 9000)
+
+
+def test_defaults_model_alone_means_a_tap_in_br0() -> None:
+    assert parse_network("bridge=br1") == network.NetworkRequest("bridge", "br1", "virtio", None)
+    assert parse_network("model=e1000") == network.NetworkRequest("bridge", "br0", "e1000", None)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("bridge", "not KEY=VALUE"),
+        ("bridge=", "not KEY=VALUE"),
+        ("bridge=br0,bridge=br1", "given twice"),
+        ("bridge=br0,model=rtl8139", "unknown model 'rtl8139'"),
+        ("bridge=br0,mtu=big", "not a number"),
+        ("bridge=br0,mtu=40", "below the IPv4 minimum"),
+    ],
+)
+def test_malformed_network_is_refused(text: str, match: str) -> None:
+    with pytest.raises(UsageError, match=match) as info:
+        parse_network(text)
+    assert "\n" not in info.value.message
+
+
+def test_unknown_key_names_every_registered_kind() -> None:
+    with pytest.raises(UsageError) as info:
+        parse_network("tap=tap0")
+    message = info.value.message
+    assert "unknown key 'tap'" in message
+    for kind in NETWORK_KINDS:  # the registry is the oracle, not a list in the test
+        assert kind in message
+
+
+def test_unregistered_kinds_are_refused_not_defaulted() -> None:
+    # macvtap and vf are not implemented: they must not fall through to a bridge.
+    for kind in ("macvtap", "vf"):
+        assert kind not in NETWORK_KINDS
+        with pytest.raises(UsageError, match=f"unknown key '{kind}'"):
+            parse_network(f"{kind}=auto")
+
+
+def test_address_parsing() -> None:
+    assert parse_address("10.77.0.101/24") == ipaddress.IPv4Interface("10.77.0.101/24")
+    for bad, match in [
+        ("10.77.0.101", "no prefix length"),
+        ("10.77.0.0/24", "network's or broadcast"),
+        ("10.77.0.255/24", "network's or broadcast"),
+        ("10.77.0.300/24", "not an IPv4"),
+        ("fe80::1/64", "not an IPv4"),
+    ]:
+        with pytest.raises(UsageError, match=match):
+            parse_address(bad)
+
+
+def test_address_against_the_bridge_subnet() -> None:
+    on_bridge = [ipaddress.IPv4Interface("10.77.0.1/24")]
+    assert check_address(ipaddress.IPv4Interface("10.77.0.9/24"), "br0", on_bridge) is None
+    outside = check_address(ipaddress.IPv4Interface("10.78.0.9/24"), "br0", on_bridge)
+    assert outside is not None and "outside br0's subnet 10.77.0.0/24" in outside
+    own = check_address(ipaddress.IPv4Interface("10.77.0.1/24"), "br0", on_bridge)
+    assert own is not None and "own address" in own
+    assert check_address(ipaddress.IPv4Interface("10.78.0.9/24"), "br0", []) is None
+
+
+def test_address_without_network_and_unprivileged_are_refused() -> None:
+    with pytest.raises(UsageError, match="--address needs --network"):
+        network.resolve_nics(None, "10.0.0.2/24", vm="x", privileged=True)
+    with pytest.raises(UsageError, match="needs root"):
+        network.resolve_nics("bridge=br0", None, vm="x", privileged=False)
+    assert network.resolve_nics(None, None, vm="x", privileged=False) == ()
+
+
+# -- deterministic names ------------------------------------------------------------------
+
+
+def test_mac_is_deterministic_locally_administered_unicast() -> None:
+    macs = {mac_for(f"vm{i}") for i in range(200)} | {mac_for("vm0", 1)}
+    assert len(macs) == 201  # distinct per name and per index
+    assert mac_for("vm0") == mac_for("vm0")
+    for mac in macs:
+        octets = [int(o, 16) for o in mac.split(":")]
+        assert len(octets) == 6
+        assert octets[0] & 0x02, "locally administered bit"
+        assert not octets[0] & 0x01, "unicast"
+    tap = [int(o, 16) for o in tap_mac(mac_for("vm0")).split(":")]
+    assert tap[0] == 0xFE and tap[0] & 0x02 and not tap[0] & 0x01
+    assert tap[1:] == [int(o, 16) for o in mac_for("vm0").split(":")][1:]
+
+
+def test_ifname_fits_the_kernel_and_avoids_vir() -> None:
+    names = {ifname_for(f"vm{i}") for i in range(200)}
+    assert len(names) == 200
+    assert ifname_for("vm0") == ifname_for("vm0")
+    for name in names:
+        assert len(name) < IFNAMSIZ
+        assert not name.startswith("vir")
+        assert name.isascii() and name.isalnum()
+
+
+def test_kernel_arg() -> None:
+    nic = _nic(mtu=1400)
+    assert nic_kernel_arg(nic) == f"hpcvm.net={nic.mac},10.77.0.101/24,1400"
+    bare = nic.model_copy(update={"address": None})
+    assert nic_kernel_arg(bare) == f"hpcvm.net={nic.mac},,1400"
+
+
+# -- rendering ------------------------------------------------------------------------
+
+
+def _pairs(argv: list[str], flag: str) -> list[dict[str, str]]:
+    out = []
+    for i, arg in enumerate(argv[:-1]):
+        if arg == flag:
+            head, *rest = argv[i + 1].split(",")
+            out.append({"_": head, **dict(r.split("=", 1) for r in rest)})
+    return out
+
+
+def test_qemu_argv_has_tap_and_device() -> None:
+    plan = plans.naive()
+    without = qemu_argv(plan, BootSpec())
+    assert "-netdev" not in without
+    argv = qemu_argv(plan, BootSpec(nics=(_nic(vhost=True),)))
+    (netdev,) = _pairs(argv, "-netdev")
+    assert netdev == {
+        "_": "tap",
+        "id": "net0",
+        "ifname": ifname_for("job1"),
+        "script": "no",
+        "downscript": "no",
+        "vhost": "on",
+    }
+    devices = [d for d in _pairs(argv, "-device") if d.get("netdev") == "net0"]
+    assert devices == [
+        {"_": "virtio-net-pci", "netdev": "net0", "id": "nic0", "mac": mac_for("job1"),
+         "host_mtu": "1500"}
+    ]  # fmt: skip
+    e1000 = qemu_argv(plan, BootSpec(nics=(_nic("e1000"),)))
+    (netdev,) = _pairs(e1000, "-netdev")
+    assert "vhost" not in netdev
+    (device,) = [d for d in _pairs(e1000, "-device") if d.get("netdev") == "net0"]
+    assert device["_"] == "e1000" and "host_mtu" not in device
+    # a NIC adds its two options and changes nothing else on the line
+    with_nic = qemu_argv(plan, BootSpec(nics=(_nic(),)))
+    at = with_nic.index("-netdev")
+    assert with_nic[at + 2] == "-device" and "netdev=net0" in with_nic[at + 3]
+    assert with_nic[:at] + with_nic[at + 4 :] == without
+
+
+def test_qemu_knows_the_device_properties_we_use() -> None:
+    """QEMU itself is the oracle for the property names on the virtio-net line."""
+    qemu = shutil.which("qemu-system-x86_64")
+    assert qemu is not None, "qemu-system-x86_64 not found: run scripts/setup.sh"
+    for device, props in (("virtio-net-pci", ("host_mtu", "mac", "netdev")), ("e1000", ("mac",))):
+        out = subprocess.run(
+            [qemu, "-device", f"{device},help"], capture_output=True, text=True, check=True
+        ).stdout
+        for prop in props:
+            assert f"{prop}=" in out, f"{device} has no property {prop}"
+
+
+def test_non_bridge_nic_is_not_rendered() -> None:
+    nic = _nic().model_copy(update={"kind": "macvtap"})
+    with pytest.raises(UsageError, match="macvtap NIC cannot be rendered"):
+        qemu_argv(plans.naive(), BootSpec(nics=(nic,)))
+    with pytest.raises(UsageError, match="macvtap NIC cannot be rendered"):
+        libvirt_xml(plans.naive(), BootSpec(nics=(nic,)))
+
+
+@pytest.mark.parametrize(
+    ("model", "vhost"), [("virtio", True), ("virtio", False), ("e1000", False)]
+)
+def test_libvirt_interface_validates(model: str, vhost: bool, tmp_path: Path) -> None:
+    tool = shutil.which("virt-xml-validate")
+    if tool is None:
+        pytest.fail("virt-xml-validate not found: run scripts/setup.sh (libvirt-clients)")
+    nic = _nic(model, vhost, mtu=9000)
+    text = libvirt_xml(plans.numa(), BootSpec(nics=(nic,)))
+    (iface,) = ET.fromstring(text).findall("devices/interface")
+    assert iface.get("type") == "bridge"
+    assert iface.find("mac").get("address") == nic.mac  # type: ignore[union-attr]
+    assert iface.find("source").get("bridge") == "br0"  # type: ignore[union-attr]
+    assert iface.find("target").get("dev") == nic.ifname  # type: ignore[union-attr]
+    assert iface.find("model").get("type") == model  # type: ignore[union-attr]
+    assert iface.find("mtu").get("size") == "9000"  # type: ignore[union-attr]
+    driver = iface.find("driver")
+    if model == "virtio":
+        assert driver is not None and driver.get("name") == ("vhost" if vhost else "qemu")
+    path = tmp_path / "domain.xml"
+    path.write_text(text)
+    done = subprocess.run([tool, str(path), "domain"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "<interface" not in libvirt_xml(plans.numa(), BootSpec())
+
+
+# -- verify -----------------------------------------------------------------------------
+
+# ``ip -j addr show`` in a built-in guest booted with --network bridge=brt
+# --address 10.99.0.2/24 (VM "nettry"), trimmed to the fields iproute2 always prints.
+GUEST_IP = [
+    {"ifindex": 1, "ifname": "lo", "flags": ["LOOPBACK", "UP", "LOWER_UP"], "mtu": 65536,
+     "address": "00:00:00:00:00:00",
+     "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8}]},
+    {"ifindex": 2, "ifname": "eth0", "flags": ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"],
+     "mtu": 1500, "address": "0a:f9:bf:6c:99:18",
+     "addr_info": [{"family": "inet", "local": "10.99.0.2", "prefixlen": 24},
+                   {"family": "inet6", "local": "fe80::8f9:bfff:fe6c:9918", "prefixlen": 64}]},
+]  # fmt: skip
+
+
+def _guest_nic(**update: object) -> Nic:
+    nic = Nic(
+        kind="bridge",
+        source="brt",
+        mac=mac_for("nettry"),
+        ifname=ifname_for("nettry"),
+        address="10.99.0.2/24",
+        mtu=1500,
+    )
+    return nic.model_copy(update=update)
+
+
+def test_verify_nic_matches_the_guest() -> None:
+    assert mac_for("nettry") == "0a:f9:bf:6c:99:18"  # the MAC the captured guest had
+    checks = nic_checks([_guest_nic()], json.dumps(GUEST_IP))
+    assert [c.name for c in checks] == [
+        "NIC 0a:f9:bf:6c:99:18 MTU",
+        "NIC 0a:f9:bf:6c:99:18 up",
+        "NIC 0a:f9:bf:6c:99:18 address",
+    ]
+    assert all(c.ok for c in checks), checks
+
+
+@pytest.mark.parametrize(
+    ("update", "failing"),
+    [
+        ({"mtu": 9000}, "MTU"),
+        ({"address": "10.99.0.3/24"}, "address"),
+        ({"address": "10.99.0.2/16"}, "address"),
+        ({"mac": "0a:00:00:00:00:01"}, "0a:00:00:00:00:01"),
+    ],
+)
+def test_verify_nic_mismatch_fails(update: dict[str, object], failing: str) -> None:
+    checks = nic_checks([_guest_nic(**update)], json.dumps(GUEST_IP))
+    bad = [c for c in checks if not c.ok]
+    assert len(bad) == 1 and bad[0].name.endswith(failing), checks
+
+
+def test_verify_down_link_and_garbage() -> None:
+    down = json.loads(json.dumps(GUEST_IP))
+    down[1]["flags"] = ["BROADCAST", "MULTICAST"]
+    (bad,) = [c for c in nic_checks([_guest_nic()], json.dumps(down)) if not c.ok]
+    assert bad.name.endswith(" up")
+    (broken,) = nic_checks([_guest_nic()], "not json")
+    assert not broken.ok
