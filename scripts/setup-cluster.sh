@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what the one-machine test cluster (scripts/test-cluster.sh) needs on Debian 12,
 # as root (or with sudo): Slurm's controller, node daemon and client, munge for its
-# authentication, Open MPI, and iproute2 for the network namespaces. Safe to run again:
+# authentication, Open MPI, iproute2 for the network namespaces, and OpenSSH (the
+# guests of `hpcvm cluster` run the host's sshd to start MPI ranks). Safe to run again:
 # installs only what is missing and prints what it did. The packages' own services are
 # not started here (Debian would start them under systemd); the test cluster starts its
 # own daemons with its own configuration and stops them again.
@@ -15,6 +16,7 @@ APT_PACKAGES=(
   munge                           # Slurm's authentication (one munged for the test cluster)
   openmpi-bin libopenmpi-dev      # MPI across the simulated nodes
   iproute2                        # ip netns, veth, bridges
+  openssh-server openssh-client   # hpcvm cluster: guests run the host's sshd to start MPI ranks
 )
 
 missing=()
