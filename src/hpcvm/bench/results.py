@@ -18,7 +18,6 @@ and its warnings (TCG emulation, failed samples, clock drift, the run's own warn
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -45,7 +44,6 @@ TCG_ROW_WARNING = (
 )
 
 Cell = tuple[str, str, int | None]  # env, suite, np
-_ENV_PREFIX = re.compile(r"^(native|vm:[A-Za-z]+): ")  # a warning about one environment
 
 
 class ResultRow(Frozen):
@@ -350,12 +348,9 @@ def _robust_fields(
 
 
 def _warnings(run: RunRecord, env: EnvironmentRecord, fields: dict[str, Any]) -> list[str]:
-    """The run's general warnings and this environment's own, then this row's."""
-    out: list[str] = []
-    for text in run.warnings:
-        owner = _ENV_PREFIX.match(text)
-        if owner is None or owner.group(1) == env.name:
-            out.append(text)
+    """The run's general warnings and this environment's own (the store records which
+    environment a warning is about), then this row's."""
+    out = [w for w in run.warnings if run.warning_envs.get(w, env.name) == env.name]
     if env.accel == "tcg":
         out.insert(0, TCG_ROW_WARNING)
     if fields["failed"]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -19,6 +19,7 @@ from typing import Any
 from hpcvm import __version__
 from hpcvm.errors import BenchmarkError
 from hpcvm.lock import is_held, read_holder
+from hpcvm.store.migrate import WARNING_ENVS_SINCE, adopt_warning_envs
 from hpcvm.store.records import (
     EnvironmentRecord,
     MetricRecord,
@@ -96,6 +97,7 @@ class Store:
         }
         if tables and "meta" not in tables:
             raise BenchmarkError(f"{self.path} is an SQLite file but not an hpcvm results database")
+        found = 0
         if "meta" in tables:
             found = self.schema_version()
             if found > SCHEMA_VERSION:
@@ -110,6 +112,8 @@ class Store:
         self._db.executescript(TABLES)
         with self._transaction():
             # a database of an older version has just gained the newer tables
+            if 0 < found < WARNING_ENVS_SINCE:
+                adopt_warning_envs(self._db)
             self._db.execute(
                 "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
                 "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
@@ -158,8 +162,10 @@ class Store:
         confidence: float,
         host: dict[str, Any] | None = None,
         warnings: Sequence[str] = (),
+        warning_envs: Mapping[str, str] | None = None,
     ) -> int:
-        """A new run in state ``running``; its id."""
+        """A new run in state ``running``; its id. ``warning_envs``: the environment
+        each of ``warnings`` is about, by its text (see ``add_warning``)."""
         with self._transaction():
             cur = self._db.execute(
                 "INSERT INTO runs (args_json, host_json, seed, confidence, started_at, status, "
@@ -174,12 +180,16 @@ class Store:
                     __version__,
                 ),
             )
-        assert cur.lastrowid is not None
+            assert cur.lastrowid is not None
+            for text, env in (warning_envs or {}).items():
+                if text in warnings:
+                    self._own_warning(cur.lastrowid, text, env)
         return cur.lastrowid
 
     def runs(self) -> list[RunRecord]:
         """Every run, oldest first."""
-        return [self._live(_run(r)) for r in self._db.execute("SELECT * FROM runs ORDER BY id")]
+        rows = self._db.execute("SELECT * FROM runs ORDER BY id").fetchall()
+        return [self._live(_run(r, self._warning_envs(r["id"]))) for r in rows]
 
     def run(self, run_id: int | None = None) -> RunRecord:
         """One run; the latest when ``run_id`` is None. BenchmarkError if there is none."""
@@ -190,7 +200,11 @@ class Store:
         if row is None:
             which = "no run" if run_id is None else f"no run {run_id}"
             raise BenchmarkError(f"{self.path} holds {which}")
-        return self._live(_run(row))
+        return self._live(_run(row, self._warning_envs(row["id"])))
+
+    def _warning_envs(self, run_id: int) -> dict[str, str]:
+        rows = self._db.execute("SELECT text, env FROM warning_envs WHERE run_id=?", (run_id,))
+        return {text: env for text, env in rows}
 
     def _live(self, run: RunRecord) -> RunRecord:
         """A run recorded as running is in progress only while a writer holds the
@@ -227,9 +241,15 @@ class Store:
                 "UPDATE runs SET elapsed_s = elapsed_s + ? WHERE id=?", (seconds, run_id)
             )
 
-    def add_warning(self, run_id: int, text: str) -> None:
-        """Append a warning to the run (kept once: a resumed run may repeat it)."""
+    def add_warning(self, run_id: int, text: str, *, env: str | None = None) -> None:
+        """Append a warning to the run (kept once: a resumed run may repeat it).
+
+        ``env``: the environment it is about ("vm:hpc"), as data, so that a reader
+        (a result row of that environment) never has to find it in the text; None for a
+        warning about the whole run."""
         with self._transaction():
+            if env is not None:
+                self._own_warning(run_id, text, env)
             row = self._db.execute(
                 "SELECT warnings_json FROM runs WHERE id=?", (run_id,)
             ).fetchone()
@@ -239,6 +259,12 @@ class Store:
                 self._db.execute(
                     "UPDATE runs SET warnings_json=? WHERE id=?", (_dumps(warnings), run_id)
                 )
+
+    def _own_warning(self, run_id: int, text: str, env: str) -> None:
+        self._db.execute(
+            "INSERT OR IGNORE INTO warning_envs (run_id, text, env) VALUES (?, ?, ?)",
+            (run_id, text, env),
+        )
 
     # -- environments -------------------------------------------------------------------
 
@@ -384,7 +410,7 @@ class Store:
         }
 
 
-def _run(row: sqlite3.Row) -> RunRecord:
+def _run(row: sqlite3.Row, warning_envs: dict[str, str]) -> RunRecord:
     return RunRecord(
         id=row["id"],
         args=json.loads(row["args_json"]),
@@ -400,6 +426,7 @@ def _run(row: sqlite3.Row) -> RunRecord:
         error=row["error"],
         warnings=tuple(json.loads(row["warnings_json"])),
         hpcvm_version=row["hpcvm_version"],
+        warning_envs=warning_envs,
     )
 
 

@@ -36,6 +36,9 @@ class RunRecord(Frozen):
     error: str | None
     warnings: tuple[str, ...]
     hpcvm_version: str
+    # the environment each warning is about, by the warning's text ("vm:hpc" for a plan
+    # warning of vm:hpc); a warning not here is about the whole run
+    warning_envs: dict[str, str] = Field(default_factory=dict)
     writer: str | None = None  # the live writer (pid, host, start) while it runs
 
     @property

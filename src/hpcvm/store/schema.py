@@ -8,6 +8,8 @@ One file per results directory. Tables:
   compares), the host snapshot (HostTopology JSON), seed, confidence, times, status
   (running, finished, interrupted, failed), which rule stopped it and the figures
   behind that (``stop_detail``), warnings (JSON list).
+- ``warning_envs``: which environment a run's warning is about (by its text, as the
+  warning is stored once per run); a warning not here is about the whole run.
 - ``environments``: one row per environment of a run (``native``, ``vm:<profile>``):
   the plan (VMPlan JSON, NULL natively), accelerator (``native``, ``kvm``, ``tcg``), CPU
   model, software versions (JSON), vCPUs and memory it offered.
@@ -25,7 +27,8 @@ sample it finished.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2  # 2: the flags table (outlying values, kept and marked)
+# 2: the flags table (outlying values, kept and marked); 3: the warning_envs table
+SCHEMA_VERSION = 3
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -92,6 +95,12 @@ CREATE TABLE IF NOT EXISTS metric_values (
     PRIMARY KEY (sample_id, metric)
 );
 CREATE INDEX IF NOT EXISTS samples_by_run ON samples (run_id, env_id, suite, np);
+CREATE TABLE IF NOT EXISTS warning_envs (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    text   TEXT    NOT NULL,
+    env    TEXT    NOT NULL,
+    PRIMARY KEY (run_id, text)
+);
 CREATE TABLE IF NOT EXISTS flags (
     sample_id INTEGER NOT NULL REFERENCES samples(id) ON DELETE CASCADE,
     metric    TEXT    NOT NULL,

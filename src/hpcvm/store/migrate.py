@@ -1,0 +1,43 @@
+"""What a database written by an older hpcvm gains when this one opens it.
+
+Schema 3 records which environment a run warning is about (the ``warning_envs`` table).
+Before it, that was said only in the warning's wording: an environment's warning began
+with its name and ": " ("vm:hpc: planned with housekeeping 0 ..."). So, once, when a
+database of version 1 or 2 is opened, each warning that begins so with the name of one
+of its run's environments is recorded as that environment's. This is the one place that
+reads a warning's owner from its text, and only for databases written before the owner
+was data; every newer warning is stored with its owner by the code that raises it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+WARNING_ENVS_SINCE = 3  # the schema version that records warning owners as data
+
+
+def adopt_warning_envs(db: sqlite3.Connection) -> None:
+    """Record the owner of every legacy warning that names one of its run's environments
+    (call inside the transaction that upgrades the database)."""
+    runs = db.execute("SELECT id, warnings_json, args_json FROM runs").fetchall()
+    for run_id, warnings_json, args_json in runs:
+        names = _env_names(db, run_id, args_json)
+        for text in json.loads(warnings_json):
+            owner = next((n for n in names if text.startswith(f"{n}: ")), None)
+            if owner is not None:
+                db.execute(
+                    "INSERT OR IGNORE INTO warning_envs (run_id, text, env) VALUES (?, ?, ?)",
+                    (run_id, text, owner),
+                )
+
+
+def _env_names(db: sqlite3.Connection, run_id: int, args_json: str) -> list[str]:
+    """The run's environments: those it recorded, and those its arguments asked for (a
+    run that failed while planning a VM recorded that VM's warnings, not the VM),
+    longest first so that no name wins by being a prefix of another."""
+    names = {r[0] for r in db.execute("SELECT name FROM environments WHERE run_id=?", (run_id,))}
+    config = json.loads(args_json).get("config")
+    if isinstance(config, dict) and isinstance(config.get("envs"), list):
+        names |= {n for n in config["envs"] if isinstance(n, str)}
+    return sorted(names, key=lambda n: (-len(n), n))
