@@ -9,6 +9,10 @@ from hpcvm.errors import UsageError
 from hpcvm.registry import Registry
 from hpcvm.render.targets import TARGETS
 from hpcvm.report.formats import FORMATS
+from hpcvm.runtime.backends import BACKENDS, get_backend
+from hpcvm.runtime.qemu_backend import QemuBackend
+from hpcvm.tune.registry import REGISTRY as SETTINGS
+from hpcvm.tune.registry import get_setting
 
 
 def test_order_override_and_unknown_names() -> None:
@@ -27,3 +31,20 @@ def test_order_override_and_unknown_names() -> None:
 def test_hpcvms_own_entries() -> None:
     assert list(TARGETS) == ["json", "qemu", "libvirt", "openstack", "kubevirt"]
     assert list(FORMATS) == ["html", "md", "json"]
+    assert list(BACKENDS) == ["qemu", "libvirt"]
+    assert isinstance(BACKENDS, Registry) and isinstance(SETTINGS, Registry)
+
+
+def test_backends_and_tuning_settings_refuse_like_every_registry() -> None:
+    """The same one-line refusal as render targets and report formats, and a known
+    name gives the real thing."""
+    with pytest.raises(UsageError) as backend:
+        get_backend("xen")
+    assert str(backend.value) == "unknown backend 'xen': use one of qemu, libvirt"
+    with pytest.raises(UsageError) as setting:
+        get_setting("nmi_watchdogg")
+    assert str(setting.value) == (
+        f"unknown tuning setting 'nmi_watchdogg': use one of {', '.join(SETTINGS)}"
+    )
+    assert isinstance(get_backend("qemu"), QemuBackend)
+    assert all(get_setting(name) is SETTINGS[name] for name in SETTINGS)

@@ -1,15 +1,16 @@
 """The one place that maps a backend name to its implementation.
 
 Each entry builds a backend from an optional libvirt connection URI. Imports are lazy
-so that the QEMU backend works where libvirt-python is not importable, and a new
-backend plugs in by adding one line here.
+so that the QEMU backend works where libvirt-python is not importable. Like every
+extension point this is an ``hpcvm.registry.Registry``: a new backend plugs in with one
+``register`` call, and an unknown name is a one-line UsageError naming the known ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from hpcvm.errors import UsageError
+from hpcvm.registry import Registry
 from hpcvm.runtime.model import Backend
 
 BackendFactory = Callable[[str | None], Backend]
@@ -28,15 +29,11 @@ def _libvirt(connect_uri: str | None) -> Backend:
     return backend
 
 
-BACKENDS: dict[str, BackendFactory] = {
-    "qemu": _qemu,
-    "libvirt": _libvirt,
-}
+BACKENDS: Registry[BackendFactory] = Registry("backend")
+BACKENDS.register("qemu", _qemu)
+BACKENDS.register("libvirt", _libvirt)
 
 
 def get_backend(name: str, connect_uri: str | None = None) -> Backend:
-    """The backend called ``name``; UsageError for an unknown one."""
-    factory = BACKENDS.get(name)
-    if factory is None:
-        raise UsageError(f"unknown backend {name!r}: choose one of {', '.join(sorted(BACKENDS))}")
-    return factory(connect_uri)
+    """The backend called ``name``; UsageError naming the known ones otherwise."""
+    return BACKENDS.get_or_refuse(name)(connect_uri)

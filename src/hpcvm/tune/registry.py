@@ -1,12 +1,13 @@
 """The one place that lists the tuning settings, in the order apply writes them.
 
-Adding a setting is one class in ``hpcvm.tune.settings`` and one line here. A name that
-is not here is a one-line error (``get_setting``), never a silent default.
+Adding a setting is one class in ``hpcvm.tune.settings`` and one line here. Like every
+extension point it is an ``hpcvm.registry.Registry``: a name that is not here is a
+one-line UsageError naming the known ones (``get_setting``), never a silent default.
 """
 
 from __future__ import annotations
 
-from hpcvm.errors import UsageError
+from hpcvm.registry import Registry
 from hpcvm.tune.settings.base import Setting
 from hpcvm.tune.settings.boot import IrqAffinityParam, Isolcpus, NohzFull, RcuNocbs
 from hpcvm.tune.settings.cpu import Governor, ResumeLatency
@@ -38,13 +39,11 @@ _ALL: tuple[Setting, ...] = (
     IrqAffinityParam(),
 )
 
-REGISTRY: dict[str, Setting] = {s.name: s for s in _ALL}
+REGISTRY: Registry[Setting] = Registry("tuning setting")
+for _setting in _ALL:
+    REGISTRY.register(_setting.name, _setting)
 
 
-def get_setting(name: str, registry: dict[str, Setting] | None = None) -> Setting:
+def get_setting(name: str) -> Setting:
     """The setting called ``name``; UsageError naming the known ones otherwise."""
-    table = REGISTRY if registry is None else registry
-    setting = table.get(name)
-    if setting is None:
-        raise UsageError(f"unknown tuning setting {name!r}: choose one of {', '.join(table)}")
-    return setting
+    return REGISTRY.get_or_refuse(name)
