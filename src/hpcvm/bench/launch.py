@@ -24,12 +24,24 @@ Every decision here was checked natively on Debian 12 (Open MPI 4.1.4, PMIx 4.2)
 Open MPI also needs at least one network interface up, even on one node: with no
 interface at all (``unshare -n`` with ``lo`` down) PMIx's listener fails to start and
 mpirun exits 1. A guest must bring ``lo`` up; with only ``lo`` up it works.
+
+Across nodes (``bench --nodes``, set with :func:`across`), the same line differs in
+three places only, identically for native and VM runs: no ``plm isolated`` (natively
+Open MPI finds the Slurm allocation and starts its daemons with srun; in the first VM
+the cluster's environment names the hostfile and the ssh agent), TCP joins the vader
+and self transports, told which network to use (``btl_tcp_if_include`` and
+``oob_tcp_if_include``: the nodes' and VMs' own, never a management or loopback one),
+and ``--map-by node`` deals ranks round-robin over the nodes, so ``-np 2`` on two nodes
+puts one rank on each and messages really cross the network.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +58,33 @@ _BIND_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 MPI_PACKAGE = "openmpi-bin"  # the launcher this module starts
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Ranks spread over ``nodes`` nodes joined by ``network`` (an IPv4 CIDR)."""
+
+    nodes: int
+    network: str
+
+
+_SPREAD: ContextVar[Spread | None] = ContextVar("hpcvm_mpi_spread", default=None)
+
+
+@contextlib.contextmanager
+def across(spread: Spread | None) -> Iterator[None]:
+    """Inside the block, :func:`mpirun_argv` starts ranks over ``spread``'s nodes
+    (None: on this node, as outside)."""
+    token = _SPREAD.set(spread)
+    try:
+        yield
+    finally:
+        _SPREAD.reset(token)
+
+
+def current_spread() -> Spread | None:
+    """The nodes runs are spread over now; None for one node."""
+    return _SPREAD.get()
 
 
 def find_program(name: str, package: str | None = None) -> str:
@@ -75,22 +114,26 @@ def mpirun_argv(np: int, argv: Sequence[str], *, bind: Bind = "core") -> list[st
         raise UsageError(f"unknown binding {bind!r}: use one of {', '.join(_BIND_OPTIONS)}")
     if not argv:
         raise UsageError("mpirun needs a program to run")
+    spread = current_spread()
+    if spread is None:
+        where = ["--mca", "plm", "isolated", "--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
+        placement = list(_BIND_OPTIONS[bind])
+    else:
+        where = [
+            *("--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"),
+            *("--mca", "btl_tcp_if_include", spread.network),
+            *("--mca", "oob_tcp_if_include", spread.network),
+        ]
+        placement = list(_BIND_OPTIONS[bind])
+        placement[placement.index("--map-by") + 1] = "node"
     return [
         mpirun_program(),
         "--allow-run-as-root",
-        "--mca",
-        "plm",
-        "isolated",
-        "--mca",
-        "pml",
-        "ob1",
-        "--mca",
-        "btl",
-        "self,vader",
+        *where,
         "--report-bindings",
         "-np",
         str(np),
-        *_BIND_OPTIONS[bind],
+        *placement,
         *argv,
     ]
 

@@ -1,0 +1,162 @@
+"""``hpcvm bench --nodes N``: native and VM environments that span a Slurm job's nodes.
+
+Fair by construction: both run the same suite argv, whose ``mpirun`` line
+(bench/launch.py ``across``) spreads ranks round-robin over the nodes on the same
+network with the same transports. Natively ``mpirun`` runs on the batch node and finds
+the allocation through Slurm's environment (kept through the runs' clean environment);
+in a VM environment it runs in the first node's VM with the cluster's hostfile and ssh
+launcher (cluster/launcher.py). Native ranks are bound to the PUs that the VMs' vCPUs
+are pinned to (``--cpu-set``), as one-node native runs are confined by a cpuset.
+
+What differs from one-node runs, and is recorded with the run: the VMs on the other
+nodes are not paused while another environment is measured (pausing them would take a
+Slurm step per node and sample); the interrupt counts are the batch node's and its VM's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from hpcvm.bench.environments import RunOutput
+from hpcvm.bench.launch import mpirun_program
+from hpcvm.bench.native import NativeEnvironment
+from hpcvm.bench.vm import VmEnvironment
+from hpcvm.cluster import control, launcher
+from hpcvm.errors import RuntimeFailure
+from hpcvm.host.model import HostTopology
+from hpcvm.plan.model import VMPlan
+from hpcvm.runtime import paths, state
+from hpcvm.store.records import NewEnvironment
+from hpcvm.units import format_cpu_list
+
+ENV = "/usr/bin/env"
+UP_TIMEOUT = 600.0
+
+
+def slurm_environment(env: dict[str, str] | None = None) -> list[str]:
+    """The Slurm variables a native ``mpirun`` needs to find its allocation."""
+    env = dict(os.environ) if env is None else env
+    return [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("SLURM_")]
+
+
+def with_cpu_set(argv: Sequence[str], cpus: Sequence[int] | None) -> list[str]:
+    """``argv`` with ``--cpu-set`` right after its mpirun (ranks bound within those
+    PUs on every node); unchanged without cpus or without an mpirun."""
+    out = list(argv)
+    if not cpus:
+        return out
+    program = mpirun_program()
+    if program in out:
+        at = out.index(program) + 1
+        out[at:at] = ["--cpu-set", format_cpu_list(tuple(cpus))]
+    return out
+
+
+class ClusterNativeEnvironment(NativeEnvironment):
+    """The job's nodes as they are: mpirun on the batch node, ranks on every node."""
+
+    def __init__(
+        self,
+        host: HostTopology | None,
+        *,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int],
+        nodes: int,
+    ) -> None:
+        super().__init__(host, cpus=cpus, mems=mems)
+        self.nodes = nodes
+        self.rank_cpus = self.cpus
+
+    def describe(self) -> NewEnvironment:
+        described = super().describe()
+        versions = {**described.versions, "nodes": str(self.nodes)}
+        return described.model_copy(update={"versions": versions})
+
+    def run(
+        self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
+    ) -> RunOutput:
+        spread = [ENV, *slurm_environment(), *with_cpu_set(argv, self.rank_cpus)]
+        return super().run(spread, workdir, timeout, outputs=outputs)
+
+
+class ClusterVmEnvironment(VmEnvironment):
+    """One VM per node of the job (``cluster up``); runs start in the first one."""
+
+    def __init__(
+        self,
+        plan: VMPlan,
+        *,
+        cluster: str,
+        network: str,
+        first_address: str,
+        nodes: int,
+        shares: tuple[str, ...] = (),
+        say: Callable[[str], None] = lambda _text: None,
+    ) -> None:
+        """``plan``: this (the first) node's plan, which its VM will have; each other
+        node plans its own."""
+        super().__init__(plan, vm_name=f"{cluster}-{control.this_node()}", shares=shares)
+        self.cluster = cluster
+        self.network = network
+        self.first_address = first_address
+        self.nodes = nodes
+        self.say = say
+        self._pins: list[str] = []
+
+    def start(self) -> None:
+        fields: dict[str, object] = {
+            "request": self.plan.request,
+            "backend": self.backend_name,
+            "shares": self.shares,
+            "workdir": os.getcwd(),
+            "network": self.network,
+            "first_address": self.first_address,
+        }
+        ready = control.up(fields, self.cluster, UP_TIMEOUT, self.say)
+        self._pins = [
+            f"{e.node}: " + " ".join(f"{v}->{pu}" for v, pu in enumerate(e.vcpu_pus)) for e in ready
+        ]
+        first = next(e for e in ready if e.index == 0)
+        entry = state.entry_for(paths.run_dir(first.vm))
+        if entry is None or entry.machine is None:
+            raise RuntimeFailure(f"{self.name}: VM {first.vm} is not on this node")
+        self.machine = entry.machine
+        self.plan = entry.machine.plan
+        facts = self._exec(["/bin/sh", "-c", _facts_script()], 120.0)
+        self._facts = facts.stdout.splitlines()
+
+    def activate(self) -> None:
+        return None  # the other nodes' VMs cannot be paused from here (module doc)
+
+    def deactivate(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.machine = None
+        if (control.cluster_dir(self.cluster) / control.RECORD_FILE).is_file():
+            control.down(self.cluster, self.say)
+
+    def describe(self) -> NewEnvironment:
+        described = super().describe()
+        versions = {
+            **described.versions,
+            "nodes": str(self.nodes),
+            "vcpu_pins": "; ".join(self._pins),
+        }
+        return described.model_copy(update={"versions": versions})
+
+    def run(
+        self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
+    ) -> RunOutput:
+        network = ipaddress.IPv4Interface(self.first_address).network
+        spread = [ENV, *launcher.mpi_environment(network), *argv]
+        return super().run(spread, workdir, timeout, outputs=outputs)
+
+
+def _facts_script() -> str:
+    from hpcvm.bench import vm
+
+    return vm._FACTS

@@ -1,0 +1,172 @@
+"""The cluster job's data: deterministic guest addresses, the nodes' event lines, the
+holder step's srun line and the MPI launch line across nodes.
+
+Oracles: Python's ipaddress module for address arithmetic, Slurm's own ``srun
+--help`` and Open MPI's ``ompi_info`` for the options hpcvm passes (an option they
+do not know would make the real run fail), shlex for the scripts run in guests.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpcvm.bench.launch import Spread, across, mpirun_argv, mpirun_program
+from hpcvm.cluster import launcher, slurm
+from hpcvm.cluster.bench_envs import slurm_environment, with_cpu_set
+from hpcvm.cluster.spec import (
+    EVENT_PREFIX,
+    NodeEvent,
+    check_addresses,
+    latest_per_node,
+    node_address,
+    parse_address,
+    parse_events,
+)
+from hpcvm.errors import UsageError
+
+
+@pytest.mark.parametrize(
+    ("first", "index", "expected"),
+    [
+        ("10.77.0.101/24", 0, "10.77.0.101/24"),
+        ("10.77.0.101/24", 3, "10.77.0.104/24"),
+        ("10.0.0.255/16", 1, "10.0.1.0/16"),
+    ],
+)
+def test_the_kth_node_gets_the_kth_next_address(first: str, index: int, expected: str) -> None:
+    got = node_address(first, index)
+    assert got == ipaddress.IPv4Interface(expected)
+    assert got.network == ipaddress.IPv4Interface(first).network
+
+
+def test_addresses_that_leave_the_network_are_refused_before_anything_starts() -> None:
+    check_addresses("10.77.0.250/24", 4)  # .250-.253 fit
+    with pytest.raises(UsageError, match="broadcast"):
+        check_addresses("10.77.0.250/24", 6)  # .255 is the broadcast address
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("10.77.0.101", "prefix length"),
+        ("10.77.0.0/24", "network's own"),
+        ("fe80::1/64", "IPv4"),
+        ("node1", "IPv4"),
+    ],
+)
+def test_bad_addresses_get_one_line_errors(text: str, why: str) -> None:
+    with pytest.raises(UsageError, match=why) as info:
+        parse_address(text)
+    assert "\n" not in str(info.value)
+
+
+def _event(kind: str, index: int, **extra: object) -> NodeEvent:
+    return NodeEvent.model_validate(
+        {"event": kind, "node": f"node{index + 1}", "index": index, "vm": "c-x", **extra}
+    )
+
+
+def test_event_lines_round_trip_through_srun_labels_and_noise() -> None:
+    ready = _event("ready", 0, address="10.0.0.1/24", vcpu_pus=(1, None))
+    lines = [
+        "some output of the task",
+        ready.line(),
+        "0: " + _event("failed", 1, message="no bridge br0").line(),  # srun --label
+        EVENT_PREFIX + "{garbled",
+    ]
+    events = parse_events(lines)
+    assert events[0] == ready
+    assert [e.event for e in events] == ["ready", "failed"]
+    latest = latest_per_node([*events, _event("down", 0)])
+    assert {i: e.event for i, e in latest.items()} == {0: "down", 1: "failed"}
+
+
+@pytest.mark.skipif(shutil.which("srun") is None, reason="Slurm's client is not installed")
+def test_the_holder_step_uses_only_options_srun_knows(tmp_path: Path) -> None:
+    allocation = slurm.Allocation(job_id="7", nodes=("n1", "n2"))
+    argv = slurm.holder_argv(allocation, "c", ["hpcvm", "cluster", "node"])
+    # srun reads a slurm.conf before it prints its help; a minimal one does.
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\nSlurmctldHost=localhost\nNodeName=n1\n")
+    env = {"SLURM_CONF": str(conf), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["srun", "--help"], capture_output=True, text=True, env=env)
+    help_text = done.stdout + done.stderr
+    assert "--ntasks" in help_text, help_text
+    # srun lists --cpu-bind only when a task affinity plugin is configured; the
+    # integration tests run the real line on the test cluster.
+    for option in argv[1:-3]:
+        if not option.startswith("--cpu-bind"):
+            assert option.split("=")[0] in help_text, option
+    assert "--nodes=2" in argv and "--ntasks-per-node=1" in argv and "--overlap" in argv
+
+
+def test_outside_an_allocation_cluster_commands_say_how_to_get_one() -> None:
+    with pytest.raises(UsageError, match="sbatch -N"):
+        slurm.current_allocation({})
+
+
+def _ompi_knows(param: str) -> bool:
+    done = subprocess.run(
+        ["ompi_info", "--param", "all", "all", "--level", "9", "--parsable"],
+        capture_output=True,
+        text=True,
+    )
+    return f":{param}:" in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("ompi_info") is None, reason="Open MPI is not installed")
+def test_across_nodes_mpirun_uses_tcp_on_the_given_network_and_deals_ranks_by_node() -> None:
+    with across(Spread(nodes=2, network="10.77.0.0/24")):
+        argv = mpirun_argv(2, ["prog"])
+    assert "isolated" not in argv
+    pairs = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv[:-2]) if a == "--mca"}
+    assert pairs["btl_tcp_if_include"] == pairs["oob_tcp_if_include"] == "10.77.0.0/24"
+    assert "tcp" in pairs["btl"].split(",")
+    for param in pairs:
+        assert _ompi_knows(param), param
+    assert argv[argv.index("--map-by") + 1] == "node"
+    assert mpirun_argv(2, ["prog"])[argv.index("--allow-run-as-root")] == "--allow-run-as-root"
+    assert "isolated" in mpirun_argv(2, ["prog"])  # outside the block: one node again
+
+
+@pytest.mark.skipif(shutil.which("ompi_info") is None, reason="Open MPI is not installed")
+def test_the_guest_mpi_environment_names_parameters_open_mpi_has() -> None:
+    env = dict(
+        v.split("=", 1) for v in launcher.mpi_environment(ipaddress.IPv4Network("10.1.0.0/16"))
+    )
+    for key in env:
+        if key.startswith("OMPI_MCA_"):
+            assert _ompi_knows(key.removeprefix("OMPI_MCA_")), key
+    assert env["OMPI_MCA_btl_tcp_if_include"] == "10.1.0.0/16"
+    agent = shlex.split(env["OMPI_MCA_plm_rsh_agent"])
+    assert agent[:3] == ["ssh", "-i", launcher.PRIVATE_KEY]
+
+
+def test_native_runs_keep_slurm_variables_and_bind_ranks_to_the_vms_pus() -> None:
+    assert slurm_environment({"SLURM_JOB_ID": "3", "HOME": "/x", "SLURM_NODELIST": "n[1-2]"}) == [
+        "SLURM_JOB_ID=3",
+        "SLURM_NODELIST=n[1-2]",
+    ]
+    program = mpirun_program()
+    argv = ["/usr/bin/env", "-C", "/w", program, "-np", "2", "prog"]
+    assert with_cpu_set(argv, (1, 2, 3)) == [*argv[:4], "--cpu-set", "1-3", *argv[4:]]
+    assert with_cpu_set(argv, None) == argv
+
+
+def test_the_guest_scripts_are_valid_shell() -> None:
+    for script in (
+        launcher.sshd_script("c-node1", ipaddress.IPv4Interface("10.0.0.5/24")),
+        launcher.first_vm_script([("10.0.0.5", 2), ("10.0.0.6", 2)]),
+    ):
+        done = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    assert "ListenAddress 10.0.0.5\n" in launcher.sshd_script(
+        "x", ipaddress.IPv4Interface("10.0.0.5/24")
+    )
+    assert "10.0.0.6 slots=2" in launcher.first_vm_script([("10.0.0.6", 2)])
