@@ -1,0 +1,202 @@
+"""``--network bridge=...`` with real parts: a network namespace of the test's own with a
+bridge holding 10.99.0.1/24, hpcvm run inside it (``nsenter --net``, as the test
+cluster's nodes run), the built-in guest under TCG.
+
+Oracles: the namespace's own links (``ip -j`` in it: the tap, its bridge, its MTU), QMP
+(``qom-get`` of the NIC device's MAC), the guest's ``ip -j addr`` and pings
+both ways. Nothing is taken from hpcvm's own answers except the record's names, which
+the oracles then confirm. One guest per model (virtio, e1000), 1 vCPU, 256 MiB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcvm.runtime import paths, qmp, state
+from hpcvm.runtime.model import Machine
+from tests.runtime_support import HPCVM, Residue, assert_nothing_left, one_line_error
+
+pytestmark = pytest.mark.integration
+
+BRIDGE = "brnt0"
+HOST_ADDR = "10.99.0.1/24"
+BRIDGE_MTU = 1400  # not the default 1500: the guest's MTU must come from the bridge
+BUSYBOX_IN_GUEST = "/run/hpcvm/busybox"  # the built-in guest's busybox (guest/scripts.py)
+VM = ("--profile", "naive", "--vcpus", "1", "--memory", "256M", "--accel", "tcg")
+
+
+@dataclass(frozen=True)
+class Netns:
+    name: str
+
+    @property
+    def enter(self) -> list[str]:
+        return ["nsenter", f"--net=/run/netns/{self.name}"]
+
+    def run(self, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self.enter, *argv], capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+    def hpcvm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self.run(HPCVM, *args, timeout=timeout)
+
+    def links(self) -> list[dict[str, Any]]:
+        out = self.run("ip", "-j", "-d", "link", "show").stdout
+        return list(json.loads(out or "[]"))
+
+    def link(self, name: str) -> dict[str, Any] | None:
+        return next((ln for ln in self.links() if ln["ifname"] == name), None)
+
+
+def _ip(*argv: str) -> None:
+    subprocess.run(["ip", *argv], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def netns() -> Iterator[Netns]:
+    """A namespace with one bridge (10.99.0.1/24, MTU 1400); deleted at the end."""
+    ns = Netns(f"hpcvm-nettest-{os.getpid()}")
+    _ip("netns", "add", ns.name)
+    try:
+        _ip("-n", ns.name, "link", "set", "lo", "up")
+        _ip("-n", ns.name, "link", "add", BRIDGE, "type", "bridge")
+        _ip("-n", ns.name, "link", "set", BRIDGE, "mtu", str(BRIDGE_MTU), "up")
+        _ip("-n", ns.name, "addr", "add", HOST_ADDR, "dev", BRIDGE)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns.name], capture_output=True, check=False)
+
+
+@pytest.fixture
+def runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guest: None, netns: Netns
+) -> Iterator[Path]:
+    root = tmp_path / "rt"
+    monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(root))
+    monkeypatch.setenv("HPCVM_READY_TIMEOUT", "180")
+    before = Residue.take(root)
+    yield root
+    netns.hpcvm("down", "--all", "--timeout", "10")
+    assert_nothing_left(before)
+    assert _taps(netns) == [], "a tap was left in the namespace"
+
+
+def _taps(ns: Netns) -> list[str]:
+    return [ln["ifname"] for ln in ns.links() if ln.get("linkinfo", {}).get("info_kind") == "tun"]
+
+
+def _guest_links(ns: Netns, name: str) -> list[dict[str, Any]]:
+    proc = ns.hpcvm("exec", name, "--", "ip", "-j", "addr", "show")
+    assert proc.returncode == 0, proc.stderr
+    return list(json.loads(proc.stdout))
+
+
+def _qemu_mac(machine: Machine) -> str:
+    """The MAC of the NIC device (id nic0) as QEMU has it (QMP qom-get)."""
+    assert machine.boot.qmp_socket is not None
+    args = {"path": "/machine/peripheral/nic0", "property": "mac"}
+    return str(qmp.execute(Path(machine.boot.qmp_socket), "qom-get", args))
+
+
+def _up(ns: Netns, name: str, network: str, address: str) -> Machine:
+    proc = ns.hpcvm("up", "--name", name, *VM, "--network", network, "--address", address)
+    assert proc.returncode == 0, proc.stderr
+    return state.load_machine(name)
+
+
+def _check_connected(ns: Netns, machine: Machine, address: str) -> None:
+    """Host-side tap in the bridge, QEMU's NIC, the guest's interface and pings agree."""
+    (nic,) = machine.boot.nics
+    tap = ns.link(nic.ifname)
+    assert tap is not None, f"no tap {nic.ifname} in the namespace"
+    assert tap["linkinfo"]["info_kind"] == "tun"
+    assert tap.get("master") == BRIDGE
+    assert tap["mtu"] == BRIDGE_MTU
+    assert "UP" in tap["flags"]
+
+    qemu_mac = _qemu_mac(machine)  # QEMU's own view of the NIC
+    assert qemu_mac == nic.mac
+
+    links = _guest_links(ns, machine.name)
+    (eth,) = [ln for ln in links if ln["address"] == qemu_mac]
+    assert eth["mtu"] == BRIDGE_MTU  # the bridge's, read by the namespace's ip
+    inet = [f"{a['local']}/{a['prefixlen']}" for a in eth["addr_info"] if a["family"] == "inet"]
+    assert inet == [address]
+    assert "UP" in eth["flags"]
+
+    guest_ip = address.split("/")[0]
+    ping = ns.run("busybox", "ping", "-c", "1", "-W", "10", guest_ip)
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    back = ns.hpcvm(
+        "exec", machine.name, "--", BUSYBOX_IN_GUEST, "ping", "-c", "1", "-W", "10",
+        HOST_ADDR.split("/")[0],
+    )  # fmt: skip
+    assert back.returncode == 0, back.stdout + back.stderr
+
+
+def test_virtio_nic_on_a_bridge(runtime: Path, netns: Netns) -> None:
+    machine = _up(netns, "net-virtio", f"bridge={BRIDGE}", "10.99.0.2/24")
+    (nic,) = machine.boot.nics
+    assert nic.model == "virtio"
+    _check_connected(netns, machine, "10.99.0.2/24")
+
+    ps = netns.hpcvm("ps", "--json")
+    (row,) = json.loads(ps.stdout)
+    assert row["addresses"] == ["10.99.0.2/24"]
+    assert row["nics"][0]["mac"] == nic.mac
+
+    verify = netns.hpcvm("verify", machine.name, "--json", timeout=600)
+    checks = {c["name"]: c for c in json.loads(verify.stdout)["checks"]}
+    for what in ("MTU", "up", "address"):
+        assert checks[f"NIC {nic.mac} {what}"]["ok"], checks
+
+    down = netns.hpcvm("down", machine.name)
+    assert down.returncode == 0, down.stderr
+    assert netns.link(nic.ifname) is None, "down left the tap"
+    assert not (runtime / machine.name).exists()
+
+
+def test_e1000_nic_and_a_crashed_qemu_leaves_no_tap(runtime: Path, netns: Netns) -> None:
+    machine = _up(netns, "net-e1000", f"bridge={BRIDGE},model=e1000", "10.99.0.3/24")
+    (nic,) = machine.boot.nics
+    assert nic.model == "e1000" and not nic.vhost
+    _check_connected(netns, machine, "10.99.0.3/24")
+
+    assert machine.pid is not None
+    os.kill(machine.pid, signal.SIGKILL)
+    ps = netns.hpcvm("ps", "--json")  # finds the VM stale and cleans it
+    (row,) = json.loads(ps.stdout)
+    assert row["state"] == "stale"
+    assert netns.link(nic.ifname) is None, "the tap outlived its QEMU"
+    assert not (runtime / machine.name).exists()
+
+
+@pytest.mark.parametrize(
+    ("network", "address", "message"),
+    [
+        ("bridge=nosuchbr", "10.99.0.4/24", "bridge 'nosuchbr' does not exist"),
+        ("bridge=lo", "10.99.0.4/24", "'lo' is not a bridge"),
+        (f"bridge={BRIDGE}", "10.98.0.4/24", "outside brnt0's subnet 10.99.0.0/24"),
+        (f"bridge={BRIDGE}", "10.99.0.1/24", "own address"),
+        (f"bridge={BRIDGE},mtu=9000", "10.99.0.4/24", "above brnt0's MTU 1400"),
+        ("macvtap=eth0", "10.99.0.4/24", "unknown key 'macvtap'"),
+    ],
+)
+def test_refused_before_anything_starts(
+    runtime: Path, netns: Netns, network: str, address: str, message: str
+) -> None:
+    proc = netns.hpcvm("up", "--name", "net-bad", *VM, "--network", network, "--address", address)
+    assert proc.returncode == 2, proc.stderr
+    assert message in one_line_error(proc)
+    assert not (runtime / "net-bad").exists()
+    assert _taps(netns) == []
