@@ -7,7 +7,10 @@
   the metric's unit;
 - interrupts: interrupts per second against overhead, one point per benchmark and
   environment;
-- noise: detour distribution per environment (survival function, log axes).
+- noise: detour distribution per environment (survival function, log axes);
+- sizes (one per suite with metrics per message size, NetPIPE's): latency and bandwidth
+  against message size per environment (``sizes.py``); those metrics then leave the
+  absolute figure, which would otherwise hold one panel per size.
 
 Every bar and point carries its environment's name as ``gid`` (what tests use to check
 colours). Figures are built on ``matplotlib.figure.Figure`` with an Agg canvas, not
@@ -37,7 +40,7 @@ from hpcvm.report.compare import Comparison
 from hpcvm.report.labels import env_colours, env_order, label, short_name
 from hpcvm.report.model import NATIVE, NoiseCurve, ReportData, Row
 
-FigureKind = Literal["overhead", "absolute", "interrupts", "noise", "compare"]
+FigureKind = Literal["overhead", "absolute", "sizes", "interrupts", "noise", "compare"]
 MAX_GROUPS_PER_PANEL = 12
 DPI = 100
 TCG_NOTE = "TCG: software emulation, not hardware virtualization"
@@ -421,6 +424,9 @@ def _slug(s: str) -> str:
 def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> list[FigureFile]:
     """Write every figure of the report as PNG under ``out_dir/subdir``; the list says
     what each shows. Figures without data (no VM, no interrupts, no noise) are skipped."""
+    # sizes.py draws with this module's helpers, so it is imported here, not at the top
+    from hpcvm.report.sizes import sized_rows, sizes_figure
+
     colours = env_colours(data.env_names)
     conf = data.run.confidence
     made: list[FigureFile] = []
@@ -445,6 +451,16 @@ def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> 
         )
     for suite in suites:
         rows = [r for r in data.rows if r.suite == suite]
+        sized = sized_rows(rows)
+        emit(
+            sizes_figure(rows, colours, suite, conf),
+            "sizes",
+            f"sizes-{_slug(suite)}",
+            f"Latency and bandwidth against message size: {suite}",
+            "Lines: mean per message size and environment (native against each VM); "
+            f"bands: {conf * 100:g}% Student-t interval of each mean. Latency on log axes.",
+        )
+        rows = [r for r in rows if r not in sized]
         emit(
             absolute_figure(rows, colours, suite, conf),
             "absolute",
