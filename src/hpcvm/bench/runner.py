@@ -3,16 +3,28 @@ a time into the store.
 
 Order (METHOD.md): in repetition block k the environments run in the order
 ``stats.interleaved_order(envs, k, seed)``; each environment, when its turn comes, is
-resumed (every other VM is paused) and runs one sample of every (suite, np) cell. The
-first time a process visits an environment it first runs one warm-up sample of each
-cell, recorded with the warm-up flag and never summarised (a resumed run boots fresh
-VMs, so it warms up again, in the block where it resumes). After each block, a fixed
-``--reps N`` stops at N; ``auto`` asks ``stats.fixed_width_stop`` about every
-(environment, suite, np, metric) and records which rule stopped it.
+resumed (every other VM is paused) and runs its cells (suite, np). The first time a
+process visits an environment it first runs one warm-up sample of each cell, recorded
+with the warm-up flag and never summarised (a resumed run boots fresh VMs, so it warms
+up again, in the block where it resumes).
+
+A fixed ``--reps N`` runs one sample of every cell per block and stops after block N.
+``auto`` decides per cell (environment x suite x np): after each of its samples,
+``stats.fixed_width_stop`` judges that cell's metrics (extreme statistics left out) and
+the cell stops on its own target, its repetition cap, or the run's time cap (also when
+the time left cannot hold the repetitions its target needs). Cheap cells take several
+samples in their environment's turn, as many as fit in the time the slowest open cell
+takes for one, so that a native cell of two seconds gets its thirty repetitions inside
+the same blocks as a guest cell of thirty seconds gets its three: every block still
+visits every environment with an open cell in a fresh random order, and each
+environment's samples spread over the same stretch of time, instead of the cheap cells
+piling up after the expensive ones stopped (where a drift of the machine would bias
+them). Repetitions are numbered per cell.
 
 Every sample, failed or not, is written at once with its log; a sample already in the
 store (a resumed run) is skipped, so a resume recomputes the same schedule from the
-seed and runs only what is missing.
+seed and runs only what is missing (``auto`` counts each cell's stored samples and goes
+on from there).
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from hpcvm.bench.metrics import MetricValue
 from hpcvm.bench.suite import DescribesSamples, Suite
 from hpcvm.errors import HpcvmError
 from hpcvm.model import Frozen
-from hpcvm.stats import fixed_width_stop, interleaved_order
+from hpcvm.stats import StopDecision, fixed_width_stop, interleaved_order
 from hpcvm.store import MetricRecord, NewSample, SampleKey, SampleRecord, Store
 
 LOGS = "logs"
@@ -72,6 +84,51 @@ class Outcome(Frozen):
     samples_run: int  # by this process
 
 
+class _Tally:
+    """Per cell (env, suite, np): samples counted (measured and warm-up apart), the
+    judged metrics' values in the order taken, and the seconds this process's measured
+    samples took (what one more costs). Kept in memory, fed from the store once and
+    then sample by sample, so the stopping rule never rereads the database."""
+
+    def __init__(self, primary: Mapping[str, set[str]], envs: set[str]) -> None:
+        self.primary = primary
+        self.envs = envs
+        self._counts: dict[tuple[CellKey, bool], int] = {}
+        self._values: dict[CellKey, dict[str, list[float]]] = {}
+        self._seconds: dict[CellKey, list[float]] = {}
+
+    def add(self, sample: NewSample, seconds: float | None = None) -> None:
+        if sample.env not in self.envs:
+            return
+        key = (sample.env, sample.suite, sample.np)
+        self._counts[(key, sample.warmup)] = self.count(key, sample.warmup) + 1
+        if sample.warmup:
+            return
+        if seconds is not None:
+            self._seconds.setdefault(key, []).append(seconds)
+        wanted = self.primary.get(sample.suite, set())
+        for m in sample.metrics if sample.ok else ():
+            if m.value is not None and m.metric in wanted:
+                self._values.setdefault(key, {}).setdefault(m.metric, []).append(m.value)
+
+    def count(self, key: CellKey, warmup: bool) -> int:
+        return self._counts.get((key, warmup), 0)
+
+    def most_reps(self) -> int:
+        return max((n for (_, warm), n in self._counts.items() if not warm), default=0)
+
+    def values(self, key: CellKey) -> dict[str, list[float]]:
+        return self._values.get(key, {})
+
+    def all_values(self) -> dict[CellKey, dict[str, list[float]]]:
+        return self._values
+
+    def cost(self, key: CellKey) -> float:
+        """Mean seconds of the cell's measured samples in this process (0: none yet)."""
+        taken = self._seconds.get(key)
+        return sum(taken) / len(taken) if taken else 0.0
+
+
 def cells_for(suites: Sequence[Suite], np_values: Sequence[int]) -> list[Cell]:
     cells: list[Cell] = []
     for suite in suites:
@@ -103,6 +160,7 @@ class Runner:
         sizing_memory: int,
         progress: ProgressSink | None = None,
         notify: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -111,20 +169,27 @@ class Runner:
         self.envs = dict(envs)
         self.cells = cells_for(suites, config.np)
         self.primary = {s.name: {m.name for m in s.metrics} for s in suites}
+        self.extreme = {s.name: {m.name for m in s.metrics if m.extreme} for s in suites}
         self.out_dir = out_dir.absolute()
         self.sizing_memory = sizing_memory
         self.progress: ProgressSink = progress or _Quiet()
+        self.clock = clock
         self._active: str | None = None
         self._warmed: set[str] = set()
         self._done = store.completed(run_id)
         self._ran = 0
         self.notify = notify or (lambda _text: None)
         self._given_up: set[CellKey] = self._stored_given_up()
+        self._tally = _Tally(self.primary, set(self.envs))
+        for stored in store.samples(run_id):
+            self._tally.add(stored)
+        self._stopped: dict[CellKey, StopDecision] = {}
+        self._all_failed: set[CellKey] = set()
 
     # -- the loop -----------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        block = 0
+        block = 0 if self.config.reps is not None else self._tally.most_reps()
         while True:
             self._block(block)
             outcome = self._decide(block + 1)
@@ -134,23 +199,61 @@ class Runner:
 
     def _block(self, block: int) -> None:
         order = interleaved_order(list(self.envs), block, self.seed)
+        pace = self._pace()
         for position, name in enumerate(order):
-            pending = [
-                c
-                for c in self.cells
-                if self._key(name, c, block, False) not in self._done and self._live(name, c)
-            ]
+            pending = [c for c in self.cells if self._open(name, c, block)]
             if not pending:
                 continue
             self._switch_to(name)
             if name not in self._warmed:
                 for cell in pending:
-                    if self._key(name, cell, block, True) not in self._done:
-                        self._sample(name, cell, block, position, warmup=True)
+                    rep = self._rep(name, cell, block, True)
+                    if self._key(name, cell, rep, True) not in self._done:
+                        self._sample(name, cell, rep, position, warmup=True)
                 self._warmed.add(name)
             for cell in pending:
-                if self._live(name, cell):
-                    self._sample(name, cell, block, position, warmup=False)
+                self._turn(name, cell, block, position, pace)
+
+    def _turn(self, name: str, cell: Cell, block: int, position: int, pace: float) -> None:
+        """One cell's part of an environment's turn: one sample under a fixed --reps;
+        under auto, samples until the cell stops or has spent ``pace`` seconds."""
+        spent = 0.0
+        while self._open(name, cell, block):
+            spent += self._sample(name, cell, self._rep(name, cell, block, False), position)
+            if self.config.reps is not None:
+                return
+            self._judge(name, cell)
+            if spent >= pace:
+                return
+
+    def _open(self, env: str, cell: Cell, block: int) -> bool:
+        """Whether the cell still runs: not given up; under a fixed --reps, its sample of
+        this block not yet taken; under auto, not stopped by its own rule."""
+        if not self._live(env, cell):
+            return False
+        if self.config.reps is not None:
+            return self._key(env, cell, block, False) not in self._done
+        return (env, cell.suite.name, cell.np) not in self._stopped
+
+    def _rep(self, env: str, cell: Cell, block: int, warmup: bool) -> int:
+        """The repetition number of the cell's next sample: the block under a fixed
+        --reps, the cell's own count under auto (cheap cells take several per block)."""
+        if self.config.reps is not None:
+            return block
+        return self._tally.count((env, cell.suite.name, cell.np), warmup)
+
+    def _pace(self) -> float:
+        """Seconds one sample of the slowest open cell takes (0 before any is timed):
+        what every open cell may spend per turn under auto."""
+        if self.config.reps is not None:
+            return 0.0
+        open_cells = [
+            (env, c.suite.name, c.np)
+            for env in self.envs
+            for c in self.cells
+            if self._live(env, c) and (env, c.suite.name, c.np) not in self._stopped
+        ]
+        return max((self._tally.cost(k) for k in open_cells), default=0.0)
 
     # -- failures -----------------------------------------------------------------------
 
@@ -209,16 +312,43 @@ class Runner:
         except HpcvmError as exc:
             self.store.add_warning(self.run_id, f"{name}: {what} failed: {exc}")
 
-    def _key(self, env: str, cell: Cell, block: int, warmup: bool) -> SampleKey:
-        return SampleKey(
-            env=env, suite=cell.suite.name, np=cell.np, repetition=block, warmup=warmup
-        )
+    def _key(self, env: str, cell: Cell, rep: int, warmup: bool) -> SampleKey:
+        return SampleKey(env=env, suite=cell.suite.name, np=cell.np, repetition=rep, warmup=warmup)
 
     # -- stopping -----------------------------------------------------------------------
 
     def _total_estimate(self, blocks: int) -> int:
         per_block = len(self.cells) * len(self.envs)
         return per_block * (blocks + 1)
+
+    def _judge(self, env: str, cell: Cell) -> None:
+        """Under auto, after each of a cell's samples: stop the cell when its rule says
+        so (a cell with no successful sample after the minimum stops as all-failed)."""
+        cfg = self.config
+        key = (env, cell.suite.name, cell.np)
+        n = self._tally.count(key, False)
+        values = self._tally.values(key)
+        if not values:
+            if n >= cfg.min_reps:
+                self._stopped[key] = StopDecision(
+                    stop=True, reason="max-reps", n=n, worst_metric="", worst_relative_half_width=0
+                )
+                self._all_failed.add(key)
+            return
+        decision = fixed_width_stop(
+            values,
+            target=cfg.target,
+            confidence=cfg.confidence,
+            n_min=cfg.min_reps,
+            n_max=cfg.max_reps,
+            elapsed=self.store.run(self.run_id).elapsed_s,
+            max_time=cfg.max_time,
+            reps=n,
+            extreme=self.extreme.get(cell.suite.name, set()),
+            seconds_per_rep=self._tally.cost(key) or None,
+        )
+        if decision.stop:
+            self._stopped[key] = decision
 
     def _decide(self, reps: int) -> Outcome | None:
         cfg = self.config
@@ -231,67 +361,71 @@ class Runner:
                     samples_run=self._ran,
                 )
             return None
-        values = self.values_by_metric()
-        elapsed = self.store.run(self.run_id).elapsed_s
-        if not values:
-            if reps >= cfg.min_reps:
-                return Outcome(
-                    stop_reason="all-failed",
-                    detail=f"no successful sample after {reps} repetitions",
-                    blocks=reps,
-                    samples_run=self._ran,
-                )
+        keys = [(e, c.suite.name, c.np) for e in self.envs for c in self.cells]
+        if any(k not in self._stopped and k not in self._given_up for k in keys):
             return None
-        decision = fixed_width_stop(
-            values,
-            target=cfg.target,
-            confidence=cfg.confidence,
-            n_min=cfg.min_reps,
-            n_max=cfg.max_reps,
-            elapsed=elapsed,
-            max_time=cfg.max_time,
-            reps=reps,
-        )
-        if not decision.stop:
-            return None
-        width = decision.worst_relative_half_width
-        detail = (
-            f"after {reps} repetitions: widest interval {decision.worst_metric} "
-            f"±{width * 100:.3g}% of its mean (target {cfg.target * 100:g}%)"
-        )
+        judged = [k for k in keys if k in self._stopped and k not in self._all_failed]
+        blocks = self._tally.most_reps()
+        if not judged:
+            return Outcome(
+                stop_reason="all-failed",
+                detail=f"no successful sample after {blocks} repetitions",
+                blocks=blocks,
+                samples_run=self._ran,
+            )
+        reasons = {self._stopped[k].reason for k in judged}
+        reason = next(r for r in ("max-time", "max-reps", "target") if r in reasons)
         return Outcome(
-            stop_reason=decision.reason, detail=detail, blocks=reps, samples_run=self._ran
+            stop_reason=reason,
+            detail=self._detail(judged),
+            blocks=blocks,
+            samples_run=self._ran,
         )
+
+    def _detail(self, judged: list[CellKey]) -> str:
+        """Per cell: what stopped it, after how many repetitions, its widest interval;
+        then the extreme statistics no cell judged."""
+        target = self.config.target * 100
+        parts = []
+        for env, suite, np_ in judged:
+            d = self._stopped[(env, suite, np_)]
+            why = "max-time (target out of reach in the time left)" if d.projected else d.reason
+            where = f"{env} {suite}" + ("" if np_ is None else f" np={np_}")
+            parts.append(
+                f"{where}: {why} after {d.n} "
+                f"(widest {d.worst_metric} ±{d.worst_relative_half_width * 100:.3g}%)"
+            )
+        text = f"target ±{target:g}% per cell; " + "; ".join(parts)
+        left = sorted({m for k in judged for m in self._stopped[k].left_out})
+        if left:
+            text += f"; not judged (extreme statistics): {', '.join(left)}"
+        return text
 
     def values_by_metric(self) -> dict[str, list[float]]:
         """Values of every suite's main metrics per (env, suite, np) from the store, in
-        the order taken: what the stopping rule judges (per-CPU details are left out)."""
+        the order taken (per-CPU details are left out)."""
         values: dict[str, list[float]] = {}
-        for s in self.store.samples(self.run_id, include_warmup=False):
-            if not s.ok or s.env not in self.envs:
-                continue
-            wanted = self.primary.get(s.suite, set())
-            for m in s.metrics:
-                if m.value is not None and m.metric in wanted:
-                    np_text = "-" if s.np is None else str(s.np)
-                    values.setdefault(f"{s.env} {s.suite} np={np_text} {m.metric}", []).append(
-                        m.value
-                    )
+        for (env, suite, np_), by_metric in self._tally.all_values().items():
+            np_text = "-" if np_ is None else str(np_)
+            for metric, taken in by_metric.items():
+                values[f"{env} {suite} np={np_text} {metric}"] = list(taken)
         return values
 
     # -- one sample ---------------------------------------------------------------------
 
-    def _paths(self, env: str, cell: Cell, block: int, warmup: bool) -> tuple[Path, Path]:
+    def _paths(self, env: str, cell: Cell, rep: int, warmup: bool) -> tuple[Path, Path]:
         np_part = "" if cell.np is None else f"-np{cell.np}"
-        stem = f"{slug(cell.suite.name)}{np_part}-r{block}{'-warmup' if warmup else ''}"
+        stem = f"{slug(cell.suite.name)}{np_part}-r{rep}{'-warmup' if warmup else ''}"
         return (
             self.out_dir / WORK / slug(env) / stem,
             self.out_dir / LOGS / slug(env) / f"{stem}.log",
         )
 
     def _sample(
-        self, env_name: str, cell: Cell, block: int, position: int, *, warmup: bool
-    ) -> None:
+        self, env_name: str, cell: Cell, block: int, position: int, *, warmup: bool = False
+    ) -> float:
+        """Run, record and log one sample (``block``: its repetition number); return the
+        seconds it took."""
         done = len(self._done)
         total = max(
             self._total_estimate(max(block + 1, self.config.reps or self.config.min_reps)), done + 1
@@ -304,7 +438,7 @@ class Runner:
         workdir.mkdir(parents=True)
         log.parent.mkdir(parents=True, exist_ok=True)
         started = time.time()
-        clock = time.monotonic()
+        clock = self.clock()
         argv: list[str] = []
         output: RunOutput | None = None
         values: list[MetricValue] = []
@@ -339,11 +473,14 @@ class Runner:
             else _failed_metrics(cell.suite, error),
         )
         self.store.add_sample(self.run_id, sample)
-        self.store.add_elapsed(self.run_id, time.monotonic() - clock)
+        seconds = self.clock() - clock
+        self.store.add_elapsed(self.run_id, seconds)
         self._done.add(sample.key)
+        self._tally.add(sample, seconds)
         self._ran += 1
         if error is not None:
             self._failed(sample, cell.label)
+        return seconds
 
 
 def _evidence(suite: Suite, workdir: Path, output: RunOutput | None) -> dict[str, Any]:

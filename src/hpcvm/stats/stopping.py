@@ -13,12 +13,28 @@ only after ``n_min`` so every result has a usable interval.
 
 Chow and Robbins' original rule adds 1/n to s^2 so that a lucky small s at tiny n
 cannot stop early; ``n_min`` >= 3 plays that part here, as METHOD.md specifies.
+
+Two refinements for a run whose cells cost very different amounts (a native sample of
+two seconds beside a TCG guest's thirty):
+
+- **Extreme statistics are left out.** A per-sample maximum or 99.9th percentile (the
+  noise suite's detours) is dominated by the rarest event of each sample; the mean of
+  such values has an interval, but more repetitions barely narrow it, so a rule that
+  waited for it would always run into its caps. The caller names those metrics
+  (``extreme``, data on the suite's Metric); the decision lists them in ``left_out``.
+- **A cell that cannot make it gives its time back.** Given the seconds one repetition
+  costs, the rule projects the repetitions the target needs (n* with
+  t*s/sqrt(n*) = target*|mean|, at today's t and s) and stops with ``max-time`` as soon
+  as even min(n*, n_max) of them cannot fit in the time left: running it on would only
+  take the time that cheaper cells need to reach their target, and the cap would stop it
+  anyway. The projection is advice about cost, never about the effect: it uses the
+  width, like the rule itself.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Literal
 
 import numpy as np
@@ -43,6 +59,8 @@ class StopDecision(Frozen):
     n: int
     worst_metric: str
     worst_relative_half_width: float
+    left_out: tuple[str, ...] = ()  # extreme statistics the rule did not judge
+    projected: bool = False  # max-time because the target could not fit in the time left
 
 
 def relative_half_width(values: Sample, confidence: float) -> float:
@@ -72,6 +90,15 @@ def _check_rule(target: float, n_min: int, n_max: int, max_time: float | None) -
         raise UsageError(f"time cap must be positive seconds, not {max_time}")
 
 
+def repetitions_needed(relative_width: float, n: int, target: float) -> float:
+    """The n* at which today's relative half-width (at n repetitions) would shrink to
+    ``target``, width falling as 1/sqrt(n) at today's t (conservative: t only falls as
+    n grows). Infinite for an infinite width."""
+    if not math.isfinite(relative_width):
+        return math.inf
+    return max(float(n), math.ceil(n * (relative_width / target) ** 2))
+
+
 def fixed_width_stop(
     samples_by_metric: Mapping[str, Sample],
     *,
@@ -82,23 +109,33 @@ def fixed_width_stop(
     elapsed: float,
     max_time: float | None,
     reps: int | None = None,
+    extreme: Collection[str] = (),
+    seconds_per_rep: float | None = None,
 ) -> StopDecision:
     """Decide after a repetition whether ``--reps auto`` should stop.
 
     ``target`` is the relative half-width wanted (0.01 for 1%); ``elapsed`` and
     ``max_time`` are seconds (``max_time=None``: no time cap). ``reps`` is how many
     repetitions have run; by default the longest sample, so a metric whose runs failed
-    (fewer samples) cannot keep the rule from reaching its caps.
+    (fewer samples) cannot keep the rule from reaching its caps. Metrics named in
+    ``extreme`` are not judged (listed in ``left_out``); with ``seconds_per_rep`` (what
+    one more repetition costs) a cell that cannot reach its target or its repetition cap
+    in the time left stops now (see the module doc).
     """
     conf = check_confidence(confidence)
     _check_rule(target, n_min, n_max, max_time)
-    if not samples_by_metric:
-        raise BenchmarkError("stopping rule: no metrics to judge; check that the runs succeeded")
-    widths = {name: relative_half_width(v, conf) for name, v in samples_by_metric.items()}
+    judged = {k: v for k, v in samples_by_metric.items() if k not in extreme}
+    if not judged:
+        raise BenchmarkError(
+            "stopping rule: no metrics to judge (none measured, or all are extreme "
+            "statistics); check that the runs succeeded"
+        )
+    widths = {name: relative_half_width(v, conf) for name, v in judged.items()}
     worst = max(widths, key=lambda name: widths[name])
-    fewest = min(len(v) for v in samples_by_metric.values())
+    fewest = min(len(v) for v in judged.values())
     n = reps if reps is not None else max(len(v) for v in samples_by_metric.values())
     reason: Reason = "continue"
+    projected = False
     if n >= n_min:
         if fewest >= n_min and widths[worst] <= target:
             reason = "target"
@@ -106,12 +143,18 @@ def fixed_width_stop(
             reason = "max-reps"
         elif max_time is not None and elapsed >= max_time:
             reason = "max-time"
+        elif max_time is not None and seconds_per_rep is not None:
+            wanted = min(repetitions_needed(widths[worst], n, target), float(n_max))
+            if elapsed + (wanted - n) * seconds_per_rep > max_time:
+                reason, projected = "max-time", True
     return StopDecision(
         stop=reason != "continue",
         reason=reason,
         n=n,
         worst_metric=worst,
         worst_relative_half_width=widths[worst],
+        left_out=tuple(sorted(k for k in samples_by_metric if k in extreme)),
+        projected=projected,
     )
 
 

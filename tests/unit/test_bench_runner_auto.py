@@ -1,0 +1,197 @@
+"""``--reps auto`` in the measurement loop: each cell stops on its own, extreme
+statistics are left out, the time cap holds, and cheap cells fill the blocks.
+
+Real processes print every value (``/bin/sh -c 'echo ...'`` run by the real native
+environment); what the test chooses is the stream of values each environment prints
+and, through a fake clock the suite advances, what each sample costs: timing a real
+run would make the test depend on the machine's load. Two native environments under
+different names stand in for a cheap native cell and an expensive guest cell (a TCG
+guest's sample costs some thirty times a native one); no VM is needed for the loop.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterator, Sequence
+from itertools import count
+from pathlib import Path
+
+import numpy as np
+from scipy import stats as sps
+
+from hpcvm.bench.config import BenchConfig
+from hpcvm.bench.metrics import Metric, MetricValue
+from hpcvm.bench.native import NativeEnvironment
+from hpcvm.bench.runner import Runner
+from hpcvm.store import SampleRecord, Store
+
+TARGET = 0.1
+CONF = 0.97
+STEADY = Metric(name="t", unit="s", higher_is_better=False)
+PEAK = Metric(name="peak", unit="s", higher_is_better=False, extreme=True)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Scripted:
+    """A suite whose sample is a real process printing the next values chosen for its
+    environment (found from the workdir, ``work/<env>/<sample>``); preparing a sample
+    advances the fake clock by what the environment's sample costs."""
+
+    name = "scripted"
+    uses_np = False
+    metrics = (STEADY, PEAK)
+    output_files: tuple[str, ...] = ()
+
+    def __init__(
+        self, streams: dict[str, Iterator[float]], costs: dict[str, float], clock: FakeClock
+    ) -> None:
+        self.streams = streams
+        self.costs = costs
+        self.clock = clock
+        self.peaks = np.random.default_rng(99)
+
+    def validate(self, np_values: Sequence[int]) -> None:
+        return None
+
+    def prepare(self, workdir: Path, np: int, memory_bytes: int) -> list[str]:
+        env = workdir.parent.name
+        self.clock.now += self.costs[env]
+        # the peak is heavy-tailed: judging it would keep every cell to its caps
+        peak = float(self.peaks.pareto(1.1) * 1000.0 + 1.0)
+        return ["/bin/sh", "-c", f"echo t={next(self.streams[env])!r} peak={peak!r}"]
+
+    def parse(self, workdir: Path, stdout: str, stderr: str, exit_code: int) -> list[MetricValue]:
+        fields = dict(token.split("=") for token in stdout.split())
+        return [m.value(float(fields[m.name])) for m in self.metrics]
+
+
+def _native(name: str) -> NativeEnvironment:
+    env = NativeEnvironment()
+    env.name = name
+    return env
+
+
+def _run(
+    tmp_path: Path,
+    streams: dict[str, Iterator[float]],
+    costs: dict[str, float],
+    **update: object,
+) -> tuple[Runner, list[SampleRecord]]:
+    values: dict[str, object] = {
+        "envs": tuple(streams),
+        "suites": ("cmd",),  # stored only; the runner is handed the scripted suite
+        "reps": None,
+        "target": TARGET,
+        "max_time": None,
+        "seed": 5,
+        "timeout": 60.0,
+    }
+    values.update(update)
+    config = BenchConfig.model_validate(values)
+    clock = FakeClock()
+    store = Store.open(tmp_path / "out", create=True)
+    run_id = store.create_run(args={}, seed=5, confidence=CONF)
+    envs = {name: _native(name) for name in streams}
+    for env in envs.values():
+        store.add_environment(run_id, env.describe())
+    runner = Runner(
+        store=store,
+        run_id=run_id,
+        seed=5,
+        config=config,
+        envs=envs,
+        suites=[Scripted(streams, costs, clock)],
+        out_dir=tmp_path / "out",
+        sizing_memory=1 << 30,
+        clock=clock,
+    )
+    runner.outcome = runner.run()  # type: ignore[attr-defined]
+    return runner, store.samples(run_id, include_warmup=False)
+
+
+def _oracle_stop(values: list[float], n_min: int = 3) -> int:
+    """First n >= n_min whose scipy t interval is within the target."""
+    for n in range(n_min, len(values) + 1):
+        head = values[:n]
+        mean = statistics.fmean(head)
+        low, high = sps.t.interval(CONF, n - 1, loc=mean, scale=sps.sem(head))
+        if (high - low) / 2 <= TARGET * abs(mean):
+            return n
+    raise AssertionError("the stream never meets the target; make it longer")
+
+
+def _noisy(seed: int, cv: float = 0.4) -> Iterator[float]:
+    rng = np.random.default_rng(seed)
+    return (abs(float(rng.normal(100.0, 100.0 * cv))) + 1.0 for _ in count())
+
+
+def _n(samples: list[SampleRecord], env: str) -> int:
+    return sum(1 for s in samples if s.env == env)
+
+
+def test_a_cell_stops_at_the_n_scipy_says(tmp_path: Path) -> None:
+    values = np.random.default_rng(3).normal(100.0, 25.0, size=300).tolist()
+    expected = _oracle_stop(values[1:])  # the warm-up prints the first value
+    assert expected > 10
+    runner, samples = _run(tmp_path, {"native": iter(values)}, {"native": 1.0}, max_reps=300)
+    assert _n(samples, "native") == expected
+    assert runner.outcome.stop_reason == "target"  # type: ignore[attr-defined]
+
+
+def test_each_cell_stops_on_its_own_and_extremes_are_left_out(tmp_path: Path) -> None:
+    """native prints a steady figure (target at the minimum, whatever its heavy-tailed
+    peak does); native-b a noisy one (it runs on to its repetition cap)."""
+    streams = {"native": iter([7.0] * 100), "native-b": _noisy(1)}
+    runner, samples = _run(tmp_path, streams, {"native": 1.0, "native-b": 1.0}, max_reps=8)
+    assert (_n(samples, "native"), _n(samples, "native-b")) == (3, 8)
+    outcome = runner.outcome  # type: ignore[attr-defined]
+    assert outcome.stop_reason == "max-reps"
+    assert "native scripted: target after 3" in outcome.detail
+    assert "native-b scripted: max-reps after 8" in outcome.detail
+    assert "not judged (extreme statistics): peak" in outcome.detail
+    keys = [(s.env, s.repetition) for s in samples]
+    assert sorted(keys) == sorted({*keys})  # repetitions numbered per cell, no clash
+
+
+def test_time_cap_holds_and_cheap_cells_fill_the_blocks(tmp_path: Path) -> None:
+    """A 1 s cell beside a 30 s one, both noisy (CV 40%: some 80 repetitions for the
+    target), 300 s of time: the dear cell stops after its minimum (its target is out of
+    reach in the time left), the cheap one gets
+    many repetitions, taken inside the blocks the dear one ran in, and the cap holds
+    to within one sample of each open cell."""
+    costs = {"native": 1.0, "native-b": 30.0}
+    runner, samples = _run(
+        tmp_path,
+        {"native": _noisy(2), "native-b": _noisy(3)},
+        costs,
+        max_time=300.0,
+        max_reps=200,
+    )
+    outcome = runner.outcome  # type: ignore[attr-defined]
+    assert outcome.stop_reason == "max-time"
+    assert _n(samples, "native-b") == 3
+    assert _n(samples, "native") >= 10 * _n(samples, "native-b")
+    last_dear = max(s.id for s in samples if s.env == "native-b")
+    assert sum(1 for s in samples if s.env == "native" and s.id < last_dear) >= 10
+    elapsed = runner.store.run(runner.run_id).elapsed_s
+    assert elapsed == sum(costs[s.env] for s in runner.store.samples(runner.run_id))
+    assert elapsed < 300.0 + sum(costs.values())
+    assert "native-b scripted: max-time (target out of reach in the time left) after 3" in (
+        outcome.detail
+    )
+
+
+def test_the_interval_of_a_stopped_cell_meets_the_target(tmp_path: Path) -> None:
+    values = np.random.default_rng(8).normal(50.0, 10.0, size=300).tolist()
+    _, samples = _run(tmp_path, {"native": iter(values)}, {"native": 1.0}, max_reps=300)
+    taken = [v for s in samples for m in s.metrics if m.metric == "t" and (v := m.value)]
+    half = sps.t.ppf(1 - (1 - CONF) / 2, len(taken) - 1) * statistics.stdev(taken)
+    assert half / math.sqrt(len(taken)) <= TARGET * statistics.fmean(taken)

@@ -1,0 +1,148 @@
+"""fixed_width_stop() as ``--reps auto`` uses it per cell: extreme statistics left out,
+and a cell that cannot reach its target in the time left giving its time back.
+
+The oracle is scipy's t.interval, walked sample by sample here; the projection is
+checked against the smallest n at which a sequence with the same mean and standard
+deviation would meet the target, found here by a plain search with scipy's t quantile.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from hpcvm.bench.noise import METRICS as NOISE_METRICS
+from hpcvm.errors import BenchmarkError
+from hpcvm.stats.stopping import fixed_width_stop
+
+TARGET = 0.1
+CONF = 0.97
+
+
+def _half_width_ok(values: list[float]) -> bool:
+    n = len(values)
+    mean = statistics.fmean(values)
+    low, high = sps.t.interval(CONF, n - 1, loc=mean, scale=sps.sem(values))
+    return (high - low) / 2 <= TARGET * abs(mean)
+
+
+def _oracle_stop(values: list[float], n_min: int = 3) -> int:
+    for n in range(n_min, len(values) + 1):
+        if _half_width_ok(values[:n]):
+            return n
+    raise AssertionError("the stream never meets the target; make it longer")
+
+
+def test_an_extreme_statistic_is_left_out_and_named() -> None:
+    """A steady mean-like metric meets 10% at the n scipy says; a max-like metric of
+    heavy-tailed samples never would, and must not hold the cell up."""
+    rng = np.random.default_rng(7)
+    steady = rng.normal(100.0, 25.0, size=200).tolist()  # CV 25%: tens of repetitions
+    wild = (rng.pareto(1.1, size=200) * 1000.0 + 1.0).tolist()
+    expected = _oracle_stop(steady)
+    assert expected > 10  # the stream is non-trivial for the rule
+    assert not _half_width_ok(wild[:expected])  # judging it would not have stopped here
+    for n in range(1, expected + 1):
+        d = fixed_width_stop(
+            {"steady": steady[:n], "wild": wild[:n]},
+            target=TARGET,
+            n_max=200,
+            elapsed=0.0,
+            max_time=None,
+            extreme={"wild"},
+        )
+        assert d.stop == (n == expected), n
+    assert (d.reason, d.worst_metric, d.left_out) == ("target", "steady", ("wild",))
+
+
+def test_only_extreme_metrics_is_an_error_that_says_so() -> None:
+    with pytest.raises(BenchmarkError, match="extreme"):
+        fixed_width_stop(
+            {"max": [1.0, 2.0, 3.0]},
+            target=TARGET,
+            n_max=10,
+            elapsed=0.0,
+            max_time=None,
+            extreme={"max"},
+        )
+
+
+def test_the_noise_suites_extremes_are_data_on_its_metrics() -> None:
+    extreme = {m.name for m in NOISE_METRICS if m.extreme}
+    assert extreme == {"NoiseMaxDetour_usec", "NoiseP999Detour_usec"}
+
+
+def _needed(values: list[float]) -> int:
+    """Smallest n whose interval, with this mean and sd, is within the target."""
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    n = 2
+    while sps.t.ppf(1 - (1 - CONF) / 2, n - 1) * sd / math.sqrt(n) > TARGET * mean:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("seconds", [1.0, 30.0])
+def test_a_cell_that_cannot_reach_its_target_in_time_stops_at_once(seconds: float) -> None:
+    """Five samples with CV 40% need ~80 repetitions; at 1 s each they fit in the 200 s
+    left, at 30 s each they do not, so that cell stops now (max-time, projected)."""
+    values = [60.0, 140.0, 100.0, 70.0, 130.0]
+    needed = _needed(values)
+    assert 50 < needed < 150
+    d = fixed_width_stop(
+        {"t": values},
+        target=TARGET,
+        n_max=200,
+        elapsed=100.0,
+        max_time=300.0,
+        seconds_per_rep=seconds,
+    )
+    fits = (needed - len(values)) * seconds <= 200.0
+    assert fits == (seconds == 1.0)  # the two cases are on either side of the line
+    assert d.stop == (not fits)
+    if d.stop:
+        assert (d.reason, d.projected) == ("max-time", True)
+
+
+def test_a_cell_within_reach_of_its_repetition_cap_runs_on() -> None:
+    """When the target needs more repetitions than the cap allows but the cap itself
+    fits in the time left, the cell runs on to the cap (narrower is still better)."""
+    values = [60.0, 140.0, 100.0, 70.0, 130.0]
+    d = fixed_width_stop(
+        {"t": values},
+        target=TARGET,
+        n_max=10,
+        elapsed=0.0,
+        max_time=100.0,
+        seconds_per_rep=10.0,
+    )
+    assert not d.stop
+    d = fixed_width_stop(
+        {"t": values},
+        target=TARGET,
+        n_max=10,
+        elapsed=0.0,
+        max_time=49.0,
+        seconds_per_rep=10.0,
+    )
+    assert (d.stop, d.reason, d.projected) == (True, "max-time", True)
+
+
+def test_no_projection_before_the_minimum_or_without_a_cap() -> None:
+    values = [60.0, 140.0]
+    early = fixed_width_stop(
+        {"t": values}, target=TARGET, n_max=50, elapsed=0.0, max_time=10.0, seconds_per_rep=99
+    )
+    assert not early.stop
+    uncapped = fixed_width_stop(
+        {"t": [*values, 100.0]},
+        target=TARGET,
+        n_max=50,
+        elapsed=0.0,
+        max_time=None,
+        seconds_per_rep=99,
+    )
+    assert not uncapped.stop
