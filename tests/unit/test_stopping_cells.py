@@ -17,7 +17,12 @@ from scipy import stats as sps
 
 from hpcvm.bench.noise import METRICS as NOISE_METRICS
 from hpcvm.errors import BenchmarkError
-from hpcvm.stats.stopping import fixed_width_stop
+from hpcvm.stats.stopping import (
+    fixed_width_stop,
+    projected_seconds,
+    relative_half_width,
+    repetitions_needed,
+)
 
 TARGET = 0.1
 CONF = 0.97
@@ -146,3 +151,42 @@ def test_no_projection_before_the_minimum_or_without_a_cap() -> None:
         seconds_per_rep=99,
     )
     assert not uncapped.stop
+
+
+def test_repetitions_needed_matches_a_plain_search() -> None:
+    values = [60.0, 140.0, 100.0, 70.0, 130.0]
+    width = relative_half_width(values, CONF)
+    assert repetitions_needed(width, len(values), TARGET, CONF) == _needed(values)
+    assert repetitions_needed(0.05, 7, TARGET, CONF) == 7  # already there
+    assert repetitions_needed(math.inf, 1, TARGET, CONF) == math.inf
+
+
+def test_projected_seconds_stop_at_the_repetition_cap() -> None:
+    values = {"t": [60.0, 140.0, 100.0, 70.0, 130.0], "max": [1.0, 900.0, 3.0, 2.0, 1.0]}
+    full = projected_seconds(
+        values, target=TARGET, n=5, n_max=1000, seconds_per_rep=2.0, extreme={"max"}
+    )
+    assert full == (_needed(values["t"]) - 5) * 2.0
+    capped = projected_seconds(
+        values, target=TARGET, n=5, n_max=20, seconds_per_rep=2.0, extreme={"max"}
+    )
+    assert capped == 30.0
+
+
+def test_time_set_aside_for_cheaper_cells_can_stop_a_dearer_one() -> None:
+    """The cell needs (needed - 5) x 1 s; that fits in the 200 s left on its own but not
+    once the cheaper cells' 150 s are set aside."""
+    values = [60.0, 140.0, 100.0, 70.0, 130.0]
+    own = _needed(values) - len(values)
+    assert 50 < own < 200
+    kw: dict[str, object] = {
+        "target": TARGET,
+        "n_max": 1000,
+        "elapsed": 100.0,
+        "max_time": 300.0,
+        "seconds_per_rep": 1.0,
+    }
+    alone = fixed_width_stop({"t": values}, **kw)  # type: ignore[arg-type]
+    assert not alone.stop
+    crowded = fixed_width_stop({"t": values}, reserved=150.0, **kw)  # type: ignore[arg-type]
+    assert (crowded.stop, crowded.reason, crowded.projected) == (True, "max-time", True)

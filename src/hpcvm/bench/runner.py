@@ -29,6 +29,7 @@ on from there).
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import shutil
@@ -46,6 +47,7 @@ from hpcvm.bench.suite import DescribesSamples, Suite
 from hpcvm.errors import HpcvmError
 from hpcvm.model import Frozen
 from hpcvm.stats import StopDecision, fixed_width_stop, interleaved_order
+from hpcvm.stats.stopping import projected_seconds
 from hpcvm.store import MetricRecord, NewSample, SampleKey, SampleRecord, Store
 
 LOGS = "logs"
@@ -247,13 +249,7 @@ class Runner:
         what every open cell may spend per turn under auto."""
         if self.config.reps is not None:
             return 0.0
-        open_cells = [
-            (env, c.suite.name, c.np)
-            for env in self.envs
-            for c in self.cells
-            if self._live(env, c) and (env, c.suite.name, c.np) not in self._stopped
-        ]
-        return max((self._tally.cost(k) for k in open_cells), default=0.0)
+        return max((self._tally.cost(k) for k in self._open_keys()), default=0.0)
 
     # -- failures -----------------------------------------------------------------------
 
@@ -346,9 +342,42 @@ class Runner:
             reps=n,
             extreme=self.extreme.get(cell.suite.name, set()),
             seconds_per_rep=self._tally.cost(key) or None,
+            reserved=self._reserved(key),
         )
         if decision.stop:
             self._stopped[key] = decision
+
+    def _projected(self, key: CellKey) -> float:
+        """Seconds the cell still needs for its target (or its repetition cap)."""
+        cost = self._tally.cost(key)
+        if not cost or not self._tally.values(key):
+            return math.inf
+        return projected_seconds(
+            self._tally.values(key),
+            target=self.config.target,
+            confidence=self.config.confidence,
+            n=self._tally.count(key, False),
+            n_max=self.config.max_reps,
+            seconds_per_rep=cost,
+            extreme=self.extreme.get(key[1], set()),
+        )
+
+    def _reserved(self, key: CellKey) -> float:
+        """Time set aside for the open cells that need less of it than this one to
+        finish: under the time cap, the cheapest targets are met first."""
+        if self.config.max_time is None:
+            return 0.0
+        own = self._projected(key)
+        others = [self._projected(k) for k in self._open_keys() if k != key]
+        return sum(t for t in others if t < own)
+
+    def _open_keys(self) -> list[CellKey]:
+        return [
+            (env, c.suite.name, c.np)
+            for env in self.envs
+            for c in self.cells
+            if self._live(env, c) and (env, c.suite.name, c.np) not in self._stopped
+        ]
 
     def _decide(self, reps: int) -> Outcome | None:
         cfg = self.config

@@ -23,12 +23,13 @@ two seconds beside a TCG guest's thirty):
   waited for it would always run into its caps. The caller names those metrics
   (``extreme``, data on the suite's Metric); the decision lists them in ``left_out``.
 - **A cell that cannot make it gives its time back.** Given the seconds one repetition
-  costs, the rule projects the repetitions the target needs (n* with
-  t*s/sqrt(n*) = target*|mean|, at today's t and s) and stops with ``max-time`` as soon
-  as even min(n*, n_max) of them cannot fit in the time left: running it on would only
-  take the time that cheaper cells need to reach their target, and the cap would stop it
-  anyway. The projection is advice about cost, never about the effect: it uses the
-  width, like the rule itself.
+  costs, the rule projects the repetitions the target needs (the smallest n* with
+  t(n*-1)*s/sqrt(n*) <= target*|mean| at today's relative s) and stops with ``max-time``
+  as soon as min(n*, n_max) of them cannot fit in the time left, after setting aside
+  what the cells that are cheaper to finish still need (the caller adds those up):
+  running it on would only take the time that cheaper cells need to reach their target,
+  and the cap would stop it anyway. The projection is advice about cost, never about
+  the effect: it uses the width, like the rule itself.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ from collections.abc import Collection, Mapping
 from typing import Literal
 
 import numpy as np
+from scipy.stats import norm
 
 from hpcvm.errors import BenchmarkError, UsageError
 from hpcvm.model import Frozen
 from hpcvm.stats._checks import Sample, check_confidence, finite_sample
 from hpcvm.stats.summary import DEFAULT_CONFIDENCE, t_quantile
 
+MAX_PROJECTED = 1_000_000  # repetitions: beyond this a target counts as out of reach
 Reason = Literal["target", "max-reps", "max-time", "continue"]
 
 
@@ -90,13 +93,41 @@ def _check_rule(target: float, n_min: int, n_max: int, max_time: float | None) -
         raise UsageError(f"time cap must be positive seconds, not {max_time}")
 
 
-def repetitions_needed(relative_width: float, n: int, target: float) -> float:
-    """The n* at which today's relative half-width (at n repetitions) would shrink to
-    ``target``, width falling as 1/sqrt(n) at today's t (conservative: t only falls as
-    n grows). Infinite for an infinite width."""
+def repetitions_needed(relative_width: float, n: int, target: float, confidence: float) -> float:
+    """The smallest n* >= n at which a sample with today's relative standard deviation
+    (recovered from the relative half-width at n) would meet ``target``, t falling with
+    n as it does. Infinite for an infinite width or beyond a million repetitions."""
     if not math.isfinite(relative_width):
         return math.inf
-    return max(float(n), math.ceil(n * (relative_width / target) ** 2))
+    if relative_width <= target:
+        return float(n)
+    cv = relative_width * math.sqrt(n) / t_quantile(confidence, n - 1)
+    z = float(norm.ppf(0.5 + confidence / 2.0))
+    m = max(n, math.ceil((z * cv / target) ** 2))  # t > z: never past the answer
+    while m <= MAX_PROJECTED and t_quantile(confidence, m - 1) * cv / math.sqrt(m) > target:
+        m += max(1, m // 100)
+    return float(m) if m <= MAX_PROJECTED else math.inf
+
+
+def projected_seconds(
+    samples_by_metric: Mapping[str, Sample],
+    *,
+    target: float,
+    confidence: float = DEFAULT_CONFIDENCE,
+    n: int,
+    n_max: int,
+    seconds_per_rep: float,
+    extreme: Collection[str] = (),
+) -> float:
+    """Seconds a cell still needs to reach its target or, when that lies beyond it, its
+    repetition cap: (min(n*, n_max) - n) repetitions at ``seconds_per_rep``; infinite
+    while a judged metric has fewer than 2 values."""
+    judged = [v for k, v in samples_by_metric.items() if k not in extreme]
+    if not judged:
+        return math.inf
+    worst = max(relative_half_width(v, confidence) for v in judged)
+    wanted = min(repetitions_needed(worst, max(n, 2), target, confidence), float(n_max))
+    return max(0.0, wanted - n) * seconds_per_rep
 
 
 def fixed_width_stop(
@@ -111,6 +142,7 @@ def fixed_width_stop(
     reps: int | None = None,
     extreme: Collection[str] = (),
     seconds_per_rep: float | None = None,
+    reserved: float = 0.0,
 ) -> StopDecision:
     """Decide after a repetition whether ``--reps auto`` should stop.
 
@@ -120,7 +152,8 @@ def fixed_width_stop(
     (fewer samples) cannot keep the rule from reaching its caps. Metrics named in
     ``extreme`` are not judged (listed in ``left_out``); with ``seconds_per_rep`` (what
     one more repetition costs) a cell that cannot reach its target or its repetition cap
-    in the time left stops now (see the module doc).
+    in the time left stops now (see the module doc), after ``reserved`` seconds of it are
+    set aside for cells that need less time than this one to finish.
     """
     conf = check_confidence(confidence)
     _check_rule(target, n_min, n_max, max_time)
@@ -144,8 +177,8 @@ def fixed_width_stop(
         elif max_time is not None and elapsed >= max_time:
             reason = "max-time"
         elif max_time is not None and seconds_per_rep is not None:
-            wanted = min(repetitions_needed(widths[worst], n, target), float(n_max))
-            if elapsed + (wanted - n) * seconds_per_rep > max_time:
+            wanted = min(repetitions_needed(widths[worst], n, target, conf), float(n_max))
+            if elapsed + reserved + (wanted - n) * seconds_per_rep > max_time:
                 reason, projected = "max-time", True
     return StopDecision(
         stop=reason != "continue",
