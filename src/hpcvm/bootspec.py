@@ -43,7 +43,7 @@ class GuestLink(Frozen):
 
 
 NicKind = Literal["bridge", "macvtap", "vf"]
-NicModel = Literal["virtio", "e1000"]
+NicModel = Literal["virtio", "e1000", "vfio"]  # vfio: a passed-through VF, no emulation
 
 
 class Nic(Frozen):
@@ -61,7 +61,7 @@ class Nic(Frozen):
     source: str  # the bridge (bridge), parent device (macvtap) or VF's PCI address (vf)
     model: NicModel = "virtio"
     mac: str
-    ifname: str
+    ifname: str  # vf: the physical function's interface (the VF's MAC is set there)
     address: str | None = None  # "10.77.0.101/24"
     mtu: int
     vhost: bool = False  # /dev/vhost-net exists: the datapath runs in the host kernel

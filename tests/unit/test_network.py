@@ -86,8 +86,8 @@ def test_unknown_key_names_every_registered_kind() -> None:
 
 
 def test_unregistered_kinds_are_refused_not_defaulted() -> None:
-    # macvtap and vf are not implemented: they must not fall through to a bridge.
-    for kind in ("macvtap", "vf"):
+    # macvtap is not implemented: it must not fall through to a bridge.
+    for kind in ("macvtap",):
         assert kind not in NETWORK_KINDS
         with pytest.raises(UsageError, match=f"unknown key '{kind}'"):
             parse_network(f"{kind}=auto")
@@ -307,3 +307,86 @@ def test_verify_down_link_and_garbage() -> None:
     assert bad.name.endswith(" up")
     (broken,) = nic_checks([_guest_nic()], "not json")
     assert not broken.ok
+
+
+# -- vf (a fake sysfs: no SR-IOV NIC exists on the machines hpcvm is tested on) --------
+
+
+def _fake_sysfs(root: Path, pf_netdev: str = "lo") -> Path:
+    """bus/pci/devices as the kernel lays it out for a PF 0000:01:00.0 with two VFs
+    (01:00.2 bound to vfio-pci, 01:00.3 to iavf): relative links, as in /sys."""
+    devices = root / "bus" / "pci" / "devices"
+    drivers = root / "bus" / "pci" / "drivers"
+    for driver in ("vfio-pci", "iavf", "ice"):
+        (drivers / driver).mkdir(parents=True)
+    pf = devices / "0000:01:00.0"
+    (pf / "net" / pf_netdev).mkdir(parents=True)
+    (pf / "driver").symlink_to("../../drivers/ice")
+    for index, (fn, driver) in enumerate([("2", "vfio-pci"), ("3", "iavf")]):
+        vf = devices / f"0000:01:00.{fn}"
+        vf.mkdir()
+        (vf / "physfn").symlink_to("../0000:01:00.0")
+        (vf / "driver").symlink_to(f"../../drivers/{driver}")
+        (pf / f"virtfn{index}").symlink_to(f"../0000:01:00.{fn}")
+    return root
+
+
+def test_vf_found_through_its_physical_function(tmp_path: Path) -> None:
+    kind = network.VfKind(_fake_sysfs(tmp_path))
+    vf = kind.virtual_function("0000:01:00.3")
+    assert (vf.pf_bdf, vf.index, vf.pf_netdev, vf.driver) == ("0000:01:00.0", 1, "lo", "iavf")
+    with pytest.raises(UsageError, match="not an SR-IOV virtual function"):
+        kind.virtual_function("0000:01:00.0")
+    with pytest.raises(UsageError, match=r"no PCI device 0000:09:00\.0"):
+        kind.virtual_function("0000:09:00.0")
+
+
+def test_vf_auto_takes_a_free_vfio_bound_vf(tmp_path: Path) -> None:
+    kind = network.VfKind(_fake_sysfs(tmp_path))
+    assert kind.free_vf([]) == "0000:01:00.2"  # 01:00.3 is bound to iavf, not vfio-pci
+    with pytest.raises(UsageError, match="no free SR-IOV VF bound to vfio-pci"):
+        kind.free_vf(["0000:01:00.2"])
+
+
+def test_vf_nic_resolves_against_the_pf_interface(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fake PF's interface is "lo", which every network namespace has: its MTU and
+    # address are read over netlink for real.
+    monkeypatch.setenv("HPCVM_RUNTIME_DIR", str(tmp_path / "rt"))
+    kind = network.VfKind(_fake_sysfs(tmp_path / "sys"))
+    req = parse_network("vf=01:00.2")
+    nic = kind.resolve(req, vm="job1", index=0, address="127.0.0.5/8", warn=print)
+    assert (nic.kind, nic.source, nic.model, nic.ifname) == ("vf", "0000:01:00.2", "vfio", "lo")
+    assert nic.mac == mac_for("job1")
+    assert nic.mtu == network.link("lo")["mtu"]  # type: ignore[index]
+    auto = kind.resolve(parse_network("vf=auto"), vm="job1", index=0, address=None, warn=print)
+    assert auto.source == "0000:01:00.2"
+    with pytest.raises(UsageError, match="outside lo's subnet"):
+        kind.resolve(req, vm="job1", index=0, address="10.0.0.5/8", warn=print)
+    with pytest.raises(UsageError, match="no model="):
+        kind.resolve(parse_network("vf=01:00.2,model=e1000"), vm="j", index=0, address=None,
+                     warn=print)  # fmt: skip
+    # a VF is rendered by the plan's passthrough, never as a tap
+    assert "-netdev" not in qemu_argv(plans.naive(), BootSpec(nics=(nic,)))
+    assert "<interface" not in libvirt_xml(plans.naive(), BootSpec(nics=(nic,)))
+
+
+def test_vf_pf_outside_this_namespace_is_refused(tmp_path: Path) -> None:
+    kind = network.VfKind(_fake_sysfs(tmp_path, pf_netdev="hvnosuchpf0"))
+    with pytest.raises(UsageError, match="hvnosuchpf0 is not in this network namespace"):
+        kind.resolve(parse_network("vf=01:00.2"), vm="j", index=0, address=None, warn=print)
+
+
+def test_vf_joins_the_plan_request_as_passthrough(tmp_path: Path) -> None:
+    from hpcvm.plan.model import PlanRequest
+    from hpcvm.runtime import lifecycle
+
+    nic = Nic(kind="vf", source="0000:01:00.2", model="vfio", mac=mac_for("j"), ifname="lo",
+              mtu=1500)  # fmt: skip
+    request = PlanRequest(profile="hpc", vcpus=1, memory_bytes=256 << 20)
+    assert lifecycle._with_vfs(request, (nic,)).passthrough == ("0000:01:00.2",)
+    typed = request.model_copy(update={"passthrough": ("01:00.2",)})
+    assert lifecycle._with_vfs(typed, (nic,)).passthrough == ("01:00.2",)  # not twice
+    with pytest.raises(UsageError, match=r"does not pass through the VF 0000:01:00\.2"):
+        lifecycle._plan_has_vfs(plans.naive(), (nic,))

@@ -19,8 +19,11 @@ from hpcvm.errors import RuntimeFailure
 # shares writable in the guest; qemu_fw_cfg reads the share table hpcvm passes on
 # fw_cfg; virtio_blk is for user disk images; virtio_net (with net_failover and failover,
 # from modules.dep) and e1000 are the NICs of ``--network`` (the paravirtual one and
-# the emulated one the studies compare it with). NUMA and hugetlbfs are built into distribution
+# the emulated one the studies compare it with); iavf and ixgbevf drive the SR-IOV VFs
+# of Intel NICs (``--network vf=``), optional (marked ``?``): a kernel without them
+# still boots, only without VF networking. NUMA and hugetlbfs are built into distribution
 # kernels (checked by kernel.check_config), so no module is needed for them.
+OPTIONAL = "?"  # suffix: load the module when the kernel has it, skip it otherwise
 GUEST_MODULES: tuple[str, ...] = (
     "virtio_ring",
     "virtio",
@@ -38,6 +41,8 @@ GUEST_MODULES: tuple[str, ...] = (
     "virtio_blk",
     "virtio_net",
     "e1000",
+    f"iavf{OPTIONAL}",
+    f"ixgbevf{OPTIONAL}",
 )
 
 _SUFFIXES = (".ko", ".ko.xz", ".ko.gz", ".ko.zst")
@@ -97,7 +102,8 @@ class ModuleIndex:
     def load_order(self, wanted: tuple[str, ...] | list[str]) -> list[str]:
         """Module names to insmod, each after everything it depends on.
 
-        Built-in modules are skipped (they are already in the kernel). A wanted module
+        Built-in modules are skipped (they are already in the kernel), and so are
+        optional ones (``name?``) the kernel lacks. Any other wanted module
         the kernel has neither as a module nor built in is an error: the guest would
         fail at boot, later and less clearly.
         """
@@ -117,10 +123,11 @@ class ModuleIndex:
             order.append(name)
 
         for raw in wanted:
-            name = raw.replace("-", "_")
+            optional = raw.endswith(OPTIONAL)
+            name = raw.removesuffix(OPTIONAL).replace("-", "_")
             if name in self.paths:
                 visit(name, ())
-            elif name not in self.builtin:
+            elif name not in self.builtin and not optional:
                 raise RuntimeFailure(
                     f"this kernel has no module {name} (neither in modules.dep nor built in); "
                     "use a distribution kernel or pass one that has it with --kernel"

@@ -128,11 +128,18 @@ def up(
     requests = sharing.parse_shares(options.shares)
     _refuse_if_in_use(name)
     media = resolve_boot_media(kernel=options.kernel, initrd=options.initrd, image=options.image)
+    nics = network.resolve_nics(
+        options.network,
+        options.address,
+        vm=name,
+        privileged=network.is_root() or options.backend == "libvirt",
+        warn=warn,
+    )
     if isinstance(target, PlanRequest):
-        request = target.model_copy(update={"name": name})
+        request = _with_vfs(target.model_copy(update={"name": name}), nics)
         plan = make_plan(request, host=host, kernel=media.kernel, warn=warn)
     else:
-        plan = target
+        plan = _plan_has_vfs(target, nics)
     backend = get_backend(options.backend, options.connect_uri)
     user = backend.qemu_user()
     media = with_shares(
@@ -141,13 +148,6 @@ def up(
         workdir=options.workdir or os.getcwd(),
         user=user,
         opened_by_root=getattr(backend, "opens_shares_as_root", False) and user.switch,
-        warn=warn,
-    )
-    nics = network.resolve_nics(
-        options.network,
-        options.address,
-        vm=name,
-        privileged=network.is_root() or backend.name == "libvirt",
         warn=warn,
     )
     media = _with_nics(media, nics, warn)
@@ -166,6 +166,29 @@ def up(
             if failure is exc:
                 raise
             raise failure from exc
+
+
+def _with_vfs(request: PlanRequest, nics: tuple[Nic, ...]) -> PlanRequest:
+    """A VF NIC is a passthrough device: the planner checks its IOMMU group and NUMA
+    node like any other (plan/passthrough.py)."""
+    from hpcvm.plan.passthrough import normalise_bdf
+
+    asked = {normalise_bdf(bdf) for bdf in request.passthrough}
+    vfs = [bdf for bdf in network.passthrough_of(nics) if bdf not in asked]
+    if not vfs:
+        return request
+    return request.model_copy(update={"passthrough": (*request.passthrough, *vfs)})
+
+
+def _plan_has_vfs(plan: VMPlan, nics: tuple[Nic, ...]) -> VMPlan:
+    passed = {dev.bdf for dev in plan.passthrough}
+    missing = [bdf for bdf in network.passthrough_of(nics) if bdf not in passed]
+    if missing:
+        raise UsageError(
+            f"the plan does not pass through the VF {', '.join(missing)} that --network "
+            "names: plan it with --passthrough too"
+        )
+    return plan
 
 
 def _with_nics(media: BootMedia, nics: tuple[Nic, ...], warn: Warn | None) -> BootMedia:
