@@ -19,6 +19,7 @@ from rich.text import Text
 from hpcvm.bench.failures import CellFailures
 from hpcvm.bench.results import ResultRow, noise_by_env
 from hpcvm.bench.session import TCG_WARNING
+from hpcvm.bench.suites import kind_of
 from hpcvm.store import EnvironmentRecord, RunRecord
 from hpcvm.units import format_cpu_list
 
@@ -162,6 +163,18 @@ def trust_notes(rows: Sequence[ResultRow]) -> list[str]:
     ]
 
 
+EXTREME_NOTE = "extreme statistic: its mean has an interval, but --reps auto does not judge it"
+
+
+def is_extreme(suite: str, metric: str) -> bool:
+    """Whether the suite's kind defines this metric as an extreme statistic (a maximum,
+    a p99.9 of each sample: no repetition count narrows its interval to a target);
+    per-CPU details (``name@cpu1``) share their summary metric's definition."""
+    kind = kind_of(suite)
+    name = metric.split("@", 1)[0]
+    return kind is not None and any(m.name == name and m.extreme for m in kind.metrics)
+
+
 def metric_tables(rows: Sequence[ResultRow]) -> list[tuple[Table, list[str]]]:
     """One table per (suite, metric), rows per env and np (per-CPU details left out),
     each with the notes on rows whose mean's interval should not be trusted."""
@@ -175,8 +188,9 @@ def metric_tables(rows: Sequence[ResultRow]) -> list[tuple[Table, list[str]]]:
         first = members[0]
         direction = "higher" if first.higher_is_better else "lower"
         unit = f" ({first.unit})" if first.unit else ""
+        extreme = f" ({EXTREME_NOTE})" if is_extreme(suite, metric) else ""
         table = Table(
-            title=Text(f"{suite}: {metric}{unit}, {direction} is better"),
+            title=Text(f"{suite}: {metric}{unit}, {direction} is better{extreme}"),
             box=box.SIMPLE_HEAD,
             header_style="bold",
             title_justify="left",
