@@ -458,7 +458,8 @@ def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> 
             f"sizes-{_slug(suite)}",
             f"Latency and bandwidth against message size: {suite}",
             "Lines: mean per message size and environment (native against each VM); "
-            f"bands: {conf * 100:g}% Student-t interval of each mean. Latency on log axes.",
+            f"bands: {conf * 100:g}% Student-t interval of each mean (running past the frame when "
+            "wider than the plot). Latency on log axes.",
         )
         rows = [r for r in rows if r not in sized]
         emit(

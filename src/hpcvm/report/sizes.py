@@ -60,6 +60,28 @@ def _series(rows: Sequence[Row]) -> dict[tuple[str, int | None], list[tuple[int,
     return {key: sorted(points, key=lambda p: p[0]) for key, points in keyed.items()}
 
 
+# How far past the means a band may widen the axis: beyond it the band runs past the
+# frame (a 2-sample interval of a noisy run is 20x its half-range and would flatten
+# every line; the table marks such intervals).
+WIDEST_LINEAR = 2.0
+WIDEST_LOG = 4.0
+
+
+def _y_limits(rows: Sequence[Row], log_y: bool) -> tuple[float, float]:
+    """The means' range widened to the bands, but at most to WIDEST_* of the means; a
+    linear axis starts at zero (no bandwidth is negative)."""
+    means = [r.mean for r in rows if r.mean is not None]
+    lows = [r.ci_low for r in rows if r.ci_low is not None]
+    highs = [r.ci_high for r in rows if r.ci_high is not None]
+    top = max(means)
+    if log_y:
+        positive = [v for v in means + lows if v > 0]
+        low = max(min(positive), min(means) / WIDEST_LOG) if positive else 1e-3
+        high = min(max([top, *highs]), top * WIDEST_LOG)
+        return low / 1.2, high * 1.2
+    return 0.0, min(max([top, *highs]), top * WIDEST_LINEAR) * 1.05
+
+
 def _panel(ax: Axes, rows: Sequence[Row], colours: dict[str, str], log_y: bool) -> None:
     series = _series(rows)
     several_np = len({np_ for _, np_ in series}) > 1
@@ -83,6 +105,7 @@ def _panel(ax: Axes, rows: Sequence[Row], colours: dict[str, str], log_y: bool) 
     ax.set_xscale("log", base=2)
     if log_y:
         ax.set_yscale("log")
+    ax.set_ylim(*_y_limits(rows, log_y))
     ticks = sorted({size for points in series.values() for size, _ in points})
     ax.xaxis.set_major_locator(FixedLocator([float(t) for t in ticks]))
     ax.xaxis.set_minor_locator(NullLocator())
