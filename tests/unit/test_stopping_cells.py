@@ -91,9 +91,10 @@ def _needed(values: list[float]) -> int:
 
 
 @pytest.mark.parametrize("seconds", [1.0, 30.0])
-def test_a_cell_that_cannot_reach_its_target_in_time_stops_at_once(seconds: float) -> None:
-    """Five samples with CV 40% need ~80 repetitions; at 1 s each they fit in the 200 s
-    left, at 30 s each they do not, so that cell stops now (max-time, projected)."""
+def test_a_cell_that_cannot_reach_its_target_in_time_gives_way(seconds: float) -> None:
+    """Five samples with CV 35% need ~60 repetitions; at 1 s each they fit in the 200 s
+    left beside the 50 s cheaper cells need, at 30 s each they do not: that cell gives
+    way (it does not stop: the time cheaper cells leave is still its to use)."""
     values = [60.0, 140.0, 100.0, 70.0, 130.0]
     needed = _needed(values)
     assert 50 < needed < 150
@@ -104,44 +105,55 @@ def test_a_cell_that_cannot_reach_its_target_in_time_stops_at_once(seconds: floa
         elapsed=100.0,
         max_time=300.0,
         seconds_per_rep=seconds,
+        reserved=50.0,
     )
-    fits = (needed - len(values)) * seconds <= 200.0
+    fits = (needed - len(values)) * seconds <= 150.0
     assert fits == (seconds == 1.0)  # the two cases are on either side of the line
-    assert d.stop == (not fits)
-    if d.stop:
-        assert (d.reason, d.projected) == ("max-time", True)
+    assert (d.stop, d.reason, d.give_way) == (False, "continue", not fits)
 
 
-def test_a_cell_within_reach_of_its_repetition_cap_runs_on() -> None:
-    """When the target needs more repetitions than the cap allows but the cap itself
-    fits in the time left, the cell runs on to the cap (narrower is still better)."""
+def test_with_no_cheaper_cell_waiting_nobody_gives_way() -> None:
     values = [60.0, 140.0, 100.0, 70.0, 130.0]
     d = fixed_width_stop(
         {"t": values},
         target=TARGET,
-        n_max=10,
-        elapsed=0.0,
-        max_time=100.0,
-        seconds_per_rep=10.0,
+        n_max=200,
+        elapsed=100.0,
+        max_time=300.0,
+        seconds_per_rep=30.0,
     )
-    assert not d.stop
-    d = fixed_width_stop(
-        {"t": values},
-        target=TARGET,
-        n_max=10,
-        elapsed=0.0,
-        max_time=49.0,
-        seconds_per_rep=10.0,
-    )
-    assert (d.stop, d.reason, d.projected) == (True, "max-time", True)
+    assert (d.stop, d.give_way) == (False, False)
+
+
+def test_a_cell_within_reach_of_its_repetition_cap_keeps_its_turn() -> None:
+    """When the target needs more repetitions than the cap allows but the cap itself
+    fits in the time left, the cell keeps its turn (narrower is still better)."""
+    values = [60.0, 140.0, 100.0, 70.0, 130.0]
+    kw: dict[str, object] = {
+        "target": TARGET,
+        "n_max": 10,
+        "elapsed": 0.0,
+        "seconds_per_rep": 10.0,
+        "reserved": 1.0,
+    }
+    d = fixed_width_stop({"t": values}, max_time=100.0, **kw)  # type: ignore[arg-type]
+    assert not d.stop and not d.give_way
+    d = fixed_width_stop({"t": values}, max_time=50.0, **kw)  # type: ignore[arg-type]
+    assert (d.stop, d.give_way) == (False, True)
 
 
 def test_no_projection_before_the_minimum_or_without_a_cap() -> None:
     values = [60.0, 140.0]
     early = fixed_width_stop(
-        {"t": values}, target=TARGET, n_max=50, elapsed=0.0, max_time=10.0, seconds_per_rep=99
+        {"t": values},
+        target=TARGET,
+        n_max=50,
+        elapsed=0.0,
+        max_time=10.0,
+        seconds_per_rep=99,
+        reserved=5.0,
     )
-    assert not early.stop
+    assert not early.stop and not early.give_way
     uncapped = fixed_width_stop(
         {"t": [*values, 100.0]},
         target=TARGET,
@@ -149,8 +161,9 @@ def test_no_projection_before_the_minimum_or_without_a_cap() -> None:
         elapsed=0.0,
         max_time=None,
         seconds_per_rep=99,
+        reserved=5.0,
     )
-    assert not uncapped.stop
+    assert not uncapped.stop and not uncapped.give_way
 
 
 def test_repetitions_needed_matches_a_plain_search() -> None:
@@ -173,12 +186,12 @@ def test_projected_seconds_stop_at_the_repetition_cap() -> None:
     assert capped == 30.0
 
 
-def test_time_set_aside_for_cheaper_cells_can_stop_a_dearer_one() -> None:
-    """The cell needs (needed - 5) x 1 s; that fits in the 200 s left on its own but not
-    once the cheaper cells' 150 s are set aside."""
+def test_time_set_aside_for_cheaper_cells_makes_a_dearer_one_give_way() -> None:
+    """The cell needs (needed - 5) x 1 s; that fits in the 200 s left beside 1 s for the
+    cheaper cells but not beside 150 s."""
     values = [60.0, 140.0, 100.0, 70.0, 130.0]
     own = _needed(values) - len(values)
-    assert 50 < own < 200
+    assert 50 < own < 199
     kw: dict[str, object] = {
         "target": TARGET,
         "n_max": 1000,
@@ -186,7 +199,7 @@ def test_time_set_aside_for_cheaper_cells_can_stop_a_dearer_one() -> None:
         "max_time": 300.0,
         "seconds_per_rep": 1.0,
     }
-    alone = fixed_width_stop({"t": values}, **kw)  # type: ignore[arg-type]
-    assert not alone.stop
+    alone = fixed_width_stop({"t": values}, reserved=1.0, **kw)  # type: ignore[arg-type]
+    assert not alone.give_way
     crowded = fixed_width_stop({"t": values}, reserved=150.0, **kw)  # type: ignore[arg-type]
-    assert (crowded.stop, crowded.reason, crowded.projected) == (True, "max-time", True)
+    assert (crowded.stop, crowded.reason, crowded.give_way) == (False, "continue", True)

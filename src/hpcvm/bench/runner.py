@@ -11,15 +11,18 @@ up again, in the block where it resumes).
 A fixed ``--reps N`` runs one sample of every cell per block and stops after block N.
 ``auto`` decides per cell (environment x suite x np): after each of its samples,
 ``stats.fixed_width_stop`` judges that cell's metrics (extreme statistics left out) and
-the cell stops on its own target, its repetition cap, or the run's time cap (also when
-the time left cannot hold the repetitions its target needs). Cheap cells take several
-samples in their environment's turn, as many as fit in the time the slowest open cell
-takes for one, so that a native cell of two seconds gets its thirty repetitions inside
-the same blocks as a guest cell of thirty seconds gets its three: every block still
-visits every environment with an open cell in a fresh random order, and each
-environment's samples spread over the same stretch of time, instead of the cheap cells
-piling up after the expensive ones stopped (where a drift of the machine would bias
-them). Repetitions are numbered per cell.
+the cell stops on its own target, its repetition cap, or the run's time cap. A cell
+whose target (or cap) cannot fit in the time left beside what the cells cheaper to
+finish still need waits for them (``give_way``), then spends what remains.
+
+Cheap cells take several samples in their environment's turn, as many as fit in the
+time the slowest open cell takes for one, so that a native cell of two seconds gets
+its thirty repetitions inside the same blocks as a guest cell of thirty seconds gets
+its three. That is how interleaving stays fair: every block still visits every
+environment with an open cell in a fresh random order, and each environment's samples
+spread over the same stretch of time, instead of the cheap cells piling up after the
+expensive ones stopped (where a drift of the machine would bias them). Repetitions are
+numbered per cell.
 
 Every sample, failed or not, is written at once with its log; a sample already in the
 store (a resumed run) is skipped, so a resume recomputes the same schedule from the
@@ -186,6 +189,7 @@ class Runner:
         for stored in store.samples(run_id):
             self._tally.add(stored)
         self._stopped: dict[CellKey, StopDecision] = {}
+        self._waiting: set[CellKey] = set()  # giving way to cells cheaper to finish
         self._all_failed: set[CellKey] = set()
 
     # -- the loop -----------------------------------------------------------------------
@@ -201,6 +205,7 @@ class Runner:
 
     def _block(self, block: int) -> None:
         order = interleaved_order(list(self.envs), block, self.seed)
+        self._refresh()
         pace = self._pace()
         for position, name in enumerate(order):
             pending = [c for c in self.cells if self._open(name, c, block)]
@@ -224,7 +229,7 @@ class Runner:
             spent += self._sample(name, cell, self._rep(name, cell, block, False), position)
             if self.config.reps is not None:
                 return
-            self._judge(name, cell)
+            self._judge((name, cell.suite.name, cell.np))
             if spent >= pace:
                 return
 
@@ -235,7 +240,8 @@ class Runner:
             return False
         if self.config.reps is not None:
             return self._key(env, cell, block, False) not in self._done
-        return (env, cell.suite.name, cell.np) not in self._stopped
+        key = (env, cell.suite.name, cell.np)
+        return key not in self._stopped and key not in self._waiting
 
     def _rep(self, env: str, cell: Cell, block: int, warmup: bool) -> int:
         """The repetition number of the cell's next sample: the block under a fixed
@@ -249,7 +255,19 @@ class Runner:
         what every open cell may spend per turn under auto."""
         if self.config.reps is not None:
             return 0.0
-        return max((self._tally.cost(k) for k in self._open_keys()), default=0.0)
+        running = [k for k in self._open_keys() if k not in self._waiting]
+        return max((self._tally.cost(k) for k in running), default=0.0)
+
+    def _refresh(self) -> None:
+        """Under auto, before each block: judge every open cell again (the time cap may
+        have been reached, the cells it gave way to may have finished); when every open
+        cell would give way, none does, so the time left is still spent."""
+        if self.config.reps is not None:
+            return
+        for key in self._open_keys():
+            self._judge(key)
+        if set(self._open_keys()) <= self._waiting:
+            self._waiting.clear()
 
     # -- failures -----------------------------------------------------------------------
 
@@ -317,11 +335,11 @@ class Runner:
         per_block = len(self.cells) * len(self.envs)
         return per_block * (blocks + 1)
 
-    def _judge(self, env: str, cell: Cell) -> None:
+    def _judge(self, key: CellKey) -> None:
         """Under auto, after each of a cell's samples: stop the cell when its rule says
-        so (a cell with no successful sample after the minimum stops as all-failed)."""
+        so (a cell with no successful sample after the minimum stops as all-failed), or
+        let it wait while cells cheaper to finish need the time left."""
         cfg = self.config
-        key = (env, cell.suite.name, cell.np)
         n = self._tally.count(key, False)
         values = self._tally.values(key)
         if not values:
@@ -340,12 +358,15 @@ class Runner:
             elapsed=self.store.run(self.run_id).elapsed_s,
             max_time=cfg.max_time,
             reps=n,
-            extreme=self.extreme.get(cell.suite.name, set()),
+            extreme=self.extreme.get(key[1], set()),
             seconds_per_rep=self._tally.cost(key) or None,
             reserved=self._reserved(key),
         )
+        self._waiting.discard(key)
         if decision.stop:
             self._stopped[key] = decision
+        elif decision.give_way:
+            self._waiting.add(key)
 
     def _projected(self, key: CellKey) -> float:
         """Seconds the cell still needs for its target (or its repetition cap)."""
@@ -418,10 +439,9 @@ class Runner:
         parts = []
         for env, suite, np_ in judged:
             d = self._stopped[(env, suite, np_)]
-            why = "max-time (target out of reach in the time left)" if d.projected else d.reason
             where = f"{env} {suite}" + ("" if np_ is None else f" np={np_}")
             parts.append(
-                f"{where}: {why} after {d.n} "
+                f"{where}: {d.reason} after {d.n} "
                 f"(widest {d.worst_metric} ±{d.worst_relative_half_width * 100:.3g}%)"
             )
         text = f"target ±{target:g}% per cell; " + "; ".join(parts)

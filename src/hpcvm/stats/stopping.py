@@ -22,14 +22,16 @@ two seconds beside a TCG guest's thirty):
   such values has an interval, but more repetitions barely narrow it, so a rule that
   waited for it would always run into its caps. The caller names those metrics
   (``extreme``, data on the suite's Metric); the decision lists them in ``left_out``.
-- **A cell that cannot make it gives its time back.** Given the seconds one repetition
-  costs, the rule projects the repetitions the target needs (the smallest n* with
-  t(n*-1)*s/sqrt(n*) <= target*|mean| at today's relative s) and stops with ``max-time``
-  as soon as min(n*, n_max) of them cannot fit in the time left, after setting aside
-  what the cells that are cheaper to finish still need (the caller adds those up):
-  running it on would only take the time that cheaper cells need to reach their target,
-  and the cap would stop it anyway. The projection is advice about cost, never about
-  the effect: it uses the width, like the rule itself.
+- **A cell that cannot make it gives way.** Given the seconds one repetition costs, the
+  rule projects the repetitions the target needs (the smallest n* with
+  t(n*-1)*s/sqrt(n*) <= target*|mean| at today's relative s). When min(n*, n_max) of
+  them cannot fit in the time left once the cells that are cheaper to finish have had
+  what they need (the caller adds that up, ``reserved``), the decision says
+  ``give_way``: the caller runs those cells first and this one with whatever time then
+  remains, so a native cell of two seconds reaches its target before a guest cell of
+  thirty seconds spends the cap on a target it could not reach anyway. It never stops
+  a cell by itself (time nobody else needs is still spent narrowing its interval), and
+  it uses the width only, like the rule itself, never the effect.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ class StopDecision(Frozen):
     worst_metric: str
     worst_relative_half_width: float
     left_out: tuple[str, ...] = ()  # extreme statistics the rule did not judge
-    projected: bool = False  # max-time because the target could not fit in the time left
+    # not stopping, but the target (or the cap) does not fit in the time left beside the
+    # cheaper cells' needs: run them first, and this cell with whatever time remains
+    give_way: bool = False
 
 
 def relative_half_width(values: Sample, confidence: float) -> float:
@@ -152,8 +156,8 @@ def fixed_width_stop(
     (fewer samples) cannot keep the rule from reaching its caps. Metrics named in
     ``extreme`` are not judged (listed in ``left_out``); with ``seconds_per_rep`` (what
     one more repetition costs) a cell that cannot reach its target or its repetition cap
-    in the time left stops now (see the module doc), after ``reserved`` seconds of it are
-    set aside for cells that need less time than this one to finish.
+    in the time left once ``reserved`` seconds are set aside for the cells that need less
+    time than this one to finish is told to ``give_way`` (see the module doc).
     """
     conf = check_confidence(confidence)
     _check_rule(target, n_min, n_max, max_time)
@@ -168,7 +172,7 @@ def fixed_width_stop(
     fewest = min(len(v) for v in judged.values())
     n = reps if reps is not None else max(len(v) for v in samples_by_metric.values())
     reason: Reason = "continue"
-    projected = False
+    give_way = False
     if n >= n_min:
         if fewest >= n_min and widths[worst] <= target:
             reason = "target"
@@ -176,10 +180,9 @@ def fixed_width_stop(
             reason = "max-reps"
         elif max_time is not None and elapsed >= max_time:
             reason = "max-time"
-        elif max_time is not None and seconds_per_rep is not None:
+        elif max_time is not None and seconds_per_rep is not None and reserved > 0.0:
             wanted = min(repetitions_needed(widths[worst], n, target, conf), float(n_max))
-            if elapsed + reserved + (wanted - n) * seconds_per_rep > max_time:
-                reason, projected = "max-time", True
+            give_way = elapsed + reserved + (wanted - n) * seconds_per_rep > max_time
     return StopDecision(
         stop=reason != "continue",
         reason=reason,
@@ -187,7 +190,7 @@ def fixed_width_stop(
         worst_metric=worst,
         worst_relative_half_width=widths[worst],
         left_out=tuple(sorted(k for k in samples_by_metric if k in extreme)),
-        projected=projected,
+        give_way=give_way,
     )
 
 
