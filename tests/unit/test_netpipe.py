@@ -144,6 +144,11 @@ def test_an_empty_or_missing_file_fails(tmp_path: Path) -> None:
     [
         ("one-rank", "Need at least two processes (only given 1)"),
         ("bad-bounds", "Start MUST be LESS than end"),
+        (
+            "slots",
+            "There are not enough slots available in the system to satisfy the 2 slots that "
+            "were requested by the application: NetPIPE always runs 2 ranks",
+        ),
     ],
 )
 def test_netpipes_own_refusal_is_the_reason(tmp_path: Path, prefix: str, said: str) -> None:
@@ -152,6 +157,7 @@ def test_netpipes_own_refusal_is_the_reason(tmp_path: Path, prefix: str, said: s
     message = str(caught.value)
     assert said in message and "exited with code" in message
     assert "Primary job" not in message and "Using no perturbations" not in message
+    assert "\n" not in message  # one line
 
 
 def test_registry_builds_a_two_rank_suite_whatever_the_np(tmp_path: Path) -> None:

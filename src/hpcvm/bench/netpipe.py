@@ -34,6 +34,7 @@ the failed sample says so.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -207,6 +208,26 @@ def complaint(stdout: str, stderr: str) -> str:
     return " | ".join(said[:3])
 
 
+def mpirun_refusal(stdout: str, stderr: str) -> str:
+    """The first sentence of Open MPI's first dashed help block (mpirun's refusal to
+    start, on either stream), with what to do when it found too few cores; "" if none."""
+    for text in (stderr, stdout):
+        lines = [line.strip() for line in text.splitlines()]
+        starts = [i for i, line in enumerate(lines) if line.startswith("-----")]
+        if not starts:
+            continue
+        body = lines[starts[0] + 1 : starts[1] if len(starts) > 1 else None]
+        paragraph = " ".join(itertools.takewhile(bool, body))
+        sentence = paragraph.split(":")[0].split(". ")[0].strip()
+        if "not enough slots" in sentence:
+            return (
+                f"{sentence}: NetPIPE always runs {RANKS} ranks, one per core; give VMs "
+                f"{RANKS} vCPUs (--vm-vcpus {RANKS}) and native runs {RANKS} CPUs"
+            )
+        return sentence
+    return ""
+
+
 def _rank_hosts(stdout: str) -> dict[str, str]:
     """``rank0_host``/``rank1_host`` from NetPIPE's "0: name" lines: where each rank ran
     (the evidence that a run spanned two nodes, or did not)."""
@@ -257,7 +278,8 @@ class NetpipeSuite:
     def parse(self, workdir: Path, stdout: str, stderr: str, exit_code: int) -> list[MetricValue]:
         said = complaint(stdout, stderr)
         if exit_code != 0:
-            detail = said or tail(stderr) or tail(stdout) or "no output"
+            refused = mpirun_refusal(stdout, stderr)
+            detail = said or refused or tail(stderr) or tail(stdout) or "no output"
             raise ParseError(f"NetPIPE (under mpirun) exited with code {exit_code}: {detail}")
         path = workdir / OUTPUT_FILE
         if not path.is_file():
