@@ -149,6 +149,7 @@ def up(
     events, or raise after taking every VM down again."""
     allocation = slurm.current_allocation()
     launcher.require_sshd()
+    check_workdir(str(spec_fields["workdir"]), str(spec_fields.get("backend", "qemu")))
     check_addresses(str(spec_fields["first_address"]), len(allocation.nodes))
     with _claimed(name) as directory:
         public, private = make_keys(directory, name)
@@ -180,6 +181,24 @@ def up(
             with signals_deferred():
                 _take_down(record, holder, say)
             raise
+
+
+def check_workdir(workdir: str, backend_name: str) -> None:
+    """The job's directory is where its programs and inputs are, shared with every guest
+    at the same path: refuse before anything starts when QEMU's user cannot read it (a
+    lone ``hpcvm up`` only warns and leaves it out)."""
+    from hpcvm.runtime.backends import get_backend
+    from hpcvm.runtime.confine import can_access
+
+    backend = get_backend(backend_name)
+    user = backend.qemu_user()
+    by_root = bool(getattr(backend, "opens_shares_as_root", False)) and user.switch
+    if not can_access(workdir, user, write=False, opened_by_root=by_root):
+        raise UsageError(
+            f"the job's directory {workdir} is not readable by {user.name}, the user QEMU "
+            f"runs as, so the guests could not run programs from it: allow it (setfacl -m "
+            f"u:{user.name}:rx {workdir}) or run the job from a directory it can read"
+        )
 
 
 def _start_holder(

@@ -78,6 +78,12 @@ def _interruptible() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def _warn(text: str) -> None:
+    """A warning of this node's ``up``: on stderr, which srun relays to the holder log."""
+    sys.stderr.write(f"hpcvm: warning: {text}\n")
+    sys.stderr.flush()
+
+
 def _boot(spec: ClusterSpec, place: TaskPlace) -> Machine:
     """Plan and boot this node's VM, then make it an MPI host of the job."""
     address = spec.address(place.index)
@@ -94,7 +100,7 @@ def _boot(spec: ClusterSpec, place: TaskPlace) -> Machine:
         network=spec.network,
         address=str(address),
     )
-    machine = lifecycle.up(spec.request.model_copy(update={"name": name}), options)
+    machine = lifecycle.up(spec.request.model_copy(update={"name": name}), options, warn=_warn)
     try:
         launcher.run_script(
             machine, launcher.sshd_script(name, address), spec.public_key, "starting sshd"
