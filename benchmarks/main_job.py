@@ -76,9 +76,11 @@ def _hpcvm(src: Path, args: list[str], **kw: Any) -> subprocess.CompletedProcess
 
 def run_side(label: str, src: Path, args: str, out: Path) -> Side:
     """The bench with ``args`` from the code in ``src``, into ``out``; its rows."""
-    print(f"== {label}: hpcvm bench {args} --out {out}  (code: {src})", flush=True)
+    log = out.with_suffix(".log")
+    print(f"== {label}: hpcvm bench {args} --out {out}  (code: {src}; log: {log})", flush=True)
     started = time.monotonic()
-    bench = _hpcvm(src, ["bench", *shlex.split(args), "--out", str(out)])
+    with log.open("w") as sink:
+        bench = _hpcvm(src, ["bench", *shlex.split(args), "--out", str(out)], stdout=sink)
     wall = time.monotonic() - started
     listed = _hpcvm(src, ["results", str(out), "--json"], capture_output=True)
     if listed.returncode != 0:
@@ -149,7 +151,7 @@ def main() -> int:
     parser.add_argument("--before-args", default=BEFORE_ARGS)
     parser.add_argument("--after-args", default=AFTER_ARGS)
     parser.add_argument("--target", type=float, default=0.10, help="for the > target marks")
-    parser.add_argument("--keep", type=Path, default=None, help="keep results under DIR")
+    parser.add_argument("--keep", type=Path, default=None, help="keep results and logs in DIR")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hpcvm-mainjob-") as tmp:
         base = args.keep.absolute() if args.keep else Path(tmp)
