@@ -284,8 +284,16 @@ class _Bar:
 @click.option("--np", multiple=True, help="MPI process counts, e.g. 1,2 (default 1).")
 @click.option("--reps", default="auto", show_default=True, help="auto or a fixed number.")
 @click.option("--confidence", type=float, default=0.97, show_default=True)
-@click.option("--target", default="1%", show_default=True, help="auto: interval half-width.")
-@click.option("--max-time", default="30m", show_default=True, help="auto: time cap (or none).")
+@click.option(
+    "--target",
+    default="1%",
+    show_default=True,
+    help="auto: each env x suite cell stops when its metrics' half-widths are this share "
+    "of their means (extreme statistics left out).",
+)
+@click.option(
+    "--max-time", default="30m", show_default=True, help="auto: cap on measuring time (or none)."
+)
 @click.option("--max-reps", type=int, default=DEFAULT_MAX_REPS, show_default=True)
 @click.option("--seed", type=int, default=None, help="Seed of the interleaving (recorded).")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run in --out.")
