@@ -18,9 +18,11 @@ from itertools import count
 from pathlib import Path
 
 import numpy as np
+import pytest
 from scipy import stats as sps
 
 from hpcvm.bench.config import BenchConfig
+from hpcvm.bench.environments import RunOutput
 from hpcvm.bench.metrics import Metric, MetricValue
 from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.runner import Runner
@@ -198,3 +200,70 @@ def test_the_interval_of_a_stopped_cell_meets_the_target(tmp_path: Path) -> None
     taken = [v for s in samples for m in s.metrics if m.metric == "t" and (v := m.value)]
     half = sps.t.ppf(1 - (1 - CONF) / 2, len(taken) - 1) * statistics.stdev(taken)
     assert half / math.sqrt(len(taken)) <= TARGET * statistics.fmean(taken)
+
+
+class Interrupting(NativeEnvironment):
+    """The native environment under another name; Ctrl-C at its n-th run."""
+
+    def __init__(self, name: str, interrupt_at: int | None) -> None:
+        super().__init__()
+        self.name = name
+        self.runs = 0
+        self.interrupt_at = interrupt_at
+
+    def run(self, argv: Sequence[str], workdir: Path, timeout: float, **kw: object) -> RunOutput:
+        self.runs += 1
+        if self.runs == self.interrupt_at:
+            raise KeyboardInterrupt
+        return super().run(argv, workdir, timeout, **kw)  # type: ignore[arg-type]
+
+
+def test_an_interrupted_auto_run_resumes_each_cell_where_it_stopped(tmp_path: Path) -> None:
+    """Ctrl-C in the middle; the resumed process warms up again and goes on counting
+    each cell's repetitions from the stored ones: no key twice, every cell to its cap."""
+    config = BenchConfig.model_validate(
+        {
+            "envs": ("native", "native-b"),
+            "suites": ("cmd",),
+            "reps": None,
+            "target": TARGET,
+            "max_reps": 6,
+            "max_time": None,
+            "seed": 5,
+        }
+    )
+    clock = FakeClock()
+    streams = {"native": _noisy(4), "native-b": _noisy(5)}
+    suite = Scripted(streams, {"native": 1.0, "native-b": 1.0}, clock)
+    store = Store.open(tmp_path / "out", create=True)
+    run_id = store.create_run(args={}, seed=5, confidence=CONF)
+
+    def runner(interrupt_at: int | None) -> Runner:
+        envs = {n: Interrupting(n, interrupt_at if n == "native-b" else None) for n in streams}
+        if not store.environments(run_id):
+            for env in envs.values():
+                store.add_environment(run_id, env.describe())
+        return Runner(
+            store=store,
+            run_id=run_id,
+            seed=5,
+            config=config,
+            envs=envs,
+            suites=[suite],
+            out_dir=tmp_path / "out",
+            sizing_memory=1 << 30,
+            clock=clock,
+        )
+
+    with pytest.raises(KeyboardInterrupt):
+        runner(4).run()
+    before = store.samples(run_id)
+    assert 0 < len(before) < 14
+    runner(None).run()
+    samples = store.samples(run_id)
+    keys = [s.key for s in samples]
+    assert len(keys) == len(set(keys))
+    measured = [s for s in samples if not s.warmup]
+    for env in streams:
+        assert sorted(s.repetition for s in measured if s.env == env) == list(range(6))
+    assert sum(1 for s in samples if s.warmup) == 4  # each process warmed both up
