@@ -20,10 +20,9 @@ from hpcvm.errors import RuntimeFailure
 # fw_cfg; virtio_blk is for user disk images; virtio_net (with net_failover and failover,
 # from modules.dep) and e1000 are the NICs of ``--network`` (the paravirtual one and
 # the emulated one the studies compare it with); iavf and ixgbevf drive the SR-IOV VFs
-# of Intel NICs (``--network vf=``), optional (marked ``?``): a kernel without them
+# of Intel NICs (``--network vf=``), optional (OPTIONAL_MODULES): a kernel without them
 # still boots, only without VF networking. NUMA and hugetlbfs are built into distribution
 # kernels (checked by kernel.check_config), so no module is needed for them.
-OPTIONAL = "?"  # suffix: load the module when the kernel has it, skip it otherwise
 GUEST_MODULES: tuple[str, ...] = (
     "virtio_ring",
     "virtio",
@@ -41,9 +40,10 @@ GUEST_MODULES: tuple[str, ...] = (
     "virtio_blk",
     "virtio_net",
     "e1000",
-    f"iavf{OPTIONAL}",
-    f"ixgbevf{OPTIONAL}",
+    "iavf",
+    "ixgbevf",
 )
+OPTIONAL_MODULES = frozenset({"iavf", "ixgbevf"})  # loaded when the kernel has them
 
 _SUFFIXES = (".ko", ".ko.xz", ".ko.gz", ".ko.zst")
 
@@ -103,7 +103,7 @@ class ModuleIndex:
         """Module names to insmod, each after everything it depends on.
 
         Built-in modules are skipped (they are already in the kernel), and so are
-        optional ones (``name?``) the kernel lacks. Any other wanted module
+        optional ones (OPTIONAL_MODULES) the kernel lacks. Any other wanted module
         the kernel has neither as a module nor built in is an error: the guest would
         fail at boot, later and less clearly.
         """
@@ -123,11 +123,10 @@ class ModuleIndex:
             order.append(name)
 
         for raw in wanted:
-            optional = raw.endswith(OPTIONAL)
-            name = raw.removesuffix(OPTIONAL).replace("-", "_")
+            name = raw.replace("-", "_")
             if name in self.paths:
                 visit(name, ())
-            elif name not in self.builtin and not optional:
+            elif name not in self.builtin and name not in OPTIONAL_MODULES:
                 raise RuntimeFailure(
                     f"this kernel has no module {name} (neither in modules.dep nor built in); "
                     "use a distribution kernel or pass one that has it with --kernel"
