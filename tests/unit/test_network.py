@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bootspec import BootSpec, Nic, nic_kernel_arg
-from hpcvm.errors import UsageError
+from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.render import libvirt_xml
 from hpcvm.render.qemu import qemu_argv
 from hpcvm.runtime import network
@@ -390,3 +390,12 @@ def test_vf_joins_the_plan_request_as_passthrough(tmp_path: Path) -> None:
     assert lifecycle._with_vfs(typed, (nic,)).passthrough == ("01:00.2",)  # not twice
     with pytest.raises(UsageError, match=r"does not pass through the VF 0000:01:00\.2"):
         lifecycle._plan_has_vfs(plans.naive(), (nic,))
+
+
+def test_libvirt_attaches_bridge_taps_itself_not_vf_macs() -> None:
+    nic = _nic()  # its tap does not exist: attaching it for real must fail
+    network.attach_nics([nic], by_libvirt=True)  # libvirt's job: nothing is run
+    with pytest.raises(RuntimeFailure, match=f"ip link set dev {nic.ifname}"):
+        network.attach_nics([nic])
+    assert NETWORK_KINDS["bridge"].libvirt_attaches
+    assert not NETWORK_KINDS["vf"].libvirt_attaches

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpcvm.errors import RuntimeFailure, UsageError
-from hpcvm.runtime import paths, state
+from hpcvm.runtime import network, paths, state
 from hpcvm.runtime.confine import (
     QemuUser,
     blocking_parent,
@@ -328,6 +328,9 @@ class LibvirtBackend:
         try:
             self._call(f"start domain {name}", dom.createWithFlags, flags)
             pid = self._pid(machine, dom)
+            # libvirt makes and enslaves a bridge NIC's tap; what it does not (a VF's
+            # MAC) is done here, while the guest is still paused.
+            network.attach_nics(machine.boot.nics, by_libvirt=True)
         except BaseException:
             self._remove(dom)
             raise

@@ -69,6 +69,8 @@ class NetworkRequest:
 class NetworkKind(Protocol):
     """One way to connect a VM to the host network."""
 
+    libvirt_attaches: bool  # libvirt connects the host side itself (attach is skipped)
+
     def resolve(
         self, request: NetworkRequest, *, vm: str, index: int, address: str | None, warn: Warn
     ) -> Nic:
@@ -242,6 +244,8 @@ def check_address(
 class BridgeKind:
     """A tap in an existing Linux bridge (the host's NIC is in the bridge too)."""
 
+    libvirt_attaches = True  # <interface type='bridge'>: libvirt makes and enslaves the tap
+
     def resolve(
         self, request: NetworkRequest, *, vm: str, index: int, address: str | None, warn: Warn
     ) -> Nic:
@@ -333,6 +337,8 @@ class VfKind:
     ``sysfs`` is a root holding ``bus/pci/devices`` (``/sys`` live; a fake tree in the
     unit tests: no SR-IOV device exists on the machines hpcvm is tested on).
     """
+
+    libvirt_attaches = False  # the VF is a <hostdev> of the plan; its MAC is set by hpcvm
 
     def __init__(self, sysfs: Path = Path("/sys")) -> None:
         self.sysfs = sysfs
@@ -471,10 +477,13 @@ def resolve_nics(
     return (kind.resolve(request, vm=vm, index=0, address=address, warn=warn or _ignore),)
 
 
-def attach_nics(nics: Sequence[Nic]) -> None:
-    """Connect each NIC's host side (QEMU backend, QEMU paused)."""
+def attach_nics(nics: Sequence[Nic], *, by_libvirt: bool = False) -> None:
+    """Connect each NIC's host side once QEMU runs paused; with ``by_libvirt``, only
+    what libvirt does not do itself."""
     for nic in nics:
-        NETWORK_KINDS.get_or_refuse(nic.kind).attach(nic)
+        kind = NETWORK_KINDS.get_or_refuse(nic.kind)
+        if not (by_libvirt and kind.libvirt_attaches):
+            kind.attach(nic)
 
 
 def tap_exists(nic: Nic) -> bool:
