@@ -335,6 +335,15 @@ class Runner:
         per_block = len(self.cells) * len(self.envs)
         return per_block * (blocks + 1)
 
+    def _auto_estimate(self, done: int) -> int:
+        """Under auto: what is done, plus a sample of every open cell (its minimum when
+        it has not reached it) and the warm-ups still to come; it grows as cells go on."""
+        left = sum(
+            max(self.config.min_reps - self._tally.count(k, False), 1) for k in self._open_keys()
+        )
+        warmups = sum(len(self.cells) for env in self.envs if env not in self._warmed)
+        return done + left + warmups
+
     def _judge(self, key: CellKey) -> None:
         """Under auto, after each of a cell's samples: stop the cell when its rule says
         so (a cell with no successful sample after the minimum stops as all-failed), or
@@ -476,9 +485,10 @@ class Runner:
         """Run, record and log one sample (``block``: its repetition number); return the
         seconds it took."""
         done = len(self._done)
-        total = max(
-            self._total_estimate(max(block + 1, self.config.reps or self.config.min_reps)), done + 1
-        )
+        if self.config.reps is None:
+            total = max(self._auto_estimate(done), done + 1)
+        else:
+            total = max(self._total_estimate(self.config.reps), done + 1)
         kind = "warm-up" if warmup else f"rep {block + 1}"
         self.progress.update(done, total, f"{env_name} {cell.label} ({kind})")
         env = self.envs[env_name]
