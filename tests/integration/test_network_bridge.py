@@ -200,3 +200,24 @@ def test_refused_before_anything_starts(
     assert message in one_line_error(proc)
     assert not (runtime / "net-bad").exists()
     assert _taps(netns) == []
+
+
+def test_a_nic_the_guest_cannot_configure_fails_up(runtime: Path, netns: Netns) -> None:
+    """e1000 takes at most a 16110-byte MTU (the guest driver's limit): on a bridge with
+    MTU 65000 the guest's rc script fails to set it, and `up` must say so and tear the
+    VM down rather than hand back a VM without its network."""
+    jumbo = "brnt1"
+    _ip("-n", netns.name, "link", "add", jumbo, "type", "bridge")
+    try:
+        _ip("-n", netns.name, "link", "set", jumbo, "mtu", "65000", "up")
+        proc = netns.hpcvm(
+            "up", "--name", "net-jumbo", *VM, "--network", f"bridge={jumbo},model=e1000",
+            "--address", "10.97.0.2/24",
+        )  # fmt: skip
+        assert proc.returncode == 5, proc.stderr
+        line = one_line_error(proc)
+        assert "did not configure its network" in line and "MTU" in line
+        assert not (runtime / "net-jumbo").exists()
+        assert _taps(netns) == []
+    finally:
+        _ip("-n", netns.name, "link", "del", jumbo)

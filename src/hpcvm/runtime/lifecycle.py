@@ -338,7 +338,31 @@ def _start(machine: Machine, backend: Backend, ready_timeout: float) -> Machine:
     if started.boot.paused:
         backend.resume(started)
     _wait_for_agent(started, backend, time.monotonic() + ready_timeout, ready_timeout)
+    _check_guest_nics(started)
     return started
+
+
+def _check_guest_nics(machine: Machine) -> None:
+    """When the guest configured its NICs itself (``hpcvm.net=``), check from inside
+    that it did: a VM that is up without its network would fail only later, in the
+    middle of an MPI job on several hosts. One agent call, only for VMs with NICs."""
+    from hpcvm.runtime.agent import GuestAgent
+    from hpcvm.runtime.verify import check_nics
+
+    if not machine.boot.nics or not machine.boot.share_table:
+        return
+    assert machine.boot.agent_socket is not None
+    agent = GuestAgent(machine.boot.agent_socket, timeout=60.0)
+    try:
+        failed = [c for c in check_nics(machine.boot.nics, agent) if not c.ok]
+    finally:
+        agent.close()
+    if failed:
+        what = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in failed)
+        raise RuntimeFailure(
+            f"the guest did not configure its network ({what}); see the console log "
+            f"{machine.boot.serial_log}"
+        )
 
 
 def _wait_for_agent(machine: Machine, backend: Backend, deadline: float, budget: float) -> None:
