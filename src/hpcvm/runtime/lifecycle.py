@@ -1,8 +1,10 @@
 """up / exec / down: the runtime's orchestration, used by the CLI and by ``bench``.
 
 ``up`` refuses everything it can before anything starts (name in use, missing boot
-media, an infeasible plan), then starts QEMU paused, pins its threads while no vCPU has
-run yet, resumes it and waits for the guest agent. Whatever goes wrong after QEMU exists
+media, a missing bridge or a bad address, an infeasible plan), then starts QEMU paused,
+pins its threads (and connects its NICs, runtime/network.py) while no vCPU has run yet,
+resumes it, waits for the guest agent and checks from inside that the guest's NICs are
+configured. Whatever goes wrong after QEMU exists
 — QEMU dying, the agent never answering, a pinning that did not take, Ctrl-C — tears
 the VM down completely before the error propagates: a failed ``up`` leaves nothing.
 """
@@ -14,7 +16,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hpcvm.bootspec import Nic, nic_kernel_arg
@@ -510,7 +512,7 @@ class VmStatus:
     memory_bytes: int | None
     note: str = ""
     addresses: tuple[str, ...] = ()  # the guest's planned IPv4 addresses (--address)
-    nics: tuple[dict[str, object], ...] = field(default_factory=tuple)  # Nic, as JSON
+    nics: tuple[dict[str, object], ...] = ()  # bootspec.Nic as JSON, for `ps --json`
 
 
 def list_vms(*, clean: bool = True) -> list[VmStatus]:

@@ -5,6 +5,9 @@ nodes with their CPUs, memory and distances, the clocksource. Outside (runtime/
 observe.py): each vCPU thread's and QEMU's other threads' affinity, the huge pages the
 QEMU process holds per host node, and on which host nodes its bound memory lies.
 
+With NICs (runtime/network.py), the guest's own ``ip -j addr`` says whether an
+interface with each planned MAC is up with the planned MTU and address.
+
 The checks are a list of small pure functions ``(plan, observed) -> list[Check]`` over
 an ``Observed`` snapshot; ``gather`` does all the I/O first. So each check is testable on
 captured text, and adding one is adding a function to ``CHECKS``.
