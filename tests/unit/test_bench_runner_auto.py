@@ -184,13 +184,16 @@ def test_time_cap_holds_and_cheap_cells_fill_the_blocks(tmp_path: Path) -> None:
     cheap = [s.id for s in samples if s.env == "native"]
     dear = [s.id for s in samples if s.env == "native-b"]
     assert len(cheap) >= 10 * 3
-    # its minimum while the cheap cell runs, nothing more until that one is done
-    assert sum(1 for i in dear if i < cheap[-1]) == 3
+    # at most its minimum while the cheap cell runs, nothing more until that one is done
+    assert sum(1 for i in dear if i < cheap[-1]) <= 3
     assert len(dear) > 3  # then the time left is still used
-    # the cheap cell's samples spread over the blocks of the dear one's minimum
-    assert sum(1 for i in cheap if dear[0] < i < dear[2]) >= 10
+    # the cheap cell's samples spread over the blocks the dear one runs in
+    assert sum(1 for i in cheap if dear[0] < i < dear[1]) >= 10
+    everything = runner.store.samples(runner.run_id)
+    # every warm-up first, so the first block already knows what each cell costs
+    assert max(s.id for s in everything if s.warmup) < min(s.id for s in samples)
     elapsed = runner.store.run(runner.run_id).elapsed_s
-    assert elapsed == sum(costs[s.env] for s in runner.store.samples(runner.run_id))
+    assert elapsed == sum(costs[s.env] for s in everything)
     assert 300.0 <= elapsed < 300.0 + sum(costs.values())
 
 

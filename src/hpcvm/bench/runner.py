@@ -3,10 +3,11 @@ a time into the store.
 
 Order (METHOD.md): in repetition block k the environments run in the order
 ``stats.interleaved_order(envs, k, seed)``; each environment, when its turn comes, is
-resumed (every other VM is paused) and runs its cells (suite, np). The first time a
-process visits an environment it first runs one warm-up sample of each cell, recorded
-with the warm-up flag and never summarised (a resumed run boots fresh VMs, so it warms
-up again, in the block where it resumes).
+resumed (every other VM is paused) and runs its cells (suite, np). Each process runs
+one warm-up sample of each cell of an environment before measuring it, recorded with the
+warm-up flag and never summarised (a resumed run boots fresh VMs, so it warms up
+again): under a fixed ``--reps`` at its first visit, under ``auto`` all of them first,
+in the first block's order, so that block already knows what each cell costs.
 
 A fixed ``--reps N`` runs one sample of every cell per block and stops after block N.
 ``auto`` decides per cell (environment x suite x np): after each of its samples,
@@ -101,16 +102,18 @@ class _Tally:
         self._counts: dict[tuple[CellKey, bool], int] = {}
         self._values: dict[CellKey, dict[str, list[float]]] = {}
         self._seconds: dict[CellKey, list[float]] = {}
+        self._warmup_seconds: dict[CellKey, list[float]] = {}
 
     def add(self, sample: NewSample, seconds: float | None = None) -> None:
         if sample.env not in self.envs:
             return
         key = (sample.env, sample.suite, sample.np)
         self._counts[(key, sample.warmup)] = self.count(key, sample.warmup) + 1
+        if seconds is not None:
+            timed = self._warmup_seconds if sample.warmup else self._seconds
+            timed.setdefault(key, []).append(seconds)
         if sample.warmup:
             return
-        if seconds is not None:
-            self._seconds.setdefault(key, []).append(seconds)
         wanted = self.primary.get(sample.suite, set())
         for m in sample.metrics if sample.ok else ():
             if m.value is not None and m.metric in wanted:
@@ -129,8 +132,9 @@ class _Tally:
         return self._values
 
     def cost(self, key: CellKey) -> float:
-        """Mean seconds of the cell's measured samples in this process (0: none yet)."""
-        taken = self._seconds.get(key)
+        """Mean seconds of the cell's measured samples in this process, else of its
+        warm-ups (0: none yet)."""
+        taken = self._seconds.get(key) or self._warmup_seconds.get(key)
         return sum(taken) / len(taken) if taken else 0.0
 
 
@@ -196,6 +200,8 @@ class Runner:
 
     def run(self) -> Outcome:
         block = 0 if self.config.reps is not None else self._tally.most_reps()
+        if self.config.reps is None:
+            self._warm_up_all(block)
         while True:
             self._block(block)
             outcome = self._decide(block + 1)
@@ -212,14 +218,30 @@ class Runner:
             if not pending:
                 continue
             self._switch_to(name)
-            if name not in self._warmed:
-                for cell in pending:
-                    rep = self._rep(name, cell, block, True)
-                    if self._key(name, cell, rep, True) not in self._done:
-                        self._sample(name, cell, rep, position, warmup=True)
-                self._warmed.add(name)
+            self._warm_up(name, pending, block, position)
             for cell in pending:
                 self._turn(name, cell, block, position, pace)
+
+    def _warm_up(self, name: str, pending: list[Cell], block: int, position: int) -> None:
+        """The environment's warm-up samples, the first time this process visits it."""
+        if name in self._warmed:
+            return
+        for cell in pending:
+            rep = self._rep(name, cell, block, True)
+            if self._key(name, cell, rep, True) not in self._done:
+                self._sample(name, cell, rep, position, warmup=True)
+        self._warmed.add(name)
+
+    def _warm_up_all(self, block: int) -> None:
+        """Under auto, every environment's warm-ups before the first block (in that
+        block's order), so that the first block already knows what a sample of each
+        cell costs and the cheap cells fill it: with the time cap reached early (a slow
+        or busy machine), the first block may be all they get."""
+        for position, name in enumerate(interleaved_order(list(self.envs), block, self.seed)):
+            pending = [c for c in self.cells if self._live(name, c)]
+            if pending:
+                self._switch_to(name)
+                self._warm_up(name, pending, block, position)
 
     def _turn(self, name: str, cell: Cell, block: int, position: int, pace: float) -> None:
         """One cell's part of an environment's turn: one sample under a fixed --reps;
