@@ -157,15 +157,18 @@ def parse_address(text: str) -> ipaddress.IPv4Interface:
 # -- deterministic names --------------------------------------------------------------
 
 
-def _digest(vm: str, index: int) -> bytes:
-    return hashlib.sha256(f"hpcvm-nic/{vm}/{index}".encode()).digest()
+def _digest(*parts: object) -> bytes:
+    return hashlib.sha256("/".join(["hpcvm-nic", *map(str, parts)]).encode()).digest()
 
 
-def mac_for(vm: str, index: int = 0) -> str:
-    """The guest MAC of NIC ``index`` of VM ``vm``: ``0a`` (locally administered,
-    unicast) and 40 bits of a hash of the name, so a VM keeps its MAC across restarts
-    and on any host, and two VMs' MACs collide with odds of about 1 in 10^12."""
-    return ":".join([MAC_FIRST_OCTET, *(f"{b:02x}" for b in _digest(vm, index)[:5])])
+def mac_for(vm: str, index: int = 0, address: str | None = None) -> str:
+    """The guest MAC of NIC ``index`` of VM ``vm`` with ``address``: ``0a`` (locally
+    administered, unicast) and 40 bits of a hash, so a VM keeps its MAC across restarts,
+    and two VMs' MACs collide with odds of about 1 in 10^12. The address is part of the
+    hash because MACs must differ across the whole segment, and a job's VMs may all
+    carry the job's name (one per node) while their addresses always differ."""
+    digest = _digest(vm, index, address or "")
+    return ":".join([MAC_FIRST_OCTET, *(f"{b:02x}" for b in digest[:5])])
 
 
 def tap_mac(mac: str) -> str:
@@ -176,8 +179,8 @@ def tap_mac(mac: str) -> str:
 
 
 def ifname_for(vm: str, index: int = 0) -> str:
-    """The host tap's name: ``hv`` and 10 hex digits of the same hash (12 of the
-    kernel's 15 characters)."""
+    """The host tap's name: ``hv`` and 10 hex digits of a hash of the VM's name (12 of
+    the kernel's 15 characters); unique per host, which is all a tap name needs."""
     return IFNAME_PREFIX + _digest(vm, index).hex()[:10]
 
 
@@ -278,7 +281,7 @@ class BridgeKind:
             kind="bridge",
             source=bridge,
             model=request.model,
-            mac=mac_for(vm, index),
+            mac=mac_for(vm, index, str(iface) if iface is not None else None),
             ifname=ifname,
             address=str(iface) if iface is not None else None,
             mtu=mtu,
@@ -412,7 +415,7 @@ class VfKind:
             kind="vf",
             source=bdf,
             model="vfio",
-            mac=mac_for(vm, index),
+            mac=mac_for(vm, index, str(iface) if iface is not None else None),
             ifname=vf.pf_netdev,
             address=str(iface) if iface is not None else None,
             mtu=mtu,
