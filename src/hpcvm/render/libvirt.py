@@ -258,7 +258,7 @@ def _interfaces(devices: ET.Element, boot: BootSpec) -> None:
     as the QEMU backend does with QEMU's own tap (runtime/network.py). ``driver`` says
     vhost or QEMU's userspace datapath for virtio, as ``vhost=on`` does on the QEMU line."""
     for nic in boot.nics:
-        if nic.kind == "vf":
+        if nic.model == "vfio":
             continue  # a passthrough device of the plan: a ``<hostdev>`` below
         if nic.kind != "bridge":
             raise UsageError(f"a {nic.kind} NIC cannot be rendered for libvirt yet: use bridge")

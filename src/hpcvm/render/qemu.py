@@ -389,7 +389,7 @@ def _nics(plan: VMPlan, boot: BootSpec) -> Args:
     field and gets its MTU from the guest's command line like every NIC."""
     argv: Args = []
     for index, nic in enumerate(boot.nics):
-        if nic.kind == "vf":
+        if nic.model == "vfio":
             continue  # a passthrough device of the plan: ``-device vfio-pci`` above
         argv += ["-netdev", tap_netdev(nic, index), "-device", nic_device(nic, index)]
     return argv

@@ -436,13 +436,14 @@ def _vfs_in_use() -> list[str]:
         for entry in state.list_entries()
         if entry.machine is not None and entry.state != "stale"
         for nic in entry.machine.boot.nics
-        if nic.kind == "vf"
+        if nic.model == "vfio"
     ]
 
 
 def passthrough_of(nics: Sequence[Nic]) -> tuple[str, ...]:
-    """The PCI addresses the plan must pass through for these NICs (their VFs)."""
-    return tuple(nic.source for nic in nics if nic.kind == "vf")
+    """The PCI addresses the plan must pass through for these NICs (their VFs): a
+    ``vfio`` NIC is the device itself."""
+    return tuple(nic.source for nic in nics if nic.model == "vfio")
 
 
 NETWORK_KINDS: Registry[NetworkKind] = Registry("network kind")
@@ -487,11 +488,6 @@ def attach_nics(nics: Sequence[Nic], *, by_libvirt: bool = False) -> None:
         kind = NETWORK_KINDS.get_or_refuse(nic.kind)
         if not (by_libvirt and kind.libvirt_attaches):
             kind.attach(nic)
-
-
-def tap_exists(nic: Nic) -> bool:
-    """Whether the NIC's tap is (still) there in this namespace (for tests and docs)."""
-    return link(nic.ifname) is not None
 
 
 def is_root() -> bool:
