@@ -194,6 +194,7 @@ class Runner:
             self._tally.add(stored)
         self._stopped: dict[CellKey, StopDecision] = {}
         self._waiting: set[CellKey] = set()  # giving way to cells cheaper to finish
+        self._nobody_waits = False  # this block, every open cell would give way
         self._all_failed: set[CellKey] = set()
 
     # -- the loop -----------------------------------------------------------------------
@@ -282,14 +283,24 @@ class Runner:
 
     def _refresh(self) -> None:
         """Under auto, before each block: judge every open cell again (the time cap may
-        have been reached, the cells it gave way to may have finished); when every open
-        cell would give way, none does, so the time left is still spent."""
+        have been reached, the cells it gave way to may have finished); when no cell
+        that could still meet its target is left to give way to, none gives way, so
+        the time left is still spent."""
         if self.config.reps is not None:
             return
+        self._nobody_waits = False
         for key in self._open_keys():
             self._judge(key)
-        if set(self._open_keys()) <= self._waiting:
+        # Giving way to a cell that is only taking its minimum gains nothing: those
+        # samples are due anyway. Wait only while some cell can still meet its target.
+        ahead = [
+            k
+            for k in self._open_keys()
+            if k not in self._waiting and self._tally.count(k, False) >= self.config.min_reps
+        ]
+        if not ahead:
             self._waiting.clear()
+            self._nobody_waits = True  # until the next block: all of them run, and fill
 
     # -- failures -----------------------------------------------------------------------
 
@@ -396,7 +407,7 @@ class Runner:
         self._waiting.discard(key)
         if decision.stop:
             self._stopped[key] = decision
-        elif decision.give_way:
+        elif decision.give_way and not self._nobody_waits:
             self._waiting.add(key)
 
     def _projected(self, key: CellKey) -> float:

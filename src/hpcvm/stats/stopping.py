@@ -24,14 +24,16 @@ two seconds beside a TCG guest's thirty):
   (``extreme``, data on the suite's Metric); the decision lists them in ``left_out``.
 - **A cell that cannot make it gives way.** Given the seconds one repetition costs, the
   rule projects the repetitions the target needs (the smallest n* with
-  t(n*-1)*s/sqrt(n*) <= target*|mean| at today's relative s). When min(n*, n_max) of
-  them cannot fit in the time left once the cells that are cheaper to finish have had
-  what they need (the caller adds that up, ``reserved``), the decision says
-  ``give_way``: the caller runs those cells first and this one with whatever time then
-  remains, so a native cell of two seconds reaches its target before a guest cell of
-  thirty seconds spends the cap on a target it could not reach anyway. It never stops
-  a cell by itself (time nobody else needs is still spent narrowing its interval), and
-  it uses the width only, like the rule itself, never the effect.
+  t(n*-1)*s/sqrt(n*) <= target*|mean| at today's relative s). When n* lies beyond the
+  repetition cap, or min(n*, n_max) of them cannot fit in the time left once the cells
+  that are cheaper to finish have had what they need (the caller adds that up,
+  ``reserved``), the decision says ``give_way``: the caller runs the cells that can
+  still make it first and this one with whatever time then remains, so a native cell
+  of two seconds reaches its target before a guest cell of thirty seconds spends the
+  cap on a target it could not reach anyway. It never stops a cell by itself (when
+  every open cell gives way, the caller runs them all: time nobody else needs is still
+  spent narrowing intervals), and it uses the width only, like the rule itself, never
+  the effect.
 """
 
 from __future__ import annotations
@@ -155,9 +157,10 @@ def fixed_width_stop(
     repetitions have run; by default the longest sample, so a metric whose runs failed
     (fewer samples) cannot keep the rule from reaching its caps. Metrics named in
     ``extreme`` are not judged (listed in ``left_out``); with ``seconds_per_rep`` (what
-    one more repetition costs) a cell that cannot reach its target or its repetition cap
-    in the time left once ``reserved`` seconds are set aside for the cells that need less
-    time than this one to finish is told to ``give_way`` (see the module doc).
+    one more repetition costs) a cell whose target lies beyond its repetition cap, or
+    cannot be reached in the time left once ``reserved`` seconds are set aside for the
+    cells that need less time than this one to finish, is told to ``give_way`` (see the
+    module doc).
     """
     conf = check_confidence(confidence)
     _check_rule(target, n_min, n_max, max_time)
@@ -180,9 +183,11 @@ def fixed_width_stop(
             reason = "max-reps"
         elif max_time is not None and elapsed >= max_time:
             reason = "max-time"
-        elif max_time is not None and seconds_per_rep is not None and reserved > 0.0:
-            wanted = min(repetitions_needed(widths[worst], n, target, conf), float(n_max))
-            give_way = elapsed + reserved + (wanted - n) * seconds_per_rep > max_time
+        elif seconds_per_rep is not None:
+            needed = repetitions_needed(widths[worst], n, target, conf)
+            left = None if max_time is None else max_time - elapsed - reserved
+            cost = (min(needed, float(n_max)) - n) * seconds_per_rep
+            give_way = needed > n_max or (left is not None and cost > left)
     return StopDecision(
         stop=reason != "continue",
         reason=reason,
