@@ -246,14 +246,16 @@ class Runner:
 
     def _turn(self, name: str, cell: Cell, block: int, position: int, pace: float) -> None:
         """One cell's part of an environment's turn: one sample under a fixed --reps;
-        under auto, samples until the cell stops or has spent ``pace`` seconds."""
+        under auto, samples until the cell stops or another would not fit in ``pace``
+        seconds (so the slowest cell takes one, however its warm-up went)."""
+        key = (name, cell.suite.name, cell.np)
         spent = 0.0
         while self._open(name, cell, block):
             spent += self._sample(name, cell, self._rep(name, cell, block, False), position)
             if self.config.reps is not None:
                 return
-            self._judge((name, cell.suite.name, cell.np))
-            if spent >= pace:
+            self._judge(key)
+            if spent + self._tally.cost(key) > pace:
                 return
 
     def _open(self, env: str, cell: Cell, block: int) -> bool:
