@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcvm.bench.results import outlier_marks, summarize_run
-from hpcvm.store import MetricRecord, SampleRecord, Store
+from hpcvm.store import SCHEMA_VERSION, MetricRecord, SampleRecord, Store
 from tests.unit.test_bench_runner_results import NATIVE, RUN, VM
 
 
@@ -58,7 +58,7 @@ def test_marks_round_trip_and_an_old_database_gains_the_table(tmp_path: Path) ->
         con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         con.execute("INSERT INTO meta VALUES ('schema_version', '1')")
     with Store.open(tmp_path) as store:
-        assert store.schema_version() == 2
+        assert store.schema_version() == SCHEMA_VERSION
         run_id = store.create_run(args={}, seed=1, confidence=0.97)
         assert store.outliers(run_id) == set()
         store.set_outliers(run_id, [])

@@ -24,6 +24,7 @@ RUN = RunRecord(
     stop_detail=None,
     error=None,
     warnings=(TCG_WARNING, "vm:naive: only for the naive VM"),
+    warning_envs={"vm:naive: only for the naive VM": "vm:naive"},
     hpcvm_version="0",
 )
 NATIVE = EnvironmentRecord(

@@ -340,7 +340,7 @@ class Runner:
             f"{sample.env}: {label}: not repeated, its warm-up and first repetition failed "
             f"the same way: {reason}"
         )
-        self.store.add_warning(self.run_id, text)
+        self.store.add_warning(self.run_id, text, env=sample.env)
         self.notify(text)
 
     def _switch_to(self, name: str) -> None:
@@ -359,7 +359,7 @@ class Runner:
         try:
             action()  # type: ignore[operator]
         except HpcvmError as exc:
-            self.store.add_warning(self.run_id, f"{name}: {what} failed: {exc}")
+            self.store.add_warning(self.run_id, f"{name}: {what} failed: {exc}", env=name)
 
     def _key(self, env: str, cell: Cell, rep: int, warmup: bool) -> SampleKey:
         return SampleKey(env=env, suite=cell.suite.name, np=cell.np, repetition=rep, warmup=warmup)

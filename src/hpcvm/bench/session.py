@@ -15,9 +15,10 @@ import os
 import secrets
 import shlex
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.environments import Environment, parse_env_name
@@ -33,6 +34,7 @@ from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.lock import exclusive
 from hpcvm.plan.model import VMPlan
+from hpcvm.runtime.model import BackendName
 from hpcvm.signals import signals_deferred
 from hpcvm.store import (
     NewEnvironment,
@@ -83,6 +85,7 @@ class Prepared:
     suites: list[Suite]
     seed: int
     warnings: list[str] = field(default_factory=list)
+    warning_envs: dict[str, str] = field(default_factory=dict)  # warning -> its environment
     resume: RunRecord | None = None
     native: NativePlacement | None = None
 
@@ -134,14 +137,45 @@ def _resume_target(config: BenchConfig, out_dir: Path, resume: bool) -> RunRecor
     return run
 
 
+class EnvironmentMaker(Protocol):
+    """Makes the environments of a run: this host's, or (hpcvm.cluster) ones that span
+    the nodes of a Slurm job. Same arguments either way, so placement stays the bench's."""
+
+    def native(
+        self, host: HostTopology, *, cpus: Sequence[int] | None, mems: Sequence[int]
+    ) -> Environment: ...
+
+    def vm(
+        self, plan: VMPlan, *, vm_name: str, backend: BackendName, shares: tuple[str, ...]
+    ) -> Environment: ...
+
+
+class OneNode:
+    """This host's environments: a cpuset-confined native and one VM per profile."""
+
+    def native(
+        self, host: HostTopology, *, cpus: Sequence[int] | None, mems: Sequence[int]
+    ) -> Environment:
+        return NativeEnvironment(host, cpus=cpus, mems=mems)
+
+    def vm(
+        self, plan: VMPlan, *, vm_name: str, backend: BackendName, shares: tuple[str, ...]
+    ) -> Environment:
+        return VmEnvironment(plan, vm_name=vm_name, backend=backend, shares=shares)
+
+
 def prepare(
     config: BenchConfig,
     out_dir: Path,
     *,
     resume: bool = False,
     host: HostTopology | None = None,
+    environments: EnvironmentMaker | None = None,
 ) -> Prepared:
-    """Check the request against this host; build (not start) environments and suites."""
+    """Check the request against this host; build (not start) environments and suites.
+
+    ``environments``: what makes them; None: this host's (hpcvm.cluster supplies ones
+    that span a Slurm job's nodes, ``bench --nodes``)."""
     from hpcvm.host import discover
 
     config.check()
@@ -152,6 +186,7 @@ def prepare(
     previous = _resume_target(config, out_dir, resume)
     host = host if host is not None else discover()
     warnings: list[str] = []
+    warning_envs: dict[str, str] = {}
     plans: dict[str, VMPlan] = {}
     for name, profile in profiles.items():
         if profile is not None:
@@ -163,22 +198,24 @@ def prepare(
                 host=host,
             )
             warnings += notes
+            warning_envs.update(dict.fromkeys(notes, name))
             plans[name] = plan
     native = _native(config, previous, plans, host)
     config = _fixed_noise_work(config, previous, native)
     suites = build_suites(config.suites, config.suite_options)
     envs: dict[str, Environment] = {}
     extra = _guest_shares(config)
+    make = environments or OneNode()
     for name in profiles:
         if name in plans:
-            envs[name] = VmEnvironment(
+            envs[name] = make.vm(
                 plans[name],
                 vm_name=f"bench{os.getpid()}-{profiles[name]}",
                 backend=config.vm_backend,
                 shares=extra,
             )
         else:
-            envs[name] = NativeEnvironment(host, cpus=native.cpus, mems=native.mems)
+            envs[name] = make.native(host, cpus=native.cpus, mems=native.mems)
     _check_np(config, suites, envs)
     return Prepared(
         config=config,
@@ -188,6 +225,7 @@ def prepare(
         suites=suites,
         seed=previous.seed if previous is not None else _seed(config),
         warnings=warnings,
+        warning_envs=warning_envs,
         resume=previous,
         native=native,
     )
@@ -324,6 +362,7 @@ def _compare(recorded: dict[str, object], now: NewEnvironment, store: Store, run
                 run_id,
                 f"{now.name}: {key} changed on resume ({value!r} before, "
                 f"{getattr(now, key)!r} now): its samples mix two setups",
+                env=now.name,
             )
 
 
@@ -344,7 +383,7 @@ def execute(
                 return run_id, None
             store.set_status(run_id, "running")
             for text in prep.warnings:
-                store.add_warning(run_id, text)
+                store.add_warning(run_id, text, env=prep.warning_envs.get(text))
             _compare_tuning(prep.resume, store)
         else:
             run_id = store.create_run(
@@ -357,6 +396,7 @@ def execute(
                 confidence=prep.config.confidence,
                 host=prep.host.model_dump(mode="json"),
                 warnings=prep.warnings,
+                warning_envs=prep.warning_envs,
             )
         return run_id, _measure(prep, store, run_id, progress, notify)
     finally:
@@ -447,4 +487,4 @@ def _close_all(prep: Prepared, store: Store, run_id: int) -> None:
             env.close()
         except Exception as exc:  # the next environment must still close
             text = exc.message if isinstance(exc, HpcvmError) else f"{type(exc).__name__}: {exc}"
-            store.add_warning(run_id, f"{name}: closing it failed: {text}")
+            store.add_warning(run_id, f"{name}: closing it failed: {text}", env=name)
