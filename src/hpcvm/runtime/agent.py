@@ -300,7 +300,8 @@ class GuestAgent:
                 killed = self._kill(pid)
                 raise RuntimeFailure(
                     f"{argv[0]!r} timed out after {timeout:g} s in the guest (pid {pid}); "
-                    + ("it was killed" if killed else "it may still be running there")
+                    + ("it was killed" if killed else "it may still be running there"),
+                    cause="timeout",
                 )
             time.sleep(delay)
             delay = min(delay * 2, _POLL_MAX)

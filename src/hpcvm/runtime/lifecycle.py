@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -107,13 +108,13 @@ def make_plan(
 def _with_housekeeping_hint(exc: InfeasiblePlanError, request: PlanRequest) -> Exception:
     """On a small host the housekeeping core is what leaves too few PUs for the vCPUs:
     say that ``--housekeeping 0`` is the other way out, if the planner did not."""
-    if "housekeeping" not in exc.message or "--housekeeping 0" in exc.message:
-        return exc
-    if request.housekeeping == 0:
+    if exc.cause != "housekeeping" or request.housekeeping == 0:
         return exc
     return InfeasiblePlanError(
         f"{exc.message}; or keep {request.vcpus} vCPUs with --housekeeping 0 (QEMU's own "
-        "threads then share the vCPUs' cores)"
+        "threads then share the vCPUs' cores)",
+        cause=exc.cause,
+        option=exc.option,
     )
 
 
@@ -329,8 +330,11 @@ def _ready_timeout(options: UpOptions, plan: VMPlan, media: BootMedia) -> float:
 
 
 def _start(machine: Machine, backend: Backend, ready_timeout: float) -> Machine:
-    started = backend.start(machine)
-    state.save_machine(started)  # from here on `down` can clean up after us
+    # A SIGTERM between QEMU's start and its record would leave a QEMU nobody knows
+    # (teardown finds no pid): the signal waits until the record is written.
+    with signals_deferred():
+        started = backend.start(machine)
+        state.save_machine(started)  # from here on `down` can clean up after us
     assert started.pid is not None
     threads = backend.vcpu_threads(started)
     if getattr(backend, "pins_itself", True):
@@ -433,7 +437,7 @@ def exec_in(machine: Machine, argv: Sequence[str], timeout: float | None = None)
                 f"VM {machine.name} died while running {argv[0]!r}; see its console log "
                 f"{machine.boot.serial_log}"
             ) from exc
-        if timeout is not None and "timed out" in exc.message:
+        if timeout is not None and exc.cause == "timeout":
             raise ExecTimeout(
                 f"{argv[0]!r} did not finish within {timeout:g} s in VM {machine.name}"
             ) from exc
@@ -553,7 +557,25 @@ def _clean_stale(entry: state.Entry) -> None:
             get_backend(entry.machine.backend, entry.machine.connect_uri).stop(
                 entry.machine, timeout=2.0
             )
+    else:
+        _kill_unrecorded_qemu(entry)
     state.clean_stale(entry)
+
+
+def _kill_unrecorded_qemu(entry: state.Entry) -> None:
+    """A VM whose ``up`` was killed outright (SIGKILL, after Slurm's KillWait) between
+    starting QEMU and writing its record: QEMU's own pidfile still names it. Killed
+    only when that process is this VM's QEMU (``-name guest=NAME,``), never a pid the
+    kernel has since given to another process."""
+    try:
+        pid = int((entry.run_dir / paths.PID_FILE).read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return
+    if f"guest={entry.name},".encode() not in b" ".join(cmdline):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _live_status(machine: Machine) -> str:

@@ -1,0 +1,68 @@
+"""A VM whose `up` was killed between QEMU's start and its record: `down` (and the
+cluster's reaper, which calls it) finds QEMU by its own pidfile and kills it, but only
+a process whose command line names this VM. Real processes stand in for QEMU (a
+Python sleeping with QEMU's ``-name guest=NAME,`` words), so no guest is booted; the
+kernel (waitpid) is the oracle for what was killed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcvm.runtime import lifecycle, paths
+
+
+@pytest.fixture
+def runtime_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(tmp_path))
+    return tmp_path
+
+
+Starter = Callable[..., "subprocess.Popen[bytes]"]
+
+
+@pytest.fixture
+def sleeper() -> Iterator[Starter]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*words: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *words])
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _unrecorded(root: Path, name: str, pid: int) -> Path:
+    run_dir = root / name
+    run_dir.mkdir()
+    (run_dir / paths.PID_FILE).write_text(f"{pid}\n")
+    return run_dir
+
+
+def test_down_kills_the_qemu_its_pidfile_names_and_removes_the_run_dir(
+    runtime_root: Path, sleeper: Starter
+) -> None:
+    proc = sleeper("-name", "guest=vm1,debug-threads=on")
+    run_dir = _unrecorded(runtime_root, "vm1", proc.pid)
+    lifecycle.down("vm1")
+    assert proc.wait(timeout=10) == -9
+    assert not run_dir.exists()
+
+
+def test_down_leaves_a_process_that_is_not_this_vms_qemu(
+    runtime_root: Path, sleeper: Starter
+) -> None:
+    other = sleeper("-name", "guest=vm10,debug-threads=on")
+    run_dir = _unrecorded(runtime_root, "vm1", other.pid)  # a recycled pid
+    lifecycle.down("vm1")
+    assert other.poll() is None
+    assert not run_dir.exists()
