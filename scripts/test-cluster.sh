@@ -217,7 +217,7 @@ MessageTimeout=30
 SlurmdTimeout=120
 SlurmctldTimeout=120
 InactiveLimit=0
-KillWait=5
+KillWait=30
 MinJobAge=30
 NodeName=DEFAULT CPUs=$cpus State=UNKNOWN
 EOF

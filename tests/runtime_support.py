@@ -9,6 +9,7 @@ list of what is left. Every runtime test that starts or refuses a VM ends with i
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from hpcvm.runtime.hugetlbfs import vm_dir_prefix
 MIB = 1024 * 1024
 PAGE_2M = 2 * MIB
 _SYS_HUGEPAGES = Path("/sys/kernel/mm/hugepages")
-_TAP_PREFIXES = ("tap", "vnet", "macvtap")
+_TAP_PREFIXES = ("tap", "vnet", "macvtap", "hv")  # hv: hpcvm's own taps (runtime/network.py)
 
 
 def _hugetlbfs_mounts() -> list[str]:
@@ -103,7 +104,16 @@ def hugepages_in_use() -> dict[int, int]:
 
 
 def tap_devices() -> set[str]:
-    return {n for n in os.listdir("/sys/class/net") if n.startswith(_TAP_PREFIXES)}
+    """Tap-like links in this network namespace, asked of the kernel over netlink (ip):
+    /sys/class/net shows the namespace that mounted /sys, not necessarily this one."""
+    out = subprocess.run(
+        ["ip", "-j", "link", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    return {
+        link["ifname"]
+        for link in json.loads(out or "[]")
+        if str(link.get("ifname", "")).startswith(_TAP_PREFIXES)
+    }
 
 
 def open_fds() -> int:

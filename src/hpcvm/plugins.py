@@ -1,9 +1,12 @@
-"""Extensions from outside the package: a suite, a render target, a report format.
+"""Extensions from outside the package: a suite, a render target, a report format, a
+VM backend, a network kind, a host tuning setting.
 
-Each extension point is a registry (bench/suites.py, render/targets.py,
-report/formats.py); an extension is a module that calls that registry's ``register``
-once when imported. hpcvm imports such modules before it builds its commands, so their
-names appear in ``--help`` and in the choices of every option, exactly like hpcvm's own:
+Each extension point is a registry (bench/suites.py REGISTRY, render/targets.py
+TARGETS, report/formats.py FORMATS, runtime/backends.py BACKENDS, runtime/network.py
+NETWORK_KINDS, tune/registry.py REGISTRY); an extension is a module that calls that
+registry's ``register`` once when imported. hpcvm imports such modules before it
+builds its commands, so their names appear in ``--help`` and in the choices of every
+option, exactly like hpcvm's own:
 
 - modules named in ``HPCVM_PLUGINS`` (comma-separated), for a site's own scripts;
 - the ``hpcvm.plugins`` entry points of installed packages.

@@ -243,3 +243,68 @@ def test_a_vm_that_dies_during_the_job_takes_the_others_down(
     # Slurm keeps an ended job's record for MinJobAge (30 s here): it says how it ended.
     assert re.search(r"JobState=(FAILED|CANCELLED)", state), state
     assert_nothing_left(slurm_cluster, name, free)
+
+
+def test_interrupting_cluster_up_takes_the_vms_already_started_down(
+    slurm_cluster: LocalCluster, job_dir: Path
+) -> None:
+    """Ctrl-C (SIGINT to the batch step's processes) while `cluster up` waits for the
+    nodes: it ends the holder step itself, so no VM outlives the interrupted command."""
+    free = hugepages_free()
+    name = f"i{os.getpid()}"
+    proc, out = sbatch(slurm_cluster, job_dir, job_env(name), wait=False)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    try:
+        wait_until("a VM to start", lambda: len(qemu_of(name)) >= 1)
+        slurm_cluster.run(["scancel", "--batch", "--full", "--signal=INT", job])
+        wait_until("the VMs to go", lambda: not qemu_of(name))
+        wait_until(
+            "Slurm to end the job",
+            lambda: not slurm_cluster.run(["squeue", "-h", "-j", job], check=False).stdout.strip(),
+        )
+    finally:
+        slurm_cluster.run(["scancel", job], check=False)
+    assert "interrupted" in read(out), read(out)
+    assert_nothing_left(slurm_cluster, name, free)
+
+
+def node_tasks(name: str) -> list[int]:
+    """Pids of the holder step's tasks (``hpcvm cluster node``) of cluster ``name``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if cmd[-3:] == [b"cluster", b"node", b""] and f'"name":"{name}"'.encode() in environ:
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_node_task_killed_outright_still_leaves_no_vm(
+    slurm_cluster: LocalCluster, job_dir: Path
+) -> None:
+    """SIGKILL of node2's task (as Slurm's KillWait or the OOM killer would): its reaper
+    takes its VM down, srun ends the other task, whose VM goes down too."""
+    free = hugepages_free()
+    name = f"k{os.getpid()}"
+    proc, out = sbatch(slurm_cluster, job_dir, job_env(name), "sleep", "3600", wait=False)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    try:
+        wait_until("the job to start its MPI run", lambda: "2 VM(s) up" in read(out))
+        tasks = node_tasks(name)
+        assert len(tasks) == 2, tasks
+        os.kill(tasks[1], 9)
+        wait_until("the VMs to go", lambda: not qemu_of(name))
+        wait_until(
+            "Slurm to end the job",
+            lambda: not slurm_cluster.run(["squeue", "-h", "-j", job], check=False).stdout.strip(),
+        )
+    finally:
+        slurm_cluster.run(["scancel", job], check=False)
+    assert_nothing_left(slurm_cluster, name, free)

@@ -25,10 +25,10 @@ from hpcvm.cluster.spec import (
     check_addresses,
     latest_per_node,
     node_address,
-    parse_address,
     parse_events,
 )
 from hpcvm.errors import UsageError
+from hpcvm.runtime.network import parse_address
 
 
 @pytest.mark.parametrize(
@@ -55,9 +55,9 @@ def test_addresses_that_leave_the_network_are_refused_before_anything_starts() -
     ("text", "why"),
     [
         ("10.77.0.101", "prefix length"),
-        ("10.77.0.0/24", "network's own"),
+        ("10.77.0.0/24", "network's or broadcast"),
         ("fe80::1/64", "IPv4"),
-        ("node1", "IPv4"),
+        ("node1", "prefix length"),
     ],
 )
 def test_bad_addresses_get_one_line_errors(text: str, why: str) -> None:

@@ -43,6 +43,7 @@ class BenchConfig(Frozen):
     vm_guest_nodes: int | None = None
     vm_backend: BackendName = "qemu"
     native_cpus: tuple[int, ...] | Literal["all"] | None = None  # None: the VM's PUs
+    nodes: int = 1  # --nodes: ranks spread over this many nodes of a Slurm allocation
     suite_options: SuiteOptions = SuiteOptions()
 
     def check(self) -> BenchConfig:
@@ -67,14 +68,19 @@ class BenchConfig(Frozen):
             raise UsageError(f"--confidence must be in (0, 1), e.g. 0.97, not {self.confidence}")
         if self.timeout <= 0 or (self.max_time is not None and self.max_time <= 0):
             raise UsageError("--timeout and --max-time must be positive durations")
+        if self.nodes < 1:
+            raise UsageError(f"--nodes must be 1 or more, not {self.nodes}")
         if self.vm_vcpus is not None and self.vm_vcpus < 1:
             raise UsageError(f"--vm-vcpus must be positive, not {self.vm_vcpus}")
         return self
 
     @property
     def vcpus(self) -> int:
-        """vCPUs of every VM environment: --vm-vcpus, else the largest np."""
-        return self.vm_vcpus if self.vm_vcpus is not None else max(self.np)
+        """vCPUs of every VM environment (of each node's VM with --nodes): --vm-vcpus,
+        else the largest np (shared out over the nodes)."""
+        if self.vm_vcpus is not None:
+            return self.vm_vcpus
+        return -(-max(self.np) // self.nodes)
 
     def identity(self) -> dict[str, Any]:
         """What a resumed run must share with the recorded one."""
@@ -88,6 +94,7 @@ class BenchConfig(Frozen):
                 "np",
                 "vm_vcpus",
                 "vm_memory",
+                "nodes",
                 "vm_guest_nodes",
                 "native_cpus",
             },

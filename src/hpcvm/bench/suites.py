@@ -115,6 +115,7 @@ class SuiteKind:
     owns: Callable[[str], bool] | None = None
     label: Callable[[str, str], str | None] | None = None
     np_label: Callable[[str, str, int], str | None] | None = None  # "CG time, np 2"
+    spans_nodes: bool = True  # False: it measures one node (bench --nodes refuses it)
 
     def stores(self, suite: str) -> bool:
         return self.owns(suite) if self.owns is not None else suite == self.name
@@ -159,6 +160,7 @@ for _kind in (
         _noise,
         "hpcvm's fixed-work-quantum noise benchmark (csrc/noise.c) on every CPU",
         metrics=NOISE_METRICS,
+        spans_nodes=False,
     ),
     SuiteKind(
         "npb",

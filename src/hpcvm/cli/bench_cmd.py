@@ -26,22 +26,25 @@ from hpcvm.bench.config import DEFAULT_MAX_REPS, DEFAULT_VM_MEMORY, BenchConfig
 from hpcvm.bench.environments import valid_env_names
 from hpcvm.bench.export import rows_csv, rows_json, write_atomic, write_exports
 from hpcvm.bench.failures import CellFailures, cell_failures, failure_line, without_valid_sample
-from hpcvm.bench.launch import Bind
+from hpcvm.bench.launch import Bind, Spread, across
+from hpcvm.bench.netpipe import NetpipeSize
 from hpcvm.bench.placement import parse_native_cpus
 from hpcvm.bench.results import summaries
 from hpcvm.bench.runner import LOGS
 from hpcvm.bench.session import (
     TCG_WARNING,
+    EnvironmentMaker,
     execute,
     prepare,
     recorded_config,
     results_writer,
 )
-from hpcvm.bench.suites import SuiteOptions, suite_names
+from hpcvm.bench.suites import REGISTRY, SuiteOptions, suite_names
 from hpcvm.cli.bench_view import print_report
 from hpcvm.cli.common import console, err_console
 from hpcvm.errors import SamplesFailed, UsageError
 from hpcvm.model import Frozen
+from hpcvm.runtime.backends import BACKENDS
 from hpcvm.runtime.model import BackendName
 from hpcvm.stats.overhead import Method
 from hpcvm.store import SampleRecord, Store
@@ -86,6 +89,9 @@ class BenchOptions(Frozen):
     metric_name: str
     cmd_mpi: bool
     bind: Bind
+    nodes: int
+    network: str | None
+    address: str | None
 
 
 def warn(message: str) -> None:
@@ -153,6 +159,7 @@ def _suite_options(o: BenchOptions) -> SuiteOptions:
         npb_dir=Path(npb_dir).absolute() if npb_dir else None,
         npb_kernels=tuple(k for k in (o.npb_kernels or "").split(",") if k),
         npb_size=o.size if o.size in _SIZES else hpcc_size,
+        netpipe_size=cast("NetpipeSize", o.size) if o.size in _SIZES else "small",
         cmd=o.cmd,
         metric=o.metric,
         higher_is_better=o.higher_is_better,
@@ -206,6 +213,7 @@ def _config(o: BenchOptions) -> BenchConfig:
         vm_guest_nodes=o.vm_guest_nodes,
         vm_backend=o.vm_backend,
         native_cpus=parse_native_cpus(o.native_cpus),
+        nodes=o.nodes,
         suite_options=_suite_options(o),
     ).check()
 
@@ -303,7 +311,7 @@ class _Bar:
     "--vm-memory", default=None, help=f"Memory per VM ({format_size(DEFAULT_VM_MEMORY)})."
 )
 @click.option("--vm-guest-nodes", type=int, default=None, help="numa/hpc: guest nodes.")
-@click.option("--vm-backend", type=click.Choice(["qemu", "libvirt"]), default="qemu")
+@click.option("--vm-backend", type=click.Choice(list(BACKENDS)), default="qemu")
 @click.option(
     "--native-cpus",
     default=None,
@@ -325,6 +333,26 @@ class _Bar:
 @click.option("--metric-name", default="value", show_default=True)
 @click.option("--cmd-mpi", is_flag=True, help="Run --cmd under mpirun with --np ranks.")
 @click.option("--bind", type=click.Choice(["core", "hwthread", "none"]), default="core")
+@click.option(
+    "--nodes",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Spread MPI ranks over this many nodes of the Slurm allocation (native: mpirun "
+    "across them; each VM environment: one VM per node). See docs/cluster.md.",
+)
+@click.option(
+    "--network",
+    default=None,
+    metavar="KIND=SOURCE[,model=virtio|e1000]",
+    help="With --nodes: the VMs' NIC on each node (default bridge=br0).",
+)
+@click.option(
+    "--address",
+    default=None,
+    metavar="IP/PREFIX",
+    help="With --nodes: the first VM's address; its network carries every MPI run.",
+)
 @click.option("--interval", type=click.Choice(["fieller", "bootstrap"]), default="fieller")
 @click.option(
     "--out",
@@ -342,13 +370,15 @@ def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
 def _bench(out: Path, resume: bool, interval: Method, o: BenchOptions) -> int:
     """The bench command while this process is the one writer of ``out``."""
     config = _stopping_overrides(recorded_config(out), o) if resume and not o.env else _config(o)
-    prep = prepare(config, out, resume=resume)
-    if prep.emulated:
-        warn(TCG_WARNING)
-    for text in prep.warnings:
-        warn(text)
-    with _Bar() as bar:
-        run_id, outcome = execute(prep, progress=bar, notify=bar.note)
+    makers, spread = _across_nodes(config, o)
+    with across(spread):
+        prep = prepare(config, out, resume=resume, environments=makers)
+        if prep.emulated:
+            warn(TCG_WARNING)
+        for text in prep.warnings:
+            warn(text)
+        with _Bar() as bar:
+            run_id, outcome = execute(prep, progress=bar, notify=bar.note)
     if outcome is None:
         warn(f"run {run_id} in {out} had already finished; showing its results")
     with Store.open(prep.out_dir) as store:
@@ -363,6 +393,43 @@ def _bench(out: Path, resume: bool, interval: Method, o: BenchOptions) -> int:
     )
     _judge(failures, samples, prep.out_dir)
     return 0
+
+
+def _across_nodes(
+    config: BenchConfig, o: BenchOptions
+) -> tuple[EnvironmentMaker | None, Spread | None]:
+    """With ``--nodes N`` (N > 1): environments spanning the N nodes of this Slurm
+    allocation and the mpirun line that spreads ranks over them (docs/cluster.md)."""
+    if config.nodes == 1:
+        if o.network or o.address:
+            raise UsageError("--network and --address go with --nodes N (N > 1)")
+        return None, None
+    from hpcvm.cluster import slurm
+    from hpcvm.cluster.bench_envs import ClusterEnvironments
+    from hpcvm.runtime.network import parse_address
+
+    if o.address is None:
+        raise UsageError(
+            "--nodes needs --address IP/PREFIX: the first VM's address on the nodes' "
+            "network (the next VMs take the next addresses; MPI runs use that network)"
+        )
+    network = parse_address(o.address).network
+    allocation = slurm.current_allocation()
+    if len(allocation.nodes) != config.nodes:
+        raise UsageError(
+            f"--nodes {config.nodes} but this Slurm allocation has {len(allocation.nodes)} "
+            f"node(s): submit with -N {config.nodes}"
+        )
+    single = [s for s in config.suites if s in REGISTRY and not REGISTRY[s].spans_nodes]
+    if single:
+        raise UsageError(f"--suite {single[0]} measures one node's CPUs: run it without --nodes")
+    makers = ClusterEnvironments(
+        nodes=config.nodes,
+        network=o.network or "bridge=br0",
+        first_address=o.address,
+        say=lambda text: click.echo(f"hpcvm: {text}", err=True),
+    )
+    return makers, Spread(nodes=config.nodes, network=str(network))
 
 
 def _judge(failures: list[CellFailures], samples: list[SampleRecord], out: Path) -> None:

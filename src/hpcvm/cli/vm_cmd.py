@@ -24,6 +24,7 @@ from rich.table import Table
 from hpcvm.cli.common import console, err_console, warn
 from hpcvm.plan.model import PROFILE_NAMES, PlanRequest
 from hpcvm.runtime import lifecycle
+from hpcvm.runtime.backends import BACKENDS
 from hpcvm.runtime.model import BackendName, ExecResult, Machine
 from hpcvm.runtime.shares import describe as describe_shares
 from hpcvm.units import format_size, parse_size
@@ -56,7 +57,7 @@ def _vm_options(func: F) -> F:
         ),
         click.option(
             "--backend",
-            type=click.Choice(["qemu", "libvirt"]),
+            type=click.Choice(list(BACKENDS)),
             default="qemu",
             show_default=True,
             help="Run QEMU directly (QMP) or through libvirt.",

@@ -25,10 +25,12 @@ from hpcvm.bench.launch import mpirun_program
 from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.vm import VmEnvironment
 from hpcvm.cluster import control, launcher
+from hpcvm.cluster.spec import check_addresses, node_address
 from hpcvm.errors import RuntimeFailure
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
 from hpcvm.runtime import paths, state
+from hpcvm.runtime.model import BackendName
 from hpcvm.store.records import NewEnvironment
 from hpcvm.units import format_cpu_list
 
@@ -93,12 +95,16 @@ class ClusterVmEnvironment(VmEnvironment):
         network: str,
         first_address: str,
         nodes: int,
+        backend: BackendName = "qemu",
         shares: tuple[str, ...] = (),
         say: Callable[[str], None] = lambda _text: None,
     ) -> None:
         """``plan``: this (the first) node's plan, which its VM will have; each other
         node plans its own."""
-        super().__init__(plan, vm_name=f"{cluster}-{control.this_node()}", shares=shares)
+        super().__init__(
+            plan, vm_name=f"{cluster}-{control.this_node()}", backend=backend, shares=shares
+        )
+        self.vcpus = plan.vcpus * nodes  # over all nodes
         self.cluster = cluster
         self.network = network
         self.first_address = first_address
@@ -125,6 +131,7 @@ class ClusterVmEnvironment(VmEnvironment):
             raise RuntimeFailure(f"{self.name}: VM {first.vm} is not on this node")
         self.machine = entry.machine
         self.plan = entry.machine.plan
+        self.vcpus = self.plan.vcpus * self.nodes
         facts = self._exec(["/bin/sh", "-c", _facts_script()], 120.0)
         self._facts = facts.stdout.splitlines()
 
@@ -154,6 +161,48 @@ class ClusterVmEnvironment(VmEnvironment):
         network = ipaddress.IPv4Interface(self.first_address).network
         spread = [ENV, *launcher.mpi_environment(network), *argv]
         return super().run(spread, workdir, timeout, outputs=outputs)
+
+
+class ClusterEnvironments:
+    """The environments of ``bench --nodes``: each VM profile is a cluster of its own
+    (one VM per node), with addresses after the previous cluster's, so that clusters up
+    at the same time never share one."""
+
+    def __init__(
+        self,
+        *,
+        nodes: int,
+        network: str,
+        first_address: str,
+        say: Callable[[str], None] = lambda _text: None,
+    ) -> None:
+        self.nodes = nodes
+        self.network = network
+        self.first_address = first_address
+        self.say = say
+        self._clusters = 0
+
+    def native(
+        self, host: HostTopology, *, cpus: Sequence[int] | None, mems: Sequence[int]
+    ) -> ClusterNativeEnvironment:
+        return ClusterNativeEnvironment(host, cpus=cpus, mems=mems, nodes=self.nodes)
+
+    def vm(
+        self, plan: VMPlan, *, vm_name: str, backend: BackendName, shares: tuple[str, ...]
+    ) -> ClusterVmEnvironment:
+        first = node_address(self.first_address, self._clusters * self.nodes)
+        check_addresses(str(first), self.nodes)
+        self._clusters += 1
+        return ClusterVmEnvironment(
+            plan,
+            cluster=vm_name,
+            network=self.network,
+            first_address=str(first),
+            nodes=self.nodes,
+            backend=backend,
+            shares=shares,
+            say=self.say,
+        )
 
 
 def _facts_script() -> str:

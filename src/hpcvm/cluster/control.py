@@ -286,8 +286,9 @@ def _take_down(
     step = _step(record.name)
     if step is not None:
         slurm.signal_step(step, "TERM")
-    elif holder is not None:
-        holder.send_signal(signal.SIGINT)  # srun forwards it; a second one ends the step
+    else:  # no node has reported yet: srun forwards SIGTERM to the tasks it started
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.holder_pid, signal.SIGTERM)
     deadline = time.monotonic() + DOWN_WAIT
     while time.monotonic() < deadline and _holder_running(record, holder):
         time.sleep(0.3)

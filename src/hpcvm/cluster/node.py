@@ -8,7 +8,8 @@ VM dies it reports ``died`` and exits non-zero, and ``srun --kill-on-bad-exit`` 
 the other nodes' tasks, so no job keeps running on part of its VMs.
 
 Slurm sends SIGTERM and, ``KillWait`` seconds later, SIGKILL: stopping is forceful
-(QEMU is stopped, not asked to shut the guest down), so it fits in that window.
+(QEMU is told to quit over QMP, the guest is not asked to shut down), so it fits in
+that window; if the task is killed anyway, its reaper (reaper.py) finishes the job.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-from hpcvm.cluster import launcher
+from hpcvm.cluster import launcher, reaper
 from hpcvm.cluster.slurm import TaskPlace, task_place
 from hpcvm.cluster.spec import SPEC_ENV, ClusterSpec, EventKind, NodeEvent
 from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.runtime import lifecycle
 from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.model import Machine
+from hpcvm.signals import signals_deferred
 
-STOP_TIMEOUT = 2.0  # seconds for QEMU to go; Slurm's KillWait is 30 s by default
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -136,6 +137,7 @@ def run() -> int:
     """The task's whole life; its exit code tells srun whether this node failed."""
     spec = read_spec()
     place = task_place()
+    reaper.start(spec.vm_name(place.node))  # its pipe closes when this process ends
     try:
         with _interruptible():
             machine = _boot(spec, place)
@@ -156,9 +158,8 @@ def run() -> int:
         )
     )
     ended = _hold(machine)
-    with contextlib.suppress(HpcvmError):
-        lifecycle.stop(machine, timeout=STOP_TIMEOUT)
-    lifecycle.teardown(machine)
+    with signals_deferred():  # a second SIGTERM must not cut the teardown short
+        lifecycle.teardown(machine)
     if ended:
         emit(_event("down", spec, place))
         return 0

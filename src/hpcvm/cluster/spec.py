@@ -20,6 +20,7 @@ from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
 from hpcvm.plan.model import PlanRequest
 from hpcvm.runtime.model import BackendName
+from hpcvm.runtime.network import parse_address
 
 SPEC_ENV = "HPCVM_CLUSTER_SPEC"
 EVENT_PREFIX = "hpcvm-cluster-event "
@@ -77,23 +78,6 @@ def node_address(first: str, index: int) -> ipaddress.IPv4Interface:
             f"{net} or its broadcast address; start lower or use a larger network"
         )
     return ipaddress.IPv4Interface(f"{address}/{net.prefixlen}")
-
-
-def parse_address(text: str) -> ipaddress.IPv4Interface:
-    """An IPv4 address with its prefix length, as ``--address`` takes it."""
-    try:
-        iface = ipaddress.IPv4Interface(text)
-    except ValueError as exc:
-        raise UsageError(
-            f"--address {text!r} is not an IPv4 address with a prefix length, e.g. 10.0.0.101/24"
-        ) from exc
-    if "/" not in text:
-        raise UsageError(
-            f"--address {text!r} has no prefix length: give the network's, e.g. {text}/24"
-        )
-    if iface.ip in (iface.network.network_address, iface.network.broadcast_address):
-        raise UsageError(f"--address {text}: that is the network's own or broadcast address")
-    return iface
 
 
 def check_addresses(first: str, count: int) -> None:
