@@ -280,7 +280,10 @@ def node_tasks(name: str) -> list[int]:
             environ = (proc / "environ").read_bytes()
         except OSError:
             continue
-        if cmd[-3:] == [b"cluster", b"node", b""] and f'"name":"{name}"'.encode() in environ:
+        # exactly `python -m hpcvm.cli.main cluster node`: srun and the holder's launcher
+        # carry that line as their last words, and the same spec in their environment
+        task = cmd[1:] == [b"-m", b"hpcvm.cli.main", b"cluster", b"node", b""]
+        if task and f'"name":"{name}"'.encode() in environ:
             found.append(int(proc.name))
     return found
 

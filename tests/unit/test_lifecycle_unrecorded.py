@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm.bootspec import BootSpec
 from hpcvm.runtime import lifecycle, paths
 
 
@@ -41,6 +42,27 @@ def sleeper() -> Iterator[Starter]:
         proc.wait()
 
 
+def _record(name: str, run_dir: Path) -> str:
+    """A Machine record as `up` saves it before QEMU starts: a real plan, pid None."""
+    from hpcvm.host import discover
+    from hpcvm.plan import plan
+    from hpcvm.plan.model import PlanRequest
+    from hpcvm.runtime.model import Machine
+
+    request = PlanRequest(name=name, profile="naive", vcpus=1, memory_bytes=256 << 20, accel="tcg")
+    machine = Machine(
+        name=name,
+        backend="qemu",
+        run_dir=str(run_dir),
+        pid=None,
+        started_at=0.0,
+        plan=plan(discover(), request),
+        boot=BootSpec(),
+        image="builtin",
+    )
+    return machine.model_dump_json()
+
+
 def _unrecorded(root: Path, name: str, pid: int) -> Path:
     run_dir = root / name
     run_dir.mkdir()
@@ -54,6 +76,18 @@ def test_down_kills_the_qemu_its_pidfile_names_and_removes_the_run_dir(
     proc = sleeper("-name", "guest=vm1,debug-threads=on")
     run_dir = _unrecorded(runtime_root, "vm1", proc.pid)
     lifecycle.down("vm1")
+    assert proc.wait(timeout=10) == -9
+    assert not run_dir.exists()
+
+
+def test_a_record_without_a_pid_is_no_reason_to_leave_qemu_running(
+    runtime_root: Path, sleeper: Starter
+) -> None:
+    """The record `up` writes before QEMU starts (pid None), then SIGKILL."""
+    proc = sleeper("-name", "guest=vm2,debug-threads=on")
+    run_dir = _unrecorded(runtime_root, "vm2", proc.pid)
+    (run_dir / paths.MACHINE_FILE).write_text(_record("vm2", run_dir))
+    lifecycle.down("vm2")
     assert proc.wait(timeout=10) == -9
     assert not run_dir.exists()
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from hpcvm.cluster import launcher, slurm
+from hpcvm.cluster.holder import TAKING_DOWN
 from hpcvm.cluster.spec import (
     SPEC_ENV,
     ClusterSpec,
@@ -204,7 +205,8 @@ def check_workdir(workdir: str, backend_name: str) -> None:
 def _start_holder(
     allocation: slurm.Allocation, spec: ClusterSpec, directory: Path
 ) -> subprocess.Popen[bytes]:
-    argv = slurm.holder_argv(allocation, spec.name, [*hpcvm_argv(), "cluster", "node"])
+    srun = slurm.holder_argv(allocation, spec.name, [*hpcvm_argv(), "cluster", "node"])
+    argv = [sys.executable, "-m", "hpcvm.cluster.holder", str(directory), *srun]
     env = {**os.environ, SPEC_ENV: spec.model_dump_json()}
     with (directory / LOG_FILE).open("ab") as log:
         return subprocess.Popen(
@@ -283,10 +285,14 @@ def _take_down(
 ) -> list[str]:
     """End the holder step and wait until every node reported its VM down; the nodes
     that did not, by name. The state directory goes in any case."""
-    step = _step(record.name)
+    (cluster_dir(record.name) / TAKING_DOWN).touch()  # the holder leaves the log to us
+    # SIGTERM to the step's tasks, which stop their VMs in order. Not to srun: a signal
+    # makes srun abort the step, and its tasks are then SIGKILLed mid-boot (their
+    # reapers clean up, but a VM being started is better stopped by its own task).
+    step = _step(record.name) or slurm.find_step(record.job_id, slurm.step_name(record.name))
     if step is not None:
         slurm.signal_step(step, "TERM")
-    else:  # no node has reported yet: srun forwards SIGTERM to the tasks it started
+    else:  # no step yet (srun still waits for it): ending srun ends the request
         with contextlib.suppress(ProcessLookupError):
             os.kill(record.holder_pid, signal.SIGTERM)
     deadline = time.monotonic() + DOWN_WAIT

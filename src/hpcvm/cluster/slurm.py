@@ -108,9 +108,31 @@ def holder_argv(allocation: Allocation, name: str, node_argv: Sequence[str]) -> 
         "--cpu-bind=none",
         "--kill-on-bad-exit=1",
         "--unbuffered",
-        f"--job-name=hpcvm-cluster-{name}",
+        f"--job-name={step_name(name)}",
         *node_argv,
     ]
+
+
+def find_step(job_id: str, step_name: str) -> str | None:
+    """The id (JOB.STEP) of the job's running step named ``step_name``, as squeue
+    lists it; None when there is none (yet)."""
+    done = subprocess.run(
+        [program("squeue"), "--steps", f"--jobs={job_id}", "--noheader", "--format=%i %j"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    for line in done.stdout.splitlines():
+        step, _, name = line.strip().partition(" ")
+        if name == step_name:
+            return step
+    return None
+
+
+def step_name(cluster: str) -> str:
+    """The holder step's name (``srun --job-name``), by which it is found again."""
+    return f"hpcvm-cluster-{cluster}"
 
 
 def signal_step(step: str, signal_name: str | None = "TERM") -> bool:

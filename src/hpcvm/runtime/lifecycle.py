@@ -455,8 +455,10 @@ def down(name: str, timeout: float = DOWN_TIMEOUT) -> None:
     entry = state.entry_for(directory) if directory.exists() else None
     if entry is None:
         raise UsageError(f"no VM named {name!r}; `hpcvm ps` lists them")
-    if entry.machine is None:
-        _clean_stale(entry)
+    if entry.machine is None or entry.machine.pid is None:
+        # never recorded as started: QEMU's own pidfile may still name a live QEMU
+        _kill_unrecorded_qemu(entry)
+        state.clean_stale(entry)
         return
     stop(entry.machine, timeout=timeout)
 
@@ -563,8 +565,8 @@ def _clean_stale(entry: state.Entry) -> None:
 
 
 def _kill_unrecorded_qemu(entry: state.Entry) -> None:
-    """A VM whose ``up`` was killed outright (SIGKILL, after Slurm's KillWait) between
-    starting QEMU and writing its record: QEMU's own pidfile still names it. Killed
+    """A VM whose ``up`` was killed outright (SIGKILL: Slurm's KillWait, srun aborting a
+    step) between starting QEMU and recording its pid: QEMU's own pidfile names it. Killed
     only when that process is this VM's QEMU (``-name guest=NAME,``), never a pid the
     kernel has since given to another process."""
     try:
