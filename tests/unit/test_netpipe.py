@@ -24,6 +24,7 @@ from hpcvm.bench.netpipe import (
     RANKS,
     SIZES,
     NetpipeSuite,
+    read_points,
     size_name,
 )
 from hpcvm.bench.suites import SuiteOptions, build_suites, kind_of, message_bytes
@@ -63,7 +64,7 @@ def test_a_real_run_gives_every_metric(tmp_path: Path) -> None:
     assert all(v.ok for v in values), [v.error for v in values if not v.ok]
     assert len(values) == 2 * len(SIZES) + 1
     sized = [v for v in values if v.metric.message_bytes is not None]
-    assert sorted({v.metric.message_bytes for v in sized}) == list(SIZES)
+    assert sorted({v.metric.message_bytes or 0 for v in sized}) == list(SIZES)
 
 
 def test_values_agree_with_netpipes_own_progress_lines(tmp_path: Path) -> None:
@@ -193,3 +194,23 @@ def test_unknown_size_and_missing_program_are_refused(monkeypatch: pytest.Monkey
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(BenchmarkError, match="netpipe-openmpi"):
         NetpipeSuite("small").validate([2])
+
+
+def test_a_slow_links_rates_with_few_digits_are_read_from_the_time_column() -> None:
+    """A real output file from two TCG guests (tests/data/netpipe/README.md): every
+    line's two columns agree within their printed roundings, and where the rate has
+    few digits left the time column is the one kept (to its 10 ns step)."""
+    text = _read("vm-tcg.np.out")
+    points = read_points(text)
+    assert points[0].seconds == 0.00264931  # "1 0.002880 0.00264931": the time column
+    assert len(points) == len(text.splitlines())
+    for point, line in zip(points, text.splitlines(), strict=True):
+        size, rate, printed = line.split()
+        assert point.nbytes == int(size)
+        # within both columns' roundings (10 ns steps; 6 decimals of the rate)
+        assert point.seconds == pytest.approx(
+            float(printed), abs=0.5e-8 + float(printed) * 0.5e-6 / float(rate) + 1e-12
+        )
+        assert point.mbit_s * 1e6 == pytest.approx(
+            float(rate) * 2**20, rel=0.5e-6 / float(rate) + 1e-5
+        )

@@ -136,12 +136,18 @@ def _point(number: int, line: str) -> Point:
     if nbytes < 1 or not (math.isfinite(rate) and rate > 0 and math.isfinite(printed)):
         raise ParseError(f"{where}: impossible size, rate or time: {line.strip()!r}")
     seconds = 8 * nbytes / (rate * NETPIPE_MBPS)
-    # the time column is the same time rounded to 8 decimals (%12.8f)
-    if abs(seconds - printed) > 0.6e-8 + 1e-6 * seconds:
+    # Both columns print one time: the rate with 6 decimals (%f), the time with 8. Each
+    # is rounded, so they agree within both roundings; the finer of the two is kept (the
+    # rate for fast links, the time column when a slow link's rate has few digits left).
+    rate_rel = 0.5e-6 / rate
+    time_abs = 0.5e-8
+    if abs(seconds - printed) > seconds * (rate_rel + 1e-6) + time_abs + 1e-12:
         raise ParseError(
             f"{where}: rate {fields[1]} Mbps means {seconds:.3e} s but the time column says "
             f"{fields[2]} s: not NetPIPE 3.7's output format"
         )
+    if printed > 0 and time_abs / printed < rate_rel:
+        seconds = printed
     return Point(nbytes=nbytes, seconds=seconds)
 
 

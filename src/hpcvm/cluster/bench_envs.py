@@ -71,6 +71,7 @@ class ClusterNativeEnvironment(NativeEnvironment):
         super().__init__(host, cpus=cpus, mems=mems)
         self.nodes = nodes
         self.rank_cpus = self.cpus
+        self.vcpus *= nodes  # the PUs ranks may use, over all nodes
 
     def describe(self) -> NewEnvironment:
         described = super().describe()

@@ -1,0 +1,26 @@
+#!/bin/bash
+# A Slurm batch job that measures what tuned VMs cost an MPI job across nodes: the same
+# HPC Challenge and NetPIPE runs natively across the allocated nodes and across one
+# vm:hpc VM per node, interleaved, into a results database and an HTML report.
+#
+#   sbatch -N 2 docs/examples/hpcvm-bench-job.sh
+#
+# Settings are environment variables so that the same script serves a real cluster and
+# hpcvm's one-machine test cluster (tests/integration/test_cluster_bench.py submits it).
+#SBATCH --job-name=hpcvm-bench
+#SBATCH --exclusive
+set -euo pipefail
+
+hpcvm=${HPCVM:-hpcvm}
+out=${HPCVM_OUT:-results-$SLURM_JOB_ID}
+np=${HPCVM_NP:-$SLURM_JOB_NUM_NODES}            # ranks: one per node by default
+network=${HPCVM_NETWORK:-bridge=br0}
+address=${HPCVM_ADDRESS:-10.77.0.101/24}        # the first VM's; the others follow
+reps=${HPCVM_REPS:-auto}
+extra=${HPCVM_BENCH_OPTIONS:-}                  # e.g. --size quick --max-time 20m
+
+# shellcheck disable=SC2086  # $extra is a list of options
+"$hpcvm" bench --nodes "$SLURM_JOB_NUM_NODES" --env native --env vm:hpc \
+    --suite hpcc --suite netpipe --np "$np" --reps "$reps" \
+    --network "$network" --address "$address" --out "$out" $extra
+"$hpcvm" report "$out"
