@@ -38,7 +38,8 @@ BINDING = re.compile(r"\[(\S+?):\d+\] MCW rank (\d+) (?:is not bound|bound)")
 
 
 def test_bench_across_two_nodes_records_native_and_vm_runs_spanning_both(
-    slurm_cluster: LocalCluster, job_dir: Path  # noqa: F811
+    slurm_cluster: LocalCluster,
+    job_dir: Path,  # noqa: F811
 ) -> None:
     free = hugepages_free()
     out = job_dir / "results"
@@ -63,9 +64,7 @@ def test_bench_across_two_nodes_records_native_and_vm_runs_spanning_both(
     db = sqlite3.connect(out / "hpcvm.db")
     envs = dict(db.execute("SELECT id, name FROM environments").fetchall())
     assert sorted(envs.values()) == ["native", "vm:hpc"]
-    rows = db.execute(
-        "SELECT env_id, suite, ok, log_path FROM samples WHERE warmup = 0"
-    ).fetchall()
+    rows = db.execute("SELECT env_id, suite, ok, log_path FROM samples WHERE warmup = 0").fetchall()
     seen = {(envs[e], suite) for e, suite, ok, _ in rows if ok}
     assert seen == {(e, s) for e in ("native", "vm:hpc") for s in ("hpcc", "netpipe")}, rows
     for env_id, suite, ok, log_path in rows:

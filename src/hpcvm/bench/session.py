@@ -337,7 +337,8 @@ def _start_and_record(prep: Prepared, store: Store, run_id: int, notify: Warn | 
         recorded = store.add_environment(run_id, described)
         _compare(recorded.model_dump(include={"accel", "cpu_model"}), described, store, run_id)
         if notify is not None and isinstance(env, VmEnvironment):
-            notify(f"{name}: up ({described.accel}, {described.vcpus} vCPUs), paused")
+            state = "paused" if env.pauses else "left running while others are measured"
+            notify(f"{name}: up ({described.accel}, {described.vcpus} vCPUs), {state}")
 
 
 def _compare_tuning(run: RunRecord, store: Store) -> None:

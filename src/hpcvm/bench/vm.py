@@ -163,6 +163,7 @@ class VmEnvironment:
     """A VM of one profile, booted once per run and paused while others are measured."""
 
     kind: EnvKind = "vm"
+    pauses = True  # paused while other environments are measured
 
     def __init__(
         self,

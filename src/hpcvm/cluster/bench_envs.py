@@ -88,6 +88,8 @@ class ClusterNativeEnvironment(NativeEnvironment):
 class ClusterVmEnvironment(VmEnvironment):
     """One VM per node of the job (``cluster up``); runs start in the first one."""
 
+    pauses = False  # the other nodes' VMs cannot be paused from here (module doc)
+
     def __init__(
         self,
         plan: VMPlan,
