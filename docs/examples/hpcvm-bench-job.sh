@@ -17,10 +17,14 @@ np=${HPCVM_NP:-$SLURM_JOB_NUM_NODES}            # ranks: one per node by default
 network=${HPCVM_NETWORK:-bridge=br0}
 address=${HPCVM_ADDRESS:-10.77.0.101/24}        # the first VM's; the others follow
 reps=${HPCVM_REPS:-auto}
+suites=${HPCVM_SUITES:-hpcc netpipe}
 extra=${HPCVM_BENCH_OPTIONS:-}                  # e.g. --size quick --max-time 20m
+
+suite_options=()
+for s in $suites; do suite_options+=(--suite "$s"); done
 
 # shellcheck disable=SC2086  # $extra is a list of options
 "$hpcvm" bench --nodes "$SLURM_JOB_NUM_NODES" --env native --env vm:hpc \
-    --suite hpcc --suite netpipe --np "$np" --reps "$reps" \
+    "${suite_options[@]}" --np "$np" --reps "$reps" \
     --network "$network" --address "$address" --out "$out" $extra
 "$hpcvm" report "$out"

@@ -1,6 +1,9 @@
 """`hpcvm bench --nodes 2` inside a Slurm job: the example bench script, submitted with
-``sbatch -N 2`` to the one-machine test cluster, runs hpcc and NetPIPE natively across
-the two nodes and across a vm:hpc VM on each, into a results database and a report.
+``sbatch -N 2`` to the one-machine test cluster, runs NetPIPE natively across the two
+nodes and across a vm:hpc VM on each, into a results database and a report with the
+latency/bandwidth figure. (hpcc across the VMs runs in test_cluster_job.py: one hpcc
+sample across two TCG guests takes minutes on 2 cores, too long for every CI run; the
+bench path is the same for every MPI suite.)
 
 Oracles independent of hpcvm's own summary: each stored sample's log (Open MPI's
 ``--report-bindings`` lines name the host each rank ran on: both nodes natively, both
@@ -48,6 +51,7 @@ def test_bench_across_two_nodes_records_native_and_vm_runs_spanning_both(
         "HPCVM_OUT": str(out),
         "HPCVM_NP": "2",
         "HPCVM_REPS": "1",
+        "HPCVM_SUITES": "netpipe",
         "HPCVM_ADDRESS": "10.77.0.101/24",
         "HPCVM_BENCH_OPTIONS": "--size quick --vm-memory 512M --timeout 15m",
     }
@@ -66,7 +70,7 @@ def test_bench_across_two_nodes_records_native_and_vm_runs_spanning_both(
     assert sorted(envs.values()) == ["native", "vm:hpc"]
     rows = db.execute("SELECT env_id, suite, ok, log_path FROM samples WHERE warmup = 0").fetchall()
     seen = {(envs[e], suite) for e, suite, ok, _ in rows if ok}
-    assert seen == {(e, s) for e in ("native", "vm:hpc") for s in ("hpcc", "netpipe")}, rows
+    assert seen == {("native", "netpipe"), ("vm:hpc", "netpipe")}, rows
     for env_id, suite, ok, log_path in rows:
         if not ok:
             continue
