@@ -154,8 +154,9 @@ def test_native_runs_keep_slurm_variables_and_bind_ranks_to_the_vms_pus() -> Non
         "SLURM_NODELIST=n[1-2]",
     ]
     program = mpirun_program()
-    argv = ["/usr/bin/env", "-C", "/w", program, "-np", "2", "prog"]
-    assert with_cpu_set(argv, (1, 2, 3)) == [*argv[:4], "--cpu-set", "1-3", *argv[4:]]
+    argv = ["/usr/bin/env", "-C", "/w", program, "-np", "2", "--map-by", "node", "prog"]
+    bound = with_cpu_set(argv, (1, 2, 3))
+    assert bound == [*argv[:4], "--cpu-list", "1-3", "-np", "2", "prog"]
     assert with_cpu_set(argv, None) == argv
 
 

@@ -45,15 +45,25 @@ def slurm_environment(env: dict[str, str] | None = None) -> list[str]:
 
 
 def with_cpu_set(argv: Sequence[str], cpus: Sequence[int] | None) -> list[str]:
-    """``argv`` with ``--cpu-set`` right after its mpirun (ranks bound within those
-    PUs on every node); unchanged without cpus or without an mpirun."""
+    """``argv`` with its mpirun's ranks kept to ``cpus`` on every node (``--cpu-list``);
+    unchanged without cpus or without an mpirun.
+
+    Open MPI 4.1 maps a cpu list itself (one slot per listed PU and node, filled in
+    order) and refuses it beside ``--map-by``, so the ``--map-by`` pair goes: ranks then
+    fill each node's listed PUs in turn, which puts one rank on each node whenever the
+    ranks are as many as the nodes, as the VMs' ``--map-by node`` does. (With more ranks
+    per node, native numbers them in blocks and the VMs round-robin: the same ranks per
+    node, other neighbours.)
+    """
     out = list(argv)
-    if not cpus:
-        return out
     program = mpirun_program()
-    if program in out:
-        at = out.index(program) + 1
-        out[at:at] = ["--cpu-set", format_cpu_list(tuple(cpus))]
+    if not cpus or program not in out:
+        return out
+    if "--map-by" in out:
+        at = out.index("--map-by")
+        del out[at : at + 2]
+    at = out.index(program) + 1
+    out[at:at] = ["--cpu-list", format_cpu_list(tuple(cpus))]
     return out
 
 
@@ -68,10 +78,15 @@ class ClusterNativeEnvironment(NativeEnvironment):
         mems: Sequence[int],
         nodes: int,
     ) -> None:
-        super().__init__(host, cpus=cpus, mems=mems)
+        # No cpuset here: it would hold only this node's launcher, and Open MPI 4.1's
+        # mpirun exits 1 without a word when its cpu list meets a cpuset on the batch
+        # node. --cpu-list binds the ranks on every node instead (with_cpu_set).
+        super().__init__(host, cpus=None)
         self.nodes = nodes
-        self.rank_cpus = self.cpus
-        self.vcpus *= nodes  # the PUs ranks may use, over all nodes
+        self.rank_cpus = tuple(cpus) if cpus is not None else None
+        per_node = len(cpus) if cpus is not None else self.vcpus
+        self.vcpus = per_node * nodes  # the PUs ranks may use, over all nodes
+        self.mems = tuple(mems)
 
     def describe(self) -> NewEnvironment:
         described = super().describe()

@@ -275,7 +275,8 @@ def absolute_figure(
     envs = env_order(r.env for r in plotted)
     cols = min(3, len(metrics))
     nrows = math.ceil(len(metrics) / cols)
-    fig = new_figure(4.3 * cols, 1.0 + 2.9 * nrows)
+    # at least 6.4 in wide: a single panel must still hold the title and TCG note
+    fig = new_figure(max(6.4, 4.3 * cols), 1.0 + 2.9 * nrows)
     for k, metric in enumerate(metrics):
         ax = fig.add_subplot(nrows, cols, k + 1)
         mine = [r for r in plotted if r.metric == metric]
