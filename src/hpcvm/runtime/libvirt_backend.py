@@ -360,7 +360,8 @@ class LibvirtBackend:
         if pid is None:
             raise RuntimeFailure(
                 f"libvirt started domain {name} but its QEMU process was not found on this "
-                f"host (is {self.uri} a remote libvirtd?)"
+                f"host (is {self.uri} a remote libvirtd?)",
+                cause="qemu",
             )
         return pid
 
@@ -388,7 +389,9 @@ class LibvirtBackend:
         )
         reply = json.loads(text)
         if "return" not in reply:
-            raise RuntimeFailure(f"QEMU refused {command}: {reply.get('error', reply)}")
+            raise RuntimeFailure(
+                f"QEMU refused {command}: {reply.get('error', reply)}", cause="qemu"
+            )
         return reply["return"]
 
     def alive(self, machine: Machine) -> bool:
@@ -436,7 +439,8 @@ class LibvirtBackend:
         if machine.pid is not None and self.alive(machine):
             raise RuntimeFailure(
                 f"QEMU pid {machine.pid} of VM {machine.name} still runs after libvirt "
-                "destroyed its domain"
+                "destroyed its domain",
+                cause="qemu",
             )
         if machine.boot.agent_socket:
             with contextlib.suppress(FileNotFoundError):

@@ -382,7 +382,7 @@ def _wait_for_agent(machine: Machine, backend: Backend, deadline: float, budget:
         agent.wait_ready(deadline, lambda: backend.alive(machine))
     except HpcvmError as exc:
         if not backend.alive(machine):
-            raise RuntimeFailure(_death(machine, backend)) from exc
+            raise RuntimeFailure(_death(machine, backend), cause="qemu") from exc
         raise RuntimeFailure(
             f"the guest agent did not answer within {budget:.0f} s; see the console log "
             f"{machine.boot.serial_log}"
@@ -402,8 +402,8 @@ def _as_failure(exc: BaseException, machine: Machine, backend: Backend) -> BaseE
     """The error to report for a failed start: QEMU's death beats its symptoms."""
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return exc
-    if isinstance(exc, HpcvmError) and "QEMU" in exc.message:
-        return exc
+    if isinstance(exc, HpcvmError) and exc.cause == "qemu":
+        return exc  # already QEMU's own account of what happened
     code = getattr(backend, "exit_code", None)
     if callable(code) and code(machine) is not None:
         return RuntimeFailure(_death(machine, backend))
@@ -426,7 +426,9 @@ def exec_in(machine: Machine, argv: Sequence[str], timeout: float | None = None)
         raise UsageError("nothing to run: give a command after --")
     backend = get_backend(machine.backend, machine.connect_uri)
     if not backend.alive(machine):
-        raise RuntimeFailure(f"VM {machine.name} is not running (QEMU pid {machine.pid} gone)")
+        raise RuntimeFailure(
+            f"VM {machine.name} is not running (QEMU pid {machine.pid} gone)", cause="qemu"
+        )
     assert machine.boot.agent_socket is not None
     agent = GuestAgent(machine.boot.agent_socket, timeout=30.0, console_log=machine.boot.serial_log)
     try:

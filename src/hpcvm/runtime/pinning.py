@@ -53,7 +53,7 @@ def wanted_affinities(
             continue
         tid = vcpu_threads.get(placement.vcpu)
         if tid is None:
-            raise RuntimeFailure(f"QEMU reports no thread for vCPU {placement.vcpu}")
+            raise RuntimeFailure(f"QEMU reports no thread for vCPU {placement.vcpu}", cause="qemu")
         wanted[tid] = frozenset({placement.host_pu})
     if plan.emulator_pus:
         vcpu_tids = set(vcpu_threads.values())

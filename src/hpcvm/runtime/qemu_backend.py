@@ -96,18 +96,19 @@ class QemuBackend:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while True:
             if proc.poll() is not None:
-                raise RuntimeFailure(self.death_message(machine))
+                raise RuntimeFailure(self.death_message(machine), cause="qemu")
             if sock.exists():
                 try:
                     qmp.execute(sock, "query-status", timeout=5.0)
                     return
                 except RuntimeFailure:
                     if proc.poll() is not None:
-                        raise RuntimeFailure(self.death_message(machine)) from None
+                        raise RuntimeFailure(self.death_message(machine), cause="qemu") from None
             if time.monotonic() > deadline:
                 raise RuntimeFailure(
                     f"QEMU did not open its QMP socket within {STARTUP_TIMEOUT:.0f} s; "
-                    f"see {Path(machine.run_dir) / paths.QEMU_LOG}"
+                    f"see {Path(machine.run_dir) / paths.QEMU_LOG}",
+                    cause="qemu",
                 )
             time.sleep(_POLL)
 
@@ -166,7 +167,9 @@ class QemuBackend:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(machine.pid, signal.SIGKILL)
             if not wait_gone(machine, 30.0, self.alive):
-                raise RuntimeFailure(f"QEMU pid {machine.pid} survived SIGKILL for 30 s")
+                raise RuntimeFailure(
+                    f"QEMU pid {machine.pid} survived SIGKILL for 30 s", cause="qemu"
+                )
         self._forget(machine)
 
     def _forget(self, machine: Machine) -> None:
