@@ -31,3 +31,24 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(s, h)
     if pending:
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupting(*signums: int) -> Iterator[None]:
+    """Inside the block, ``signums`` (default SIGTERM: a batch system ending the job)
+    raise KeyboardInterrupt like Ctrl-C, so the same cleanup runs. Outside the main
+    thread (where handlers cannot be set) it does nothing."""
+    wanted = signums or (signal.SIGTERM,)
+
+    def _raise(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _raise) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -14,7 +14,6 @@ import contextlib
 import os
 import secrets
 import shlex
-import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,7 @@ from hpcvm.host.model import HostTopology
 from hpcvm.lock import exclusive
 from hpcvm.plan.model import VMPlan
 from hpcvm.runtime.model import BackendName
-from hpcvm.signals import signals_deferred
+from hpcvm.signals import interrupting, signals_deferred
 from hpcvm.store import (
     NewEnvironment,
     RunRecord,
@@ -311,24 +310,6 @@ def _check_np(config: BenchConfig, suites: list[Suite], envs: dict[str, Environm
             )
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a batch system ending the job) ends the run like Ctrl-C does."""
-
-    def _raise(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, _raise)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _start_and_record(prep: Prepared, store: Store, run_id: int, notify: Warn | None) -> None:
     """Boot every VM (each is left paused) and record every environment."""
     for name, env in prep.envs.items():
@@ -412,7 +393,7 @@ def _measure(
     notify: Warn | None,
 ) -> Outcome:
     try:
-        with _sigterm_as_interrupt():
+        with interrupting():
             _start_and_record(prep, store, run_id, notify)
             runner = Runner(
                 store=store,

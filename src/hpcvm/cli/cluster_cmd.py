@@ -14,10 +14,11 @@ import click
 from rich.table import Table
 
 from hpcvm.cli.common import console, err_console
-from hpcvm.cli.vm_cmd import _request, _sigterm_as_interrupt, _vm_options
+from hpcvm.cli.vm_cmd import _request, _vm_options
 from hpcvm.cluster import control
 from hpcvm.errors import UsageError
 from hpcvm.runtime.network import parse_address
+from hpcvm.signals import interrupting
 
 DEFAULT_UP_TIMEOUT = 300.0
 DEFAULT_NETWORK = "bridge=br0"
@@ -73,7 +74,7 @@ def up_cmd(name: str, timeout: float, **kw: Any) -> int:
         "network": kw["network"] or DEFAULT_NETWORK,
         "first_address": first_address,
     }
-    with _sigterm_as_interrupt():
+    with interrupting():
         ready = control.up(fields, name, timeout, _say)
     _say(f"{name}: {len(ready)} VM(s) up")
     return 0

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -27,6 +25,7 @@ from hpcvm.runtime import lifecycle
 from hpcvm.runtime.backends import BACKENDS
 from hpcvm.runtime.model import BackendName, ExecResult, Machine
 from hpcvm.runtime.shares import describe as describe_shares
+from hpcvm.signals import interrupting
 from hpcvm.units import format_size, parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -132,20 +131,6 @@ def _up_options(name: str, kw: dict[str, Any]) -> lifecycle.UpOptions:
     )
 
 
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a batch system ending the job) tears the VM down like Ctrl-C does."""
-
-    def _raise(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _start(name: str, kw: dict[str, Any], *, out: Console = console) -> Machine:
     begin = time.monotonic()
     machine = lifecycle.up(_request(kw), _up_options(name, kw), warn=warn)
@@ -187,7 +172,7 @@ def _print_result(result: ExecResult) -> int:
 @_vm_options
 def up_cmd(name: str, **kw: Any) -> int:
     """Plan a VM for this host, boot it and wait until commands can run in it."""
-    with _sigterm_as_interrupt():
+    with interrupting():
         _start(name, kw)
     return 0
 
@@ -279,7 +264,7 @@ def run_cmd(name: str | None, timeout: float | None, argv: tuple[str, ...], **kw
     """Boot a VM, run one command in it, and always take the VM down again."""
     vm_name = name or f"run-{os.getpid()}"
     command = _absolute_program(argv)
-    with _sigterm_as_interrupt():
+    with interrupting():
         machine = _start(vm_name, kw, out=err_console)  # stdout is the command's
         try:
             result = lifecycle.exec_in(machine, command, timeout)

@@ -14,12 +14,10 @@ that window; if the task is killed anyway, its reaper (reaper.py) finishes the j
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from types import FrameType
 
 from hpcvm.cluster import launcher, reaper
@@ -29,7 +27,7 @@ from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.runtime import lifecycle
 from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.model import Machine
-from hpcvm.signals import signals_deferred
+from hpcvm.signals import interrupting, signals_deferred
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -61,22 +59,6 @@ def _event(kind: EventKind, spec: ClusterSpec, place: TaskPlace, **fields: objec
             **fields,
         }
     )
-
-
-@contextlib.contextmanager
-def _interruptible() -> Iterator[None]:
-    """While booting, Slurm's SIGTERM interrupts like Ctrl-C: ``up`` then removes the
-    half-started VM itself."""
-
-    def _raise(_signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    old = {s: signal.signal(s, _raise) for s in _SIGNALS}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
 
 
 def _warn(text: str) -> None:
@@ -139,7 +121,7 @@ def run() -> int:
     place = task_place()
     reaper.start(spec.vm_name(place.node))  # its pipe closes when this process ends
     try:
-        with _interruptible():
+        with interrupting(*_SIGNALS):  # up then removes a half-started VM itself
             machine = _boot(spec, place)
     except (HpcvmError, KeyboardInterrupt) as exc:
         why = "interrupted while starting" if isinstance(exc, KeyboardInterrupt) else str(exc)
