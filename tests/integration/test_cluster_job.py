@@ -147,6 +147,22 @@ def wait_until(what: str, predicate: Callable[[], bool]) -> None:
         time.sleep(0.5)
 
 
+def submit_detached(
+    cluster: LocalCluster, job_dir: Path, name: str, *args: str
+) -> tuple[str, Path]:
+    """Submit the example script without waiting: the job id and its output file."""
+    proc, out = sbatch(cluster, job_dir, job_env(name), *args, wait=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0], out
+
+
+def wait_job_gone(cluster: LocalCluster, job: str) -> None:
+    wait_until(
+        "Slurm to end the job",
+        lambda: not cluster.run(["squeue", "-h", "-j", job], check=False).stdout.strip(),
+    )
+
+
 def test_the_example_job_runs_mpi_ranks_in_a_vm_on_each_node(
     slurm_cluster: LocalCluster, mpi_ping: Path
 ) -> None:
@@ -176,24 +192,19 @@ def test_scancel_takes_every_vm_down_on_every_node(
 ) -> None:
     free = hugepages_free()
     name = f"c{os.getpid()}"
-    proc, _ = sbatch(slurm_cluster, job_dir, job_env(name), "sleep", "3600", wait=False)
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip().split(";")[0]
+    job, out = submit_detached(slurm_cluster, job_dir, name, "sleep", "3600")
     root = paths.runtime_root()
     try:
         wait_until("both VMs to run", lambda: len(qemu_of(name)) == 2)
         wait_until(
             "the job to start its MPI run",
-            lambda: "2 VM(s) up" in read(job_dir / "job.out"),
+            lambda: "2 VM(s) up" in read(out),
         )
     finally:
         slurm_cluster.run(["scancel", job])
     wait_until("the VMs to go", lambda: not qemu_of(name))
     wait_until("the run directories to go", lambda: not list(root.glob(f"{name}-*")))
-    wait_until(
-        "Slurm to end the job",
-        lambda: not slurm_cluster.run(["squeue", "-h", "-j", job], check=False).stdout.strip(),
-    )
+    wait_job_gone(slurm_cluster, job)
     assert_nothing_left(slurm_cluster, name, free)
 
 
@@ -225,18 +236,13 @@ def test_a_vm_that_dies_during_the_job_takes_the_others_down(
     fails instead of hanging on a rank that will never answer."""
     free = hugepages_free()
     name = f"d{os.getpid()}"
-    proc, out = sbatch(slurm_cluster, job_dir, job_env(name), "sleep", "3600", wait=False)
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip().split(";")[0]
+    job, out = submit_detached(slurm_cluster, job_dir, name, "sleep", "3600")
     try:
         wait_until("the job to start its MPI run", lambda: "2 VM(s) up" in read(out))
         [victim] = [line for line in qemu_of(name) if f"{name}-node2" in line]
         os.kill(int(victim.split(":")[0]), 9)
         wait_until("the VMs to go", lambda: not qemu_of(name))
-        wait_until(
-            "Slurm to end the job",
-            lambda: not slurm_cluster.run(["squeue", "-h", "-j", job], check=False).stdout.strip(),
-        )
+        wait_job_gone(slurm_cluster, job)
     finally:
         slurm_cluster.run(["scancel", job], check=False)
     state = slurm_cluster.run(["scontrol", "show", "job", job], check=False).stdout
@@ -252,17 +258,12 @@ def test_interrupting_cluster_up_takes_the_vms_already_started_down(
     nodes: it ends the holder step itself, so no VM outlives the interrupted command."""
     free = hugepages_free()
     name = f"i{os.getpid()}"
-    proc, out = sbatch(slurm_cluster, job_dir, job_env(name), wait=False)
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip().split(";")[0]
+    job, out = submit_detached(slurm_cluster, job_dir, name)
     try:
         wait_until("a VM to start", lambda: len(qemu_of(name)) >= 1)
         slurm_cluster.run(["scancel", "--batch", "--full", "--signal=INT", job])
         wait_until("the VMs to go", lambda: not qemu_of(name))
-        wait_until(
-            "Slurm to end the job",
-            lambda: not slurm_cluster.run(["squeue", "-h", "-j", job], check=False).stdout.strip(),
-        )
+        wait_job_gone(slurm_cluster, job)
     finally:
         slurm_cluster.run(["scancel", job], check=False)
     assert "interrupted" in read(out), read(out)
@@ -295,19 +296,14 @@ def test_a_node_task_killed_outright_still_leaves_no_vm(
     takes its VM down, srun ends the other task, whose VM goes down too."""
     free = hugepages_free()
     name = f"k{os.getpid()}"
-    proc, out = sbatch(slurm_cluster, job_dir, job_env(name), "sleep", "3600", wait=False)
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip().split(";")[0]
+    job, out = submit_detached(slurm_cluster, job_dir, name, "sleep", "3600")
     try:
         wait_until("the job to start its MPI run", lambda: "2 VM(s) up" in read(out))
         tasks = node_tasks(name)
         assert len(tasks) == 2, tasks
         os.kill(tasks[1], 9)
         wait_until("the VMs to go", lambda: not qemu_of(name))
-        wait_until(
-            "Slurm to end the job",
-            lambda: not slurm_cluster.run(["squeue", "-h", "-j", job], check=False).stdout.strip(),
-        )
+        wait_job_gone(slurm_cluster, job)
     finally:
         slurm_cluster.run(["scancel", job], check=False)
     assert_nothing_left(slurm_cluster, name, free)
