@@ -151,3 +151,46 @@ def test_fitting_request_on_a_roomy_host_always_plans(
         return
     request = probe.model_copy(update={"vcpus": max(1, round(fraction * cap))})
     check_plan(host, request, plan(host, request))
+
+
+@st.composite
+def _rank_tables(draw: st.DrawFn) -> list[list[int]]:
+    """Per domain, how many cores have a 1st, 2nd, ... PU: non-increasing, as when a
+    cpuset leaves some cores fewer siblings than others."""
+    tables = []
+    for _ in range(draw(st.integers(1, 6))):
+        depths = draw(st.lists(st.integers(1, 4), min_size=1, max_size=6))
+        tables.append([sum(1 for d in depths if d > r) for r in range(max(depths))])
+    return tables
+
+
+def _depth_reached(ranks: list[int], share: int) -> int:
+    """The deepest rank (1-based) a domain reaches when its share is taken rank by rank."""
+    reached, total = 0, 0
+    while total < share:
+        total += ranks[reached]
+        reached += 1
+    return reached
+
+
+@settings(max_examples=300, deadline=None)
+@given(tables=_rank_tables(), fraction=st.floats(0.0, 1.0))
+def test_split_shares_fills_each_rank_everywhere_first(
+    tables: list[list[int]], fraction: float
+) -> None:
+    """No domain takes a PU of rank r+1 while another chosen domain still has a core
+    with a free PU of rank r (a third sibling before every core's second: the planner
+    bug hypothesis found on a 6 x 3 x 4 host with a partial cpuset)."""
+    from hpcvm.plan.placement import split_shares
+
+    total = round(fraction * sum(map(sum, tables)))
+    shares = split_shares(total, tables)
+    assert sum(shares) == total
+    for ranks, share in zip(tables, shares, strict=True):
+        assert share <= sum(ranks)
+        deepest = _depth_reached(ranks, share)
+        for other, other_share in zip(tables, shares, strict=True):
+            assert other_share >= sum(other[: max(deepest - 1, 0)]), (
+                f"shares {shares} of {tables}: rank {deepest} taken while a domain "
+                f"{other} still has rank {deepest - 1} free"
+            )

@@ -40,8 +40,7 @@ class Choice:
 @dataclass(frozen=True)
 class _Caps:
     search: dict[int, int]  # what a domain can hold (cores, or PUs)
-    split: dict[int, int]  # cap for the split
-    whole: dict[int, int]  # one-per-core part of split
+    ranks: dict[int, list[int]]  # per rank, how many cores can give a PU (the split)
     siblings_needed: bool
 
 
@@ -49,11 +48,19 @@ def capacities(layout: CpuLayout, keys: Sequence[int], vcpus: int, smt: SmtPolic
     cores = {k: smt_cores(layout.vcpu_cores[k], smt) for k in keys}
     pus = {k: sum(len(c) for c in cores[k]) for k in keys}
     if smt != "cores":
-        return _Caps(pus, pus, pus, siblings_needed=False)
+        return _Caps(pus, {k: [pus[k]] for k in keys}, siblings_needed=False)
     whole = {k: len(cores[k]) for k in keys}
     if sum(whole.values()) >= vcpus:
-        return _Caps(whole, whole, whole, siblings_needed=False)
-    return _Caps(pus, pus, whole, siblings_needed=True)
+        return _Caps(whole, {k: [whole[k]] for k in keys}, siblings_needed=False)
+    ranks = {k: _cores_per_rank(cores[k]) for k in keys}
+    return _Caps(pus, ranks, siblings_needed=True)
+
+
+def _cores_per_rank(cores: Sequence[tuple[int, ...]]) -> list[int]:
+    """How many of ``cores`` have a first, second, ... PU (a cpuset can leave some
+    cores fewer siblings than others)."""
+    depth = max((len(c) for c in cores), default=0)
+    return [sum(1 for c in cores if len(c) > r) for r in range(depth)]
 
 
 def choose_domains(
@@ -78,9 +85,7 @@ def choose_domains(
                 continue
             wanted = [k for k in dict.fromkeys(required) if k in caps.search]
             for chosen in candidate_sets(keys, wanted, caps.search, vcpus, distance):
-                shares = split_shares(
-                    vcpus, [caps.split[k] for k in chosen], [caps.whole[k] for k in chosen]
-                )
+                shares = split_shares(vcpus, [caps.ranks[k] for k in chosen])
                 loads = [
                     (mem, s)
                     for k, s in zip(chosen, shares, strict=True)

@@ -162,13 +162,20 @@ def smt_cores(cores: Sequence[tuple[int, ...]], smt: SmtPolicy) -> tuple[tuple[i
     return tuple(cores)
 
 
-def split_shares(total: int, caps: Sequence[int], whole: Sequence[int]) -> list[int]:
-    """Split ``total`` vCPUs over domains: first one per core (``whole`` cores each),
-    evenly, then the rest evenly over what is left of ``caps`` (siblings). With no
-    siblings needed this is a plain even split over the cores."""
-    first = even_split(min(total, sum(whole)), whole)
-    rest = even_split(total - sum(first), [c - f for c, f in zip(caps, first, strict=True)])
-    return [a + b for a, b in zip(first, rest, strict=True)]
+def split_shares(total: int, ranks: Sequence[Sequence[int]]) -> list[int]:
+    """Split ``total`` vCPUs over domains rank by rank: ``ranks[d][r]`` is how many
+    cores of domain ``d`` have an (r+1)-th usable PU. Every core's r-th PU is taken,
+    evenly over the domains, before any core's (r+1)-th, so no core gives a third
+    sibling while another core (of any chosen domain) still has a second one free.
+    With one rank (no siblings needed, or PUs counted flat) this is an even split."""
+    shares = [0] * len(ranks)
+    left = total
+    for r in range(max((len(d) for d in ranks), default=0)):
+        caps = [d[r] if r < len(d) else 0 for d in ranks]
+        step = even_split(min(left, sum(caps)), caps)
+        shares = [a + b for a, b in zip(shares, step, strict=True)]
+        left -= sum(step)
+    return shares
 
 
 def even_split(total: int, caps: Sequence[int]) -> list[int]:
