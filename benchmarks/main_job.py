@@ -11,7 +11,8 @@ p99.9, which ``--reps auto`` does not judge) are marked.
 Each side's results are read by that side's own ``hpcvm results --json``, so a change
 of the database between the two refs does not matter. The noise benchmark binary is a
 build output (``make all``), absent from a fresh worktree: both sides use the working
-tree's (``HPCVM_NOISE_BIN``), so its C code is the working tree's on both sides.
+tree's (``HPCVM_NOISE_BIN``, copied into the other tree so that its guests, which see
+the bench's working directory, find it), so its C code is the working tree's on both sides.
 
 A benchmark, not a test: it asserts nothing. Run it on a quiet machine: other jobs on
 the cores widen every interval and lengthen every run, and the comparison then says
@@ -29,6 +30,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,8 +60,19 @@ class Side:
 def _env(src: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(src)
-    env["HPCVM_NOISE_BIN"] = str(ROOT / "src" / "hpcvm" / "data" / "hpcvm-noise")
+    env["HPCVM_NOISE_BIN"] = str(_noise_bin(src))
     return env
+
+
+def _noise_bin(src: Path) -> Path:
+    """The working tree's noise binary, copied into ``src``'s tree when that is another
+    (a guest sees the bench's working directory, not this checkout)."""
+    built = ROOT / "src" / "hpcvm" / "data" / "hpcvm-noise"
+    target = src / "hpcvm" / "data" / "hpcvm-noise"
+    if target != built and not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built, target)
+    return target
 
 
 def _hpcvm(src: Path, args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
