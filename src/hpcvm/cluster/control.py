@@ -29,6 +29,7 @@ from hpcvm.cluster.spec import (
     parse_events,
 )
 from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.lock import exclusive
 from hpcvm.model import Frozen
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.model import ExecResult
@@ -55,6 +56,22 @@ class ClusterRecord(Frozen):
 
 def cluster_dir(name: str) -> Path:
     return paths.runtime_root() / CLUSTERS_DIR / paths.check_name(name)
+
+
+@contextlib.contextmanager
+def _one_writer(name: str) -> Iterator[None]:
+    """One ``cluster up`` or ``down`` of a name at a time (hpcvm.lock: dies with its
+    holder). The lock file sits beside the state directory, which up and the holder
+    remove and remake, so that both processes lock the same file."""
+    directory = cluster_dir(name)
+    paths.ensure_root()
+    directory.parent.mkdir(mode=0o700, exist_ok=True)
+    with exclusive(
+        directory.parent / f"{directory.name}.lock",
+        f"cluster {name!r}",
+        f"wait for it to finish, or stop it and run hpcvm cluster down {name}",
+    ):
+        yield
 
 
 def read_record(name: str) -> ClusterRecord:
@@ -152,7 +169,7 @@ def up(
     launcher.require_sshd()
     check_workdir(str(spec_fields["workdir"]), str(spec_fields.get("backend", "qemu")))
     check_addresses(str(spec_fields["first_address"]), len(allocation.nodes))
-    with _claimed(name) as directory:
+    with _one_writer(name), _claimed(name) as directory:
         public, private = make_keys(directory, name)
         spec = ClusterSpec.model_validate(
             {
@@ -331,9 +348,10 @@ def _holder_running(record: ClusterRecord, holder: subprocess.Popen[bytes] | Non
 
 def down(name: str, say: Callable[[str], None]) -> None:
     """Take every VM of cluster ``name`` down, on every node."""
-    record = read_record(name)
-    with signals_deferred():
-        unconfirmed = _take_down(record, None, say)
+    with _one_writer(name):
+        record = read_record(name)
+        with signals_deferred():
+            unconfirmed = _take_down(record, None, say)
     if unconfirmed:
         raise RuntimeFailure(
             f"node(s) {', '.join(unconfirmed)} did not confirm their VM down; Slurm ended "
