@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,12 @@ from pathlib import Path
 from hpcvm.errors import BusyError
 
 __all__ = ["BusyError", "Holder", "exclusive", "is_held", "read_holder"]
+
+# A reader's ``is_held`` holds a shared lock on the file for the moment of its probe; a
+# writer that meets one tries again for this long before it calls the file busy, so a
+# reader never makes a writer refuse itself (naming the previous, perhaps dead, holder).
+READER_GRACE_S = 0.5
+_RETRY_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -87,15 +94,28 @@ def exclusive(path: Path, what: str, advice: str) -> Iterator[Holder]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _lock_soon(fd):
             holder = read_holder(path)
             who = holder.describe() if holder else "another process"
-            raise BusyError(f"{what} is in use by {who}: {advice}") from None
+            raise BusyError(f"{what} is in use by {who}: {advice}")
         me = _me()
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me.__dict__).encode() + b"\n", 0)
         yield me
     finally:
         os.close(fd)  # closing the only descriptor releases the flock
+
+
+def _lock_soon(fd: int) -> bool:
+    """Take the exclusive lock, waiting at most ``READER_GRACE_S`` for readers' probes
+    (a writer holds it far longer); False if it is still taken then."""
+    deadline = time.monotonic() + READER_GRACE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_RETRY_S)
+        else:
+            return True

@@ -7,6 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -66,3 +69,58 @@ def test_sigkill_of_the_holder_frees_it_at_once(tmp_path: Path) -> None:
 def test_not_held_when_missing(tmp_path: Path) -> None:
     assert not is_held(tmp_path / "none.lock")
     assert read_holder(tmp_path / "none.lock") is None
+
+
+PROBE = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # what is_held takes for its probe
+print("probing", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_readers_probe_does_not_refuse_a_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader (``results`` asking is_held) holds a shared lock for the moment of its
+    probe; a writer starting in that moment waits for it instead of calling the
+    directory busy. The probe is held here until the writer is already trying; the
+    grace is made long so that the outcome does not depend on timing; the writer is
+    seen waiting before the probe ends."""
+    lock = tmp_path / "x.lock"
+    lock.touch()
+    reader = subprocess.Popen(
+        [sys.executable, "-c", PROBE, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert reader.stdout is not None and reader.stdin is not None
+    assert reader.stdout.readline().strip() == "probing"
+    monkeypatch.setattr("hpcvm.lock.READER_GRACE_S", 600.0)
+    waited = threading.Event()  # set when the writer found the file locked and waits
+    monkeypatch.setattr(
+        "hpcvm.lock.time",
+        types.SimpleNamespace(
+            monotonic=time.monotonic, sleep=lambda s: (waited.set(), time.sleep(s))
+        ),
+    )
+    got: list[object] = []
+
+    def write() -> None:
+        try:
+            with exclusive(lock, "the thing", "wait") as me:
+                got.append(me)
+        except BusyError as exc:
+            got.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    while not waited.is_set() and writer.is_alive():  # the writer has met the probe
+        waited.wait(0.05)
+    reader.stdin.write("done\n")
+    reader.stdin.flush()
+    reader.wait()
+    writer.join()
+    assert len(got) == 1 and not isinstance(got[0], BusyError), got
