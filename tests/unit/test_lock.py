@@ -100,11 +100,13 @@ def test_a_readers_probe_does_not_refuse_a_writer(
     assert reader.stdout.readline().strip() == "probing"
     monkeypatch.setattr("hpcvm.lock.READER_GRACE_S", 600.0)
     waited = threading.Event()  # set when the writer found the file locked and waits
+
+    def sleep(seconds: float) -> None:
+        waited.set()
+        time.sleep(seconds)
+
     monkeypatch.setattr(
-        "hpcvm.lock.time",
-        types.SimpleNamespace(
-            monotonic=time.monotonic, sleep=lambda s: (waited.set(), time.sleep(s))
-        ),
+        "hpcvm.lock.time", types.SimpleNamespace(monotonic=time.monotonic, sleep=sleep)
     )
     got: list[object] = []
 
