@@ -497,3 +497,37 @@ def test_cli_renders_for_the_host_it_planned_on(tmp_path: Path) -> None:
     assert spread_flat.returncode == 3 and spread_flat.stdout == "", spread_flat.stdout
     (line,) = [ln for ln in spread_flat.stderr.splitlines() if ln.startswith("hpcvm: error:")]
     assert "--profile numa" in line
+
+
+FEWER = re.compile(r"at most (\d+) vCPUs(?: \((\d+) with --smt pack\))?")
+
+
+def test_fewer_vcpus_named_by_a_flat_refusal_render(all_snapshots: list[Snapshot]) -> None:
+    """A flat guest spread over host nodes is refused with a vCPU count that stays on
+    one node; planning that count (with the same --smt, or the --smt pack count it
+    names) must give a flavor, not the same refusal: under --smt cores a smaller plan
+    is one vCPU per core again (16 vCPUs on 6 cores x 2 threads per node once said
+    "at most 12", which re-planned over two nodes and was refused again)."""
+    followed = 0
+    for snap in all_snapshots:
+        host = roomy(host_from(snap.kind, str(snap.path)))
+        usable = sum(1 for p in host.pus if p.online and p.allowed)
+        for profile in ("pinned", "hugepages"):
+            for smt in ("cores", "pack", "require"):
+                request = PlanRequest(
+                    name="f", profile=profile, vcpus=usable, memory_bytes=GIB, smt=smt
+                )
+                try:
+                    plan = make_plan(host, request)
+                    openstack_flavor(plan, host)
+                    continue
+                except HpcvmError as err:
+                    found = FEWER.search(str(err))
+                if found is None:
+                    continue
+                tries = [(int(found[1]), smt)] + ([(int(found[2]), "pack")] if found[2] else [])
+                for vcpus, policy in tries:
+                    again = request.model_copy(update={"vcpus": vcpus, "smt": policy})
+                    openstack_flavor(make_plan(host, again), host)  # raises if refused again
+                    followed += 1
+    assert followed, "no snapshot gave a flat plan over several nodes"

@@ -230,7 +230,7 @@ def _check_one_node(plan: VMPlan, host: HostTopology | None) -> None:
         nodes |= {node_of.get(pu) for pu in plan.vcpu_pus()}
     if len(nodes) > 1 or None in nodes:
         where = ", ".join("none" if n is None else str(n) for n in sorted(nodes, key=str))
-        most = f"at most {_node_capacity(plan, host)} vCPUs, or " if host is not None else ""
+        most = f"{_fewer_vcpus(plan, host)}, or " if host is not None else ""
         raise InfeasiblePlanError(
             f"plan {plan.name!r}: Nova confines a dedicated or page-sized flavor without "
             f"guest NUMA nodes to one host NUMA node, but the plan's flat guest uses host "
@@ -266,9 +266,22 @@ def _check_node_memory(plan: VMPlan, host: HostTopology, index: int) -> None:
         )
 
 
-def _node_capacity(plan: VMPlan, host: HostTopology) -> int:
-    """The most vCPUs one host node's dedicated PUs take for this plan's use of SMT."""
-    dedicated = _dedicated_set(plan, host, _shape(plan, host).per_core)
+def _fewer_vcpus(plan: VMPlan, host: HostTopology) -> str:
+    """How many vCPUs a flat plan may have to stay on one host node, under the plan's
+    --smt policy: with ``cores`` (the default) a re-plan with fewer vCPUs goes back to
+    one vCPU per core, so the count is one node's whole cores, and --smt pack's count
+    (every thread) is named beside it; it is not what this plan's shape would take."""
+    if (plan.request.smt or "cores") != "cores":
+        return f"at most {_node_capacity(plan, host, _shape(plan, host).per_core)} vCPUs"
+    cores, threads = _node_capacity(plan, host, 1), _node_capacity(plan, host, 0)
+    pack = f" ({threads} with --smt pack)" if threads > cores else ""
+    return f"at most {cores} vCPUs{pack}"
+
+
+def _node_capacity(plan: VMPlan, host: HostTopology, per_core: int) -> int:
+    """The most vCPUs one host node's dedicated PUs take with ``per_core`` threads of
+    each core (0: every usable thread)."""
+    dedicated = _dedicated_set(plan, host, per_core)
     node_of = {pu.os_index: pu.node for pu in host.pus}
     counts = Counter(node_of[pu] for pu in dedicated if node_of[pu] is not None)
     return max(counts.values(), default=0)
