@@ -268,7 +268,9 @@ def _check_guest_nodes(host: HostTopology, plan: VMPlan) -> None:
     assert sorted(v for n in nodes for v in n.vcpus) == list(range(plan.vcpus))
     by_vcpu = {p.vcpu: p for p in plan.placements}
     regions = {r.guest_node: r for r in plan.memory}
-    total_pages = plan.memory_bytes // page
+    # whole MiB for small pages when the total is (a flavor's hw:numa_mem.N is in MiB)
+    unit = MIB if page < MIB and plan.memory_bytes % MIB == 0 else page
+    total_units = plan.memory_bytes // unit
     allowed = allowed_memory_nodes(host)
     for n in nodes:
         assert n.host_node in allowed, f"guest node {n.index} bound to barred {n.host_node}"
@@ -287,8 +289,9 @@ def _check_guest_nodes(host: HostTopology, plan: VMPlan) -> None:
                 assert n.host_node == nearest, "memory on the nearest allowed node"
         region = regions[n.index]
         assert region.host_nodes == (n.host_node,) and region.size_bytes == n.memory_bytes
-        exact = total_pages * len(n.vcpus) / plan.vcpus
-        assert abs(n.memory_bytes // page - exact) < 1, "memory in proportion to vCPUs"
+        exact = total_units * len(n.vcpus) / plan.vcpus
+        assert n.memory_bytes % unit == 0, f"guest node memory in whole {unit // KIB}K"
+        assert abs(n.memory_bytes // unit - exact) < 1, "memory in proportion to vCPUs"
     # vCPU counts per guest node even -> one socket per guest node
     counts = {len(n.vcpus) for n in nodes}
     if len(counts) == 1:

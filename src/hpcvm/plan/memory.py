@@ -30,20 +30,36 @@ def qemu_overhead(memory_bytes: int) -> int:
     return OVERHEAD_BASE + -(-memory_bytes // 100 // MIB) * MIB
 
 
+def split_unit(total: int, page: int) -> int:
+    """The unit guest memory is split in: whole MiB for small pages when the total is
+    whole MiB (OpenStack's flavors, libvirt's and people's tables count guest node
+    memory in MiB: 1G over 3 guest nodes is 342M + 341M + 341M, not 349525.33K each),
+    else the page."""
+    return MIB if page < MIB and total % MIB == 0 else page
+
+
+def split_parts(total: int, page: int, weights: Sequence[int]) -> list[int]:
+    """``total`` bytes in proportion to ``weights``, in units of ``split_unit``
+    (largest remainder: each part within one unit of its exact share, summing to
+    total); a part may be 0."""
+    unit = split_unit(total, page)
+    return [p * unit for p in _largest_remainder(total // unit, weights)]
+
+
 def split_memory(total: int, page: int, weights: Sequence[int]) -> list[int]:
-    """Split ``total`` bytes in whole pages in proportion to ``weights`` (largest
-    remainder: each part within one page of its exact share, parts summing to total).
-    Raises UsageError naming the smallest size that gives every part a page."""
-    parts = _largest_remainder(total // page, weights)
+    """``split_parts``, every part at least one unit. Raises UsageError naming the
+    smallest size that gives every part one."""
+    parts = split_parts(total, page, weights)
     if min(parts) >= 1:
-        return [p * page for p in parts]
-    pages = total // page
-    while min(_largest_remainder(pages, weights)) < 1:
-        pages += 1
+        return parts
+    unit = split_unit(total, page)
+    units = total // unit
+    while min(_largest_remainder(units, weights)) < 1:
+        units += 1
     raise UsageError(
-        f"--memory {format_size(total)} cannot be split in {format_size(page)} pages over "
+        f"--memory {format_size(total)} cannot be split in {format_size(unit)} parts over "
         f"{len(weights)} guest nodes in proportion to their vCPUs "
-        f"({', '.join(map(str, weights))}): use --memory {format_size(pages * page)} or more",
+        f"({', '.join(map(str, weights))}): use --memory {format_size(units * unit)} or more",
         option="memory_bytes",
     )
 
@@ -135,8 +151,7 @@ def numa_memory(
     nodes = {n.os_index: n for n in host.nodes}
 
     def fits(candidate: int) -> bool:
-        parts = _largest_remainder(candidate // page, [v for _, v in guest_nodes])
-        load = _per_host(guest_nodes, [p * page for p in parts])
+        load = _per_host(guest_nodes, split_parts(candidate, page, [v for _, v in guest_nodes]))
         oh = qemu_overhead(candidate)
         return all(load[h] + (oh if h == first else 0) <= _node_limit(nodes[h], page) for h in load)
 
@@ -233,10 +248,10 @@ def memory_fits(
     node, in proportion to vCPUs) fit their nodes, with QEMU's overhead on the lowest
     node. strict: huge pages must be free now; else the pools may grow (the plan then
     says what to reserve)."""
-    parts = _largest_remainder(total // page, [v for _, v in loads])
+    parts = split_parts(total, page, [v for _, v in loads])
     per_node: dict[int, int] = {}
     for (node, _), part in zip(loads, parts, strict=True):
-        per_node[node] = per_node.get(node, 0) + part * page
+        per_node[node] = per_node.get(node, 0) + part
     first = min(per_node)
     overhead = qemu_overhead(total)
     nodes = {n.os_index: n for n in host.nodes}
