@@ -132,8 +132,13 @@ def offline_node_snapshot(src: Path, dst: Path, node: int) -> Path:
     node/online without it; its CPUs stay online but belong to no node."""
     shutil.copytree(src, dst, symlinks=True)
     base = dst / "sys" / "devices" / "system" / "node"
+    before = sorted(int(p.name[4:]) for p in base.iterdir() if p.name[4:].isdigit())
     shutil.rmtree(base / f"node{node}")
-    left = sorted(int(p.name[4:]) for p in base.iterdir() if p.name[4:].isdigit())
+    left = [n for n in before if n != node]
+    for n in left:  # Linux lists distances to online nodes only
+        row = (base / f"node{n}" / "distance").read_text().split()
+        kept = [d for m, d in zip(before, row, strict=True) if m != node]
+        (base / f"node{n}" / "distance").write_text(" ".join(kept) + "\n")
     for name in ("online", "has_cpu", "has_normal_memory"):
         if (base / name).exists():
             (base / name).write_text(",".join(map(str, left)) + "\n")

@@ -531,3 +531,57 @@ def test_fewer_vcpus_named_by_a_flat_refusal_render(all_snapshots: list[Snapshot
                     openstack_flavor(make_plan(host, again), host)  # raises if refused again
                     followed += 1
     assert followed, "no snapshot gave a flat plan over several nodes"
+
+
+def test_numa_guests_on_small_pages_split_in_whole_mib(all_snapshots: list[Snapshot]) -> None:
+    """Nova counts hw:numa_mem.N in MiB: a numa plan on 4K pages whose vCPUs split
+    unevenly over guest nodes (3 vCPUs over 2 nodes of 2 cores: 1G as 2:1) must still
+    render, its guest nodes' MiB summing to the flavor's RAM. The split once gave
+    699050.67K-sized parts and a refusal asking for --memory in M or G, which it was."""
+    uneven = 0
+    for snap in all_snapshots:
+        host = roomy(snapshot_host(snap))
+        usable = sum(1 for p in host.pus if p.online and p.allowed)
+        for vcpus in range(1, min(usable, 12) + 1):
+            request = PlanRequest(
+                name="m", profile="numa", vcpus=vcpus, memory_bytes=GIB, page_size_bytes=4 * KIB
+            )
+            try:
+                plan = make_plan(host, request)
+                render = openstack_flavor(plan, host)
+            except InfeasiblePlanError:
+                continue  # e.g. stacked guest nodes: refused with exit 3, tested above
+            specs = render.extra_specs
+            mems = [int(specs[f"hw:numa_mem.{n.index}"]) for n in plan.guest_nodes]
+            assert sum(mems) == render.flavor["ram"] == GIB // MIB, (snap.name, vcpus)
+            uneven += len(set(mems)) > 1
+    assert uneven, "no snapshot gave guest nodes of unequal memory"
+
+
+def test_guest_node_on_pus_without_a_node_is_refused_with_a_count_that_renders(
+    snapshots_dir: Path, tmp_path: Path
+) -> None:
+    """Node 0 offline (its CPUs online, in no node): a numa plan over every PU puts a
+    guest node on them, which Nova cannot dedicate; the refusal names the vCPUs that
+    the PUs with a node take, and that plan renders (not a --guest-nodes count the
+    planner refuses)."""
+    from tests.unit.test_plan_real_machines import OFFLINE_SNAPSHOT, offline_node_snapshot
+
+    root = offline_node_snapshot(
+        sysfs_root(snapshots_dir, OFFLINE_SNAPSHOT), tmp_path / "off", node=0
+    )
+    host = roomy(host_from("sysfs", str(root)))
+    usable = sum(1 for p in host.pus if p.online and p.allowed)
+    request = PlanRequest(
+        name="o", profile="numa", vcpus=usable, memory_bytes=GIB, page_size_bytes=4 * KIB
+    )
+    plan = make_plan(host, request)
+    assert any(n.cpu_node is None and not n.local for n in plan.guest_nodes)
+    with pytest.raises(InfeasiblePlanError, match=r"at most (\d+) vCPUs") as info:
+        openstack_flavor(plan, host)
+    assert "\n" not in str(info.value)
+    found = FEWER.search(str(info.value))
+    assert found is not None
+    fewer = make_plan(host, request.model_copy(update={"vcpus": int(found[1])}))
+    render = openstack_flavor(fewer, host)
+    assert int(render.extra_specs["hw:numa_nodes"]) == len(fewer.guest_nodes)

@@ -210,6 +210,15 @@ def check_schedulable(plan: VMPlan, host: HostTopology | None) -> None:
 
 
 def _check_distinct_nodes(plan: VMPlan) -> None:
+    nodeless = [n for n in plan.guest_nodes if n.cpu_node is None and not n.local]
+    if nodeless:
+        with_node = sum(len(n.vcpus) for n in plan.guest_nodes if n not in nodeless)
+        raise InfeasiblePlanError(
+            f"plan {plan.name!r}: guest node {nodeless[0].index} runs on host PUs that "
+            "belong to no NUMA node, which Nova cannot dedicate (its host cells are the "
+            f"NUMA nodes), so no flavor can be scheduled; plan with at most {with_node} "
+            "vCPUs (the PUs with a node)"
+        )
     seen: dict[int, int] = {}
     for node in plan.guest_nodes:
         if node.host_node in seen:
