@@ -68,7 +68,7 @@ def machine(text: str) -> HwlocMachine:
         kind = obj.get("type")
         if kind == "NUMANode":
             memory = int(obj.get("local_memory", "0"))
-            nodes[int(obj.get("os_index", "0"))] = (bits(obj.get("cpuset")) & usable, memory)
+            nodes[int(obj.get("os_index", "0"))] = (_node_cpus(obj, usable, nodes), memory)
         elif kind == "Core":
             pus = bits(obj.get("complete_cpuset") or obj.get("cpuset"))
             smt = smt or len(pus) > 1
@@ -77,6 +77,20 @@ def machine(text: str) -> HwlocMachine:
     covered = frozenset().union(*cores) if cores else frozenset()
     cores += [frozenset({pu}) for pu in sorted(usable - covered)]  # PUs without a Core
     return HwlocMachine(nodes=nodes, cores=tuple(cores), smt=smt)
+
+
+def _node_cpus(
+    obj: ET.Element, usable: frozenset[int], seen: dict[int, tuple[frozenset[int], int]]
+) -> frozenset[int]:
+    """The PUs Linux lists in this node (node*/cpulist, what libvirt reports per cell).
+    hwloc gives a memory-only node (subtype MCDRAM, GPUMemory, ...) the cpuset of the
+    CPUs near it, shared with their own node: those PUs are not the memory-only node's,
+    or Nova's cells would hold the same PUs twice (and pin two guest cells on one PU)."""
+    pus = bits(obj.get("cpuset")) & usable
+    claimed = frozenset().union(*(cpus for cpus, _ in seen.values())) if seen else frozenset()
+    if obj.get("subtype") or pus & claimed:
+        return frozenset()
+    return pus
 
 
 def nova_host(
