@@ -207,8 +207,9 @@ def _check_smt_rule(host: HostTopology, request: PlanRequest, plan: VMPlan) -> N
 
 def _check_fewest_nodes(host: HostTopology, request: PlanRequest, plan: VMPlan) -> None:
     """The fewest domains (nodes, or the PUs without one) that hold the vCPUs by the
-    policy's measure (free cores for --smt cores when they suffice, else PUs); more only
-    when memory decided, which the plan must then say. Local memory first."""
+    policy's measure (free cores for --smt cores when they suffice, else PUs; with too
+    few cores for --smt cores, every domain with free cores); more only when memory
+    decided, which the plan must then say. Local memory first."""
     if request.passthrough:
         return  # the device's node comes first; checked in the passthrough tests
     node_of = {p.os_index: p.node for p in host.pus}
@@ -229,6 +230,14 @@ def _check_fewest_nodes(host: HostTopology, request: PlanRequest, plan: VMPlan) 
             return len(eligible)
         return sum(len(c) for c in eligible)
 
+    short = smt == "cores" and sum(len(cores[m][k:]) for m in tier) < plan.vcpus
+    if short:
+        # too few cores: every domain with free cores, so the fewest vCPUs share one
+        with_cores = {n for n in tier if cores[n][k:]}
+        assert used == with_cores or memory_said, (
+            f"cores ran short but domains {with_cores - used} with free cores left out"
+        )
+        return
     caps = sorted((measure(n) for n in tier), reverse=True)
     if sum(caps[: len(used) - 1]) >= plan.vcpus:
         assert memory_said, (

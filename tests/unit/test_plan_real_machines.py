@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -348,6 +349,28 @@ def test_smt_policies_on_two_nodes_of_eight_cores_by_two(tmp_path: Path) -> None
     refused = hpcvm(*base, "--smt", "require", "--topology", str(flat))
     assert refused.returncode == 3 and refused.stdout == ""
     assert refused.stderr.count("\n") == 1 and "--smt require" in refused.stderr
+
+
+def test_cores_run_short_every_node_gives_its_cores_first(tmp_path: Path) -> None:
+    """4 nodes x 8 cores x 2 threads: 33 vCPUs under --smt cores take all 32 cores
+    and one sibling (vCPUs on shared cores: 2), not the 3 nodes whose PUs would hold
+    them (24 cores, 9 siblings); hpc's housekeeping core per node leaves 28 cores for 30
+    vCPUs. hwloc says which PU is on which core and node; the table says as many."""
+    xml = synthetic_xml("pack:2 numa:2(memory=8GiB) core:8 pu:2", tmp_path / "h.xml")
+    hw = facts(lstopo_xml(xml=xml))
+    for profile, vcpus, cores in (("numa", 33, 32), ("hpc", 30, 28)):
+        args = ["plan", "--profile", profile, "--vcpus", str(vcpus), "--memory", "4G"]
+        args += ["--page-size", "4K", "--topology", str(xml)]
+        done = hpcvm(*args, "--format", "json")
+        assert done.returncode == 0, done.stderr
+        pus = VMPlan.model_validate_json(done.stdout).vcpu_pus()
+        per_core = Counter(hw.core_of[pu] for pu in pus)
+        assert len(per_core) == cores, profile
+        shared = sum(n for n in per_core.values() if n > 1)
+        assert shared == 2 * (vcpus - cores), f"{profile}: {shared} vCPUs share cores"
+        assert len(set().union(*(hw.nodes_of(pu) for pu in pus))) == 4
+        table = hpcvm(*args).stdout
+        assert f"so {vcpus - cores} vCPU(s) share a core" in " ".join(table.split())
 
 
 def test_memory_picks_nodes_and_refusal_names_the_largest_size(tmp_path: Path) -> None:

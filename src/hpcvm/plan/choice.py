@@ -5,7 +5,8 @@ The search, in order of preference:
 1. domains whose memory is local (their node is inside cpuset.mems) before the others;
 2. the fewest domains that hold the vCPUs under the SMT policy: with ``--smt cores``
    one vCPU per physical core, so 16 vCPUs on 2 nodes x 8 cores x 2 threads use both
-   nodes; siblings only when the candidate domains have fewer cores than vCPUs;
+   nodes; siblings only when the candidate domains have fewer cores than vCPUs, and
+   then every candidate domain, all cores before any sibling;
 3. among sets of that size, the one around the first anchor (a passthrough device's
    node, else each domain in order) with its nearest neighbours by distance, whose
    every memory node holds its share of guest memory (free memory, or free huge pages
@@ -84,7 +85,7 @@ def choose_domains(
             if sum(caps.search.values()) < vcpus:
                 continue
             wanted = [k for k in dict.fromkeys(required) if k in caps.search]
-            for chosen in candidate_sets(keys, wanted, caps.search, vcpus, distance):
+            for chosen in _sets(keys, wanted, caps, vcpus, distance):
                 shares = split_shares(vcpus, [caps.ranks[k] for k in chosen])
                 loads = [
                     (mem, s)
@@ -96,6 +97,23 @@ def choose_domains(
                         tuple(chosen), tuple(shares), caps.siblings_needed, local_only, strict
                     )
     return None
+
+
+def _sets(
+    keys: Sequence[int],
+    required: Sequence[int],
+    caps: _Caps,
+    vcpus: int,
+    distance: Mapping[tuple[int, int], int],
+) -> Iterator[list[int]]:
+    """``candidate_sets``; under --smt cores with too few cores, every domain of the
+    tier first: all their cores before any sibling, so the fewest vCPUs share a core
+    (33 vCPUs on 4 nodes x 8 cores x 2 threads: 32 cores and one sibling, not 24 cores
+    and nine siblings on the 3 nodes whose PUs would hold them). Smaller sets follow,
+    for when memory rules the whole tier out."""
+    if caps.siblings_needed:
+        yield list(keys)
+    yield from candidate_sets(keys, required, caps.search, vcpus, distance)
 
 
 def candidate_sets(

@@ -54,6 +54,13 @@ def explain_selection(
         f"{vcpus} vCPUs, nearest to each other by NUMA distance, vCPUs split as evenly as "
         "they fit"
     )
+    if selection.smt == "cores" and choice.siblings_needed and set(used) == _tier(layout, choice):
+        cores = sum(len(smt_cores(layout.vcpu_cores[n], "cores")) for n in used)
+        text = (
+            f"{_names(used)} chosen: every node with free cores, as their {cores} cores "
+            f"are fewer than {vcpus} vCPUs: each core's first PU before any sibling, "
+            "over all of them"
+        )
     cpu_only = choose_domains(layout, vcpus, prefer, selection.smt, distance, None)
     if cpu_only is not None and len(cpu_only.domains) < len(choice.domains):
         text += (
@@ -69,6 +76,16 @@ def explain_selection(
         text += "; no choice holds the memory in free huge pages, so the pools must grow"
     notes.decide("nodes", text)
     _explain_locality(host, layout, selection, choice, notes)
+
+
+def _tier(layout: CpuLayout, choice: Choice) -> set[int]:
+    """The domains the choice was made among: those with free cores, local ones only
+    when the choice kept to them."""
+    return {
+        k
+        for k, cores in layout.vcpu_cores.items()
+        if smt_cores(cores, "cores") and (layout.local(k) or not choice.local_only)
+    }
 
 
 def _explain_smt(
