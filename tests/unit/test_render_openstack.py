@@ -558,25 +558,35 @@ def test_numa_guests_on_small_pages_split_in_whole_mib(all_snapshots: list[Snaps
     assert uneven, "no snapshot gave guest nodes of unequal memory"
 
 
-def test_guest_node_on_pus_without_a_node_is_refused_with_a_count_that_renders(
-    snapshots_dir: Path, tmp_path: Path
+@pytest.mark.parametrize("made", ["node 0 offline", "cgroup cpus 0-11 mems 1-4"])
+def test_non_local_guest_nodes_are_refused_with_a_count_that_renders(
+    made: str, snapshots_dir: Path, tmp_path: Path
 ) -> None:
-    """Node 0 offline (its CPUs online, in no node): a numa plan over every PU puts a
-    guest node on them, which Nova cannot dedicate; the refusal names the vCPUs that
-    the PUs with a node take, and that plan renders (not a --guest-nodes count the
-    planner refuses)."""
-    from tests.unit.test_plan_real_machines import OFFLINE_SNAPSHOT, offline_node_snapshot
-
-    root = offline_node_snapshot(
-        sysfs_root(snapshots_dir, OFFLINE_SNAPSHOT), tmp_path / "off", node=0
+    """Node 0 offline (its CPUs online, in no node), or a cgroup whose CPUs reach node 0
+    while its memory set bars it: a numa plan over every usable PU puts a guest node on
+    those PUs, which Nova cannot express (no host cell, or memory stacked on another
+    guest node's node). The refusal names the vCPUs that local PUs take, and that plan
+    renders (it was told a --guest-nodes count, which the planner refuses)."""
+    from tests.unit.test_plan_real_machines import (
+        CGROUP_SNAPSHOT,
+        OFFLINE_SNAPSHOT,
+        cgroup_mems_snapshot,
+        offline_node_snapshot,
     )
+
+    if made == "node 0 offline":
+        src = sysfs_root(snapshots_dir, OFFLINE_SNAPSHOT)
+        root = offline_node_snapshot(src, tmp_path / "m", node=0)
+    else:
+        src = sysfs_root(snapshots_dir, CGROUP_SNAPSHOT)
+        root = cgroup_mems_snapshot(src, tmp_path / "m", cpus="0-11", mems="1-4")
     host = roomy(host_from("sysfs", str(root)))
     usable = sum(1 for p in host.pus if p.online and p.allowed)
     request = PlanRequest(
         name="o", profile="numa", vcpus=usable, memory_bytes=GIB, page_size_bytes=4 * KIB
     )
     plan = make_plan(host, request)
-    assert any(n.cpu_node is None and not n.local for n in plan.guest_nodes)
+    assert any(not n.local for n in plan.guest_nodes)
     with pytest.raises(InfeasiblePlanError, match=r"at most (\d+) vCPUs") as info:
         openstack_flavor(plan, host)
     assert "\n" not in str(info.value)

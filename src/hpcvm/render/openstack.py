@@ -30,7 +30,7 @@ from typing import Any
 
 from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host.model import HostTopology
-from hpcvm.plan.model import VMPlan
+from hpcvm.plan.model import GuestNode, VMPlan
 from hpcvm.render.checks import check_renderable
 from hpcvm.render.cloud import (
     comment_lines,
@@ -210,26 +210,44 @@ def check_schedulable(plan: VMPlan, host: HostTopology | None) -> None:
 
 
 def _check_distinct_nodes(plan: VMPlan) -> None:
+    """Nova fits each guest node into a host node of its own, its vCPUs and memory both
+    there. Guest nodes stacked on one host node by --guest-nodes: fewer guest nodes fix
+    it. Stacked because non-local vCPUs (PUs of no node, or of a node outside
+    cpuset.mems) take memory from another guest node's node: fewer guest nodes cannot
+    (the planner mirrors every host domain used); fewer vCPUs, on local PUs only, can."""
     nodeless = [n for n in plan.guest_nodes if n.cpu_node is None and not n.local]
     if nodeless:
-        with_node = sum(len(n.vcpus) for n in plan.guest_nodes if n not in nodeless)
         raise InfeasiblePlanError(
             f"plan {plan.name!r}: guest node {nodeless[0].index} runs on host PUs that "
             "belong to no NUMA node, which Nova cannot dedicate (its host cells are the "
-            f"NUMA nodes), so no flavor can be scheduled; plan with at most {with_node} "
-            "vCPUs (the PUs with a node)"
+            f"NUMA nodes), so no flavor can be scheduled; plan with {_local_vcpus(plan)}"
         )
-    seen: dict[int, int] = {}
+    seen: dict[int, GuestNode] = {}
     for node in plan.guest_nodes:
-        if node.host_node in seen:
-            used = len({n.host_node for n in plan.guest_nodes})
+        other = seen.get(node.host_node)
+        if other is None:
+            seen[node.host_node] = node
+            continue
+        head = (
+            f"plan {plan.name!r}: guest nodes {other.index} and {node.index} are both on "
+            f"host node {node.host_node}, but Nova fits each guest NUMA node into a host "
+            "node of its own, so no flavor can be scheduled; plan with "
+        )
+        if not (node.local and other.local):
+            barred = node if not node.local else other
             raise InfeasiblePlanError(
-                f"plan {plan.name!r}: guest nodes {seen[node.host_node]} and {node.index} "
-                f"are both on host node {node.host_node}, but Nova fits each guest NUMA "
-                f"node into a host node of its own, so no flavor can be scheduled; plan "
-                f"with --guest-nodes {used} (one per host node used) or fewer"
+                f"{head}{_local_vcpus(plan)}: guest node {barred.index}'s vCPUs run on "
+                f"host node {barred.cpu_node}, which is outside cpuset.mems or has no memory"
             )
-        seen[node.host_node] = node.index
+        used = len({n.host_node for n in plan.guest_nodes})
+        raise InfeasiblePlanError(f"{head}--guest-nodes {used} (one per host node used) or fewer")
+
+
+def _local_vcpus(plan: VMPlan) -> str:
+    """Fewer vCPUs: as many as the guest nodes whose vCPUs' node holds their memory
+    have; the planner keeps to such PUs while they suffice."""
+    local = sum(len(n.vcpus) for n in plan.guest_nodes if n.local)
+    return f"at most {local} vCPUs, as many as PUs whose own node holds their memory take"
 
 
 def _check_one_node(plan: VMPlan, host: HostTopology | None) -> None:
