@@ -14,6 +14,7 @@ import contextlib
 import os
 import secrets
 import shlex
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from hpcvm.bench.suites import build_suites, validate_suites
 from hpcvm.bench.vm import VmEnvironment, plan_vm
 from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.host.model import HostTopology
-from hpcvm.lock import exclusive
+from hpcvm.lock import Holder, exclusive, read_holder
 from hpcvm.plan.model import VMPlan
 from hpcvm.runtime.model import BackendName
 from hpcvm.signals import interrupting, signals_deferred
@@ -54,7 +55,7 @@ TCG_WARNING = (
 
 
 @contextlib.contextmanager
-def results_writer(out_dir: Path) -> Iterator[None]:
+def results_writer(out_dir: Path, warn: Warn | None = None) -> Iterator[None]:
     """Be the one writer of ``out_dir`` for the block, or raise BusyError (exit 8) at
     once, before anything is read, booted or written. The lock dies with its holder, so
     a run whose writer was killed can be resumed at once. A directory made here and left
@@ -63,7 +64,9 @@ def results_writer(out_dir: Path) -> Iterator[None]:
     made = not out_dir.exists()
     lock = writer_lock_path(out_dir)
     advice = "wait for it to finish, or stop it and then continue the run with --resume"
+    previous = read_holder(lock)  # the last writer, as it wrote itself in
     with exclusive(lock, f"results directory {out_dir}", advice):
+        _down_dead_writers_vms(previous, warn)
         try:
             yield
         except BaseException:
@@ -71,6 +74,26 @@ def results_writer(out_dir: Path) -> Iterator[None]:
                 lock.unlink()
                 out_dir.rmdir()
             raise
+
+
+def _down_dead_writers_vms(previous: Holder | None, warn: Warn | None) -> None:
+    """A bench killed with SIGKILL leaves its VMs (``bench<pid>-<profile>``) running:
+    take them down before this one starts, so that they neither hold the huge pages and
+    PUs the resumed run needs nor run beside its measurements. This process holds the
+    lock, so that writer is gone; were its pid running again (reused), the VMs by that
+    name could be another bench's, and are left alone."""
+    from hpcvm.runtime import lifecycle, state  # as bench/vm.py: only a VM run needs it
+
+    if previous is None or previous.host != socket.gethostname():
+        return
+    if previous.pid == os.getpid() or state.pid_alive(previous.pid):
+        return
+    prefix = f"bench{previous.pid}-"
+    for vm in lifecycle.list_vms():
+        if vm.name.startswith(prefix) and vm.state != "stale":
+            if warn:
+                warn(f"{vm.name} was left running by pid {previous.pid}, killed; taking it down")
+            lifecycle.down(vm.name)
 
 
 @dataclass

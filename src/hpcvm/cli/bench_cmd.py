@@ -363,7 +363,7 @@ class _Bar:
 )
 def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
     """Run benchmarks natively and in VMs, interleaved, into OUT/hpcvm.db; print tables."""
-    with results_writer(out):
+    with results_writer(out, warn):
         return _bench(out, resume, cast(Method, interval), BenchOptions.model_validate(kw))
 
 
