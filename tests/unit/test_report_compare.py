@@ -115,3 +115,31 @@ def test_rows_of_different_units_are_refused(a: ReportData) -> None:
     row = a.rows[0]
     with pytest.raises(BenchmarkError, match="cannot compare"):
         compare_rows(row, row.model_copy(update={"unit": "furlongs"}), 0.97)
+
+
+def _tuned(data: ReportData, tuning: dict[str, str]) -> ReportData:
+    run = data.run.model_copy(update={"args": {**data.run.args, "tuning": tuning}})
+    return data.model_copy(update={"run": run})
+
+
+def test_each_side_shows_its_host_tuning(a: ReportData, b_dir: Path, tmp_path: Path) -> None:
+    """An untuned run compared with a tuned one: the comparison must say which side was
+    tuned, else its change cannot be read as the tuning's. The measured runs here record
+    no tuning (they are not started by ``bench``), so each side is given the record
+    ``bench`` writes: A untuned, B applied by hpcvm."""
+    applied = "applied by hpcvm 2026-11-23T00:00:00+00:00 for --vcpu-pus"
+    a_side = _tuned(a, {"hpcvm_tune": "not applied", "timer_migration": "1"})
+    b_side = _tuned(load_report(b_dir), {"hpcvm_tune": applied, "timer_migration": "0"})
+    write_comparison(compare(a_side, b_side), tmp_path, FORMATS)
+    md = (tmp_path / "compare.md").read_text()
+    assert "- **A**: hpcvm tune not applied; timer_migration 1" in md
+    assert f"- **B**: hpcvm tune {applied}; timer_migration 0" in md
+    html = (tmp_path / "compare.html").read_text()
+    row = re.search(r"<tr><td>host tuning</td><td>(.*?)</td><td>(.*?)</td></tr>", html)
+    assert row, "no host tuning row in the runs table"
+    assert "not applied" in row[1] and applied in row[2] and applied not in row[1]
+
+
+def test_a_run_without_a_tuning_record_says_so(c: Comparison, tmp_path: Path) -> None:
+    write_comparison(c, tmp_path, FORMATS)
+    assert "- **A**: not recorded" in (tmp_path / "compare.md").read_text()

@@ -185,12 +185,19 @@ def _conditions(args: dict[str, object]) -> list[str]:
         lines.append(f"Native runs were confined to {where} ({native.get('source', '')}).")
     tuning = args.get("tuning")
     if isinstance(tuning, dict):
-        settings = "; ".join(f"{k} {v}" for k, v in tuning.items() if k != "hpcvm_tune")
-        lines.append(
-            f"Host tuning when the run started: hpcvm tune {tuning.get('hpcvm_tune', '?')}; "
-            f"{settings}."
-        )
+        lines.append(f"Host tuning when the run started: {tuning_text(args)}.")
     return lines
+
+
+def tuning_text(args: dict[str, object]) -> str:
+    """The host's tuning as recorded when the run started: whether ``hpcvm tune`` was
+    applied, then every setting's state (a comparison of an untuned with a tuned run
+    shows each side's, so the change it reports can be read as the tuning's)."""
+    tuning = args.get("tuning")
+    if not isinstance(tuning, dict):
+        return "not recorded"
+    settings = "; ".join(f"{k} {v}" for k, v in tuning.items() if k != "hpcvm_tune")
+    return f"hpcvm tune {tuning.get('hpcvm_tune', '?')}; {settings}"
 
 
 def change_text(r: CompareRow) -> str:

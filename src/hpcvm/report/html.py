@@ -27,6 +27,7 @@ from hpcvm.report.fmt import (
     overhead_text,
     row_cells,
     stop_text,
+    tuning_text,
     when,
 )
 from hpcvm.report.labels import env_colours
@@ -274,6 +275,7 @@ def _runs_table(c: Comparison) -> str:
         ("repetitions", reps(c.a), reps(c.b)),
         ("stopped by", stop_text(c.a.run.stop_reason), stop_text(c.b.run.stop_reason)),
         ("confidence", f"{c.a.run.confidence:g}", f"{c.b.run.confidence:g}"),
+        ("host tuning", tuning_text(c.a.run.args), tuning_text(c.b.run.args)),
         (
             "host CPU",
             c.a.host.cpu_model if c.a.host else "-",

@@ -15,6 +15,7 @@ from hpcvm.report.fmt import (
     mean_text,
     method_lines,
     row_cells,
+    tuning_text,
 )
 from hpcvm.report.model import ReportData
 from hpcvm.units import human_size
@@ -115,6 +116,9 @@ def render_compare_markdown(c: Comparison, figures: Sequence[FigureFile]) -> str
         lines += ["## Warnings", ""]
         lines += [f"- **{side} {w.kind.upper()}**: {w.text}" for side, w in warnings] + [""]
     lines += ["## Method", "", c.method, ""]
+    lines += ["## Host tuning when each run started", ""]
+    lines += [f"- **{side}**: {tuning_text(d.run.args)}" for side, d in (("A", c.a), ("B", c.b))]
+    lines += [""]
     rows = []
     for r in c.rows:
         cells = (
