@@ -41,6 +41,11 @@ def _last() -> str:
         (["--vcpu-pus", "4096"], 2, "not online"),
         (["--plan", "/nonexistent/plan.json"], 2, "cannot read plan"),
         (["--for", "no-such-vm"], 2, "no VM named"),
+        (["--apply", "--revert"], 2, "--apply and --revert exclude each other"),
+        (["--revert", "--apply", "--vcpu-pus", "1"], 2, "exclude each other"),
+        (["--check", "--apply", "--vcpu-pus", "1"], 2, "exclude each other"),
+        (["--apply", "--json", "--vcpu-pus", "1"], 2, "--json goes with --check"),
+        (["--apply", "--tuned-profile", "prof", "--vcpu-pus", "1"], 2, "drop --apply"),
     ],
 )
 def test_misuse_is_a_one_line_error(tmp_path: Path, args: list[str], code: int, words: str) -> None:

@@ -138,10 +138,22 @@ def write_tuned_profile(t: TuneTarget, directory: Path) -> None:
     )
 
 
+def _action(*, check: bool, apply: bool, revert: bool) -> str:
+    """The one action asked for (check when none is): two would leave the choice to the
+    order the flags were typed in, and --apply --revert must not silently do either."""
+    given = [name for name, on in (("check", check), ("apply", apply), ("revert", revert)) if on]
+    if len(given) > 1:
+        raise UsageError(
+            f"{' and '.join('--' + g for g in given)} exclude each other: give one of "
+            "--check, --apply, --revert"
+        )
+    return given[0] if given else "check"
+
+
 @click.command("tune")
-@click.option("--check", "action", flag_value="check", default=True, help="Compare (default).")
-@click.option("--apply", "action", flag_value="apply", help="Apply the run-time settings.")
-@click.option("--revert", "action", flag_value="revert", help="Restore what --apply saved.")
+@click.option("--check", is_flag=True, help="Compare (default).")
+@click.option("--apply", is_flag=True, help="Apply the run-time settings.")
+@click.option("--revert", is_flag=True, help="Restore what --apply saved.")
 @click.option("--dry-run", is_flag=True, help="With --apply: print the writes, do none.")
 @click.option("--for", "vm", default=None, help="Tune for this running VM's plan.")
 @click.option("--plan", type=click.Path(path_type=Path), default=None, help="A plan JSON file.")
@@ -161,7 +173,9 @@ def write_tuned_profile(t: TuneTarget, directory: Path) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="--check: print the rows as JSON.")
 def tune_cmd(
-    action: str,
+    check: bool,
+    apply: bool,
+    revert: bool,
     dry_run: bool,
     vm: str | None,
     plan: Path | None,
@@ -175,8 +189,15 @@ def tune_cmd(
     workqueues, watchdog, timers, vmstat, NUMA balancing, KSM, THP, cpufreq, idle
     latency at run time; isolcpus/nohz_full/rcu_nocbs/irqaffinity at boot."""
     directory = state.state_dir(state_dir)
+    action = _action(check=check, apply=apply, revert=revert)
     if dry_run and action != "apply":
         raise UsageError("--dry-run goes with --apply")
+    if as_json and action != "check":
+        raise UsageError("--json goes with --check")
+    if tuned_profile is not None and action == "apply":
+        raise UsageError(
+            "--tuned-profile writes a profile for tuned instead of applying: drop --apply"
+        )
     t = resolve_target(vm, plan, vcpu_pus, housekeeping_pus)
     if action == "revert":
         if t is not None or tuned_profile is not None:
