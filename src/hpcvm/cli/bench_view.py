@@ -19,7 +19,7 @@ from rich.text import Text
 from hpcvm.bench.failures import CellFailures
 from hpcvm.bench.results import ResultRow, noise_by_env
 from hpcvm.bench.session import TCG_WARNING
-from hpcvm.bench.suites import kind_of
+from hpcvm.bench.suites import kind_of, short_name
 from hpcvm.store import EnvironmentRecord, RunRecord
 from hpcvm.units import format_cpu_list
 
@@ -175,6 +175,16 @@ def is_extreme(suite: str, metric: str) -> bool:
     return kind is not None and any(m.name == name and m.extreme for m in kind.metrics)
 
 
+def metric_title(suite: str, metric: str, unit: str) -> str:
+    """What the table shows in its kind's own words ("CG time (Time_sec, s)"), the
+    stored metric name kept beside it since ``results`` and the exports use that."""
+    label = short_name(suite, metric)
+    named = [metric, unit] if label and label != metric else [unit]
+    inner = ", ".join(x for x in named if x)
+    shown = label if label and label != metric else metric
+    return f"{shown} ({inner})" if inner else shown
+
+
 def metric_tables(rows: Sequence[ResultRow]) -> list[tuple[Table, list[str]]]:
     """One table per (suite, metric), rows per env and np (per-CPU details left out),
     each with the notes on rows whose mean's interval should not be trusted."""
@@ -187,10 +197,12 @@ def metric_tables(rows: Sequence[ResultRow]) -> list[tuple[Table, list[str]]]:
     for (suite, metric), members in groups.items():
         first = members[0]
         direction = "higher" if first.higher_is_better else "lower"
-        unit = f" ({first.unit})" if first.unit else ""
         extreme = f" ({EXTREME_NOTE})" if is_extreme(suite, metric) else ""
         table = Table(
-            title=Text(f"{suite}: {metric}{unit}, {direction} is better{extreme}"),
+            title=Text(
+                f"{suite}: {metric_title(suite, metric, first.unit)}, "
+                f"{direction} is better{extreme}"
+            ),
             box=box.SIMPLE_HEAD,
             header_style="bold",
             title_justify="left",
