@@ -45,6 +45,9 @@ def test_a_failing_command_is_reported_counted_and_fails_the_run(tmp_path: Path)
     assert "no valid sample for native cmd" in error and "exited with code 3" in error
     assert "FAILED" in stdout and "failed samples" in stdout
     assert "2 of 2" in " ".join(stdout.split())
+    # the failed-samples table counts the warm-up, the JSON below measured repetitions
+    # only: its header must say so, or 2 and 1 read as a contradiction
+    assert "failed (incl. warm-up)" in stdout
     [row] = _rows(out)
     assert (row["n"], row["failed_samples"], row["mean"]) == (0, 1, None)
     assert "exited with code 3: broken" in str(row["failure_reason"])

@@ -239,6 +239,9 @@ def metric_tables(rows: Sequence[ResultRow]) -> list[tuple[Table, list[str]]]:
     return tables
 
 
+FAILED_ALL = "failed (incl. warm-up)"
+
+
 def failure_table(failures: Sequence[CellFailures]) -> Table:
     """Failed samples per environment, suite and np with the most frequent reason."""
     table = Table(
@@ -248,8 +251,10 @@ def failure_table(failures: Sequence[CellFailures]) -> Table:
         title_justify="left",
         title_style="bold red",
     )
-    for col in ("env", "suite", "np", "failed", "valid", "most frequent reason"):
-        table.add_column(col, justify="right" if col in ("np", "failed", "valid") else "left")
+    # warm-ups count here (a failing warm-up tells as much as a failing repetition);
+    # the metric tables' "+N failed" and results' JSON count measured repetitions only
+    for col in ("env", "suite", "np", FAILED_ALL, "valid", "most frequent reason"):
+        table.add_column(col, justify="right" if col in ("np", FAILED_ALL, "valid") else "left")
     for f in failures:
         reason = f.reason if f.reason_count == f.failed else f"{f.reason} ({f.reason_count}x)"
         if f.given_up:

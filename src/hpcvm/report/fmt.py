@@ -54,7 +54,15 @@ def mean_text(r: Row) -> str:
     return f"{num(r.mean)} [{num(r.ci_low)}, {num(r.ci_high)}]{noisy}"
 
 
-FAILURE_HEADER = ("env", "suite", "np", "failed", "valid", "most frequent reason", "logs")
+FAILURE_HEADER = (
+    "env",
+    "suite",
+    "np",
+    "failed (incl. warm-up)",
+    "valid",
+    "most frequent reason",
+    "logs",
+)
 
 
 def failure_cells(f: FailedSamples, log_separator: str) -> tuple[str, ...]:
