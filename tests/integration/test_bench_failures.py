@@ -140,6 +140,11 @@ def test_npb_verification_is_recorded_and_shown(tmp_path: Path) -> None:
     proc = _npb(tmp_path, bin_dir, "cg", 1)
     assert proc.returncode == 0, proc.stderr
     assert "verification SUCCESSFUL 2/2" in proc.stdout
+    # class S prints 0.04 s in steps of 0.01 s: the resolution warning, said once in all
+    # of bench's output, with advice in bench's own options
+    said = (proc.stdout + proc.stderr).count("printed in steps of 0.01 s")
+    assert said == 1, proc.stdout + proc.stderr
+    assert "--size small, or --npb-kernels cg.W" in " ".join(proc.stdout.split())
     # each table says what it shows in NPB's terms, beside the stored metric name
     titles = [ln.strip() for ln in proc.stdout.splitlines() if "is better" in ln]
     assert any(t.startswith("npb:cg.S: CG time (Time_sec, s)") for t in titles), titles

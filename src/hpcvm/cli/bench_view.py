@@ -107,13 +107,15 @@ def conditions(
     return Group(table, lines)
 
 
-def warnings_block(run: RunRecord, envs: Sequence[EnvironmentRecord]) -> RenderableType:
+def warnings_block(
+    run: RunRecord, envs: Sequence[EnvironmentRecord], *, run_warnings: bool = True
+) -> RenderableType:
     """The TCG warning first whenever an environment was emulated (from the recorded
-    accelerators, not from any text), then the run's own warnings."""
+    accelerators, not from any text), then, unless left out, the run's own warnings."""
     out = Text()
     if any(e.accel == "tcg" for e in envs):
         out.append(f"WARNING: {TCG_WARNING}\n", style="bold red")
-    for w in run.warnings:
+    for w in run.warnings if run_warnings else ():
         out.append(f"WARNING: {w}\n", style="yellow")
     return out
 
@@ -277,11 +279,13 @@ def print_report(
     rows: Sequence[ResultRow],
     failures: Sequence[CellFailures] = (),
 ) -> None:
-    """Warnings, conditions, the tables, and the warnings again. Into a file or pipe the
-    tables are printed 160 columns wide rather than wrapped into unreadable cells."""
+    """The TCG warning, conditions, the tables, then the TCG warning again with the run's
+    own warnings, each of those once, after the tables where the reader ends up. Into a
+    file or pipe the tables are printed 160 columns wide rather than wrapped into
+    unreadable cells."""
     if not console.is_terminal and console.width < WIDE:
         console = Console(file=console.file, width=WIDE, highlight=False)
-    console.print(warnings_block(run, envs))
+    console.print(warnings_block(run, envs, run_warnings=False))
     console.print(conditions(run, envs, rows, failures))
     for table, notes in metric_tables(rows):
         console.print(table)
