@@ -3,7 +3,9 @@ input refused in one line with nothing left behind."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,28 @@ def test_out_that_is_a_file_is_refused_before_any_work(
 def test_unknown_format_is_refused(db: Path, tmp_path: Path) -> None:
     assert main(["report", str(db), "--format", "pdf", "--out", str(tmp_path / "r")]) == 2
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_report_files_get_the_umask_mode_like_the_results(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], umask: int
+) -> None:
+    """The report is read like the rest of the results (the user's group, a web
+    server): its files get the mode any file created under the umask gets (the oracle:
+    one the OS creates here under the same umask), not the 0600 of a temp file."""
+    out = tmp_path / "rep"
+    old = os.umask(umask)
+    try:
+        assert (
+            main(["report", str(db), "--out", str(out), "--format", "html", "--format", "md"]) == 0
+        )
+        oracle = tmp_path / "oracle"
+        oracle.write_text("x")
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    want = stat.S_IMODE(oracle.stat().st_mode)
+    written = [p for p in out.rglob("*") if p.is_file()]
+    assert written and all(stat.S_IMODE(p.stat().st_mode) == want for p in written), [
+        (p.name, oct(stat.S_IMODE(p.stat().st_mode))) for p in written
+    ]
