@@ -147,8 +147,8 @@ def test_npb_verification_is_recorded_and_shown(tmp_path: Path) -> None:
     assert "--size small, or --npb-kernels cg.W" in " ".join(proc.stdout.split())
     # each table says what it shows in NPB's terms, beside the stored metric name
     titles = [ln.strip() for ln in proc.stdout.splitlines() if "is better" in ln]
-    assert any(t.startswith("npb:cg.S: CG time (Time_sec, s)") for t in titles), titles
-    assert any(t.startswith("npb:cg.S: CG Mop/s (Mops_total, Mop/s)") for t in titles), titles
+    assert any(t.startswith("npb:cg.S: Time_sec (CG time, s)") for t in titles), titles
+    assert any(t.startswith("npb:cg.S: Mops_total (CG Mop/s, Mop/s)") for t in titles), titles
     rows = _rows(tmp_path / "r")
     assert {r["metric"] for r in rows} == {"Time_sec", "Mops_total"}
     assert all(r["facts"]["verification"] == "SUCCESSFUL 2/2" for r in rows)  # type: ignore[index]

@@ -178,13 +178,11 @@ def is_extreme(suite: str, metric: str) -> bool:
 
 
 def metric_title(suite: str, metric: str, unit: str) -> str:
-    """What the table shows in its kind's own words ("CG time (Time_sec, s)"), the
-    stored metric name kept beside it since ``results`` and the exports use that."""
+    """The stored metric name (what ``results`` and the exports use), then what it shows
+    in its kind's own words and its unit: "Time_sec (CG time, s)"."""
     label = short_name(suite, metric)
-    named = [metric, unit] if label and label != metric else [unit]
-    inner = ", ".join(x for x in named if x)
-    shown = label if label and label != metric else metric
-    return f"{shown} ({inner})" if inner else shown
+    inner = ", ".join(x for x in (label if label != metric else None, unit) if x)
+    return f"{metric} ({inner})" if inner else metric
 
 
 def metric_tables(rows: Sequence[ResultRow]) -> list[tuple[Table, list[str]]]:
