@@ -94,6 +94,9 @@ def test_some_failed_samples_keep_the_valid_ones(tmp_path: Path) -> None:
         (("--suite", "noise", "--npb-dir", "/usr/bin"), "--npb-dir"),
         (("--suite", "noise", "--npb-kernels", "cg"), "--npb-kernels"),
         (("--suite", "noise", "--cmd", "true"), "--cmd"),
+        (("--suite", "noise", "--lower-is-better"), "--lower-is-better"),
+        (("--suite", "noise", "--unit", "s"), "--unit"),
+        (("--suite", "noise", "--metric", "v ([0-9]+)"), "--metric"),
     ],
 )
 def test_an_option_without_its_suite_is_refused(

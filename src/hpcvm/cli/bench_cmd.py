@@ -148,8 +148,12 @@ def _size(text: str) -> tuple[str | float, int]:
 
 def _suite_options(o: BenchOptions) -> SuiteOptions:
     hpcc_size, quanta = _size(o.size)
-    if o.metric is not None and o.cmd is None:
-        raise UsageError("--metric needs --cmd 'COMMAND ARGS'")
+    stray = _metric_flags(o) if o.cmd is None else []
+    if stray:
+        raise UsageError(
+            f"{stray[0]} describes the metric of --cmd, which this run does not select: "
+            f"add --cmd 'COMMAND ARGS' or drop {stray[0]}"
+        )
     npb_dir = o.npb_dir
     return SuiteOptions(
         bind=o.bind,
@@ -168,6 +172,18 @@ def _suite_options(o: BenchOptions) -> SuiteOptions:
         cmd_cwd=Path.cwd() if o.cmd else None,
         cmd_mpi=o.cmd_mpi,
     )
+
+
+def _metric_flags(o: BenchOptions) -> list[str]:
+    """The options given that describe the --cmd metric (never silently ignored)."""
+    direction = "--higher-is-better" if o.higher_is_better else "--lower-is-better"
+    given = (
+        ("--metric", o.metric is not None),
+        (direction, o.higher_is_better is not None),
+        ("--unit", bool(o.unit)),
+        ("--metric-name", o.metric_name != "value"),
+    )
+    return [flag for flag, present in given if present]
 
 
 # Options that belong to one suite: with no --suite they select it; with a --suite list
