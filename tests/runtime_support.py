@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -257,3 +258,12 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     return lines[0]
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a child a test interrupts with SIGINT (Ctrl-C): the default
+    disposition, so that Python in the child turns it into KeyboardInterrupt. A test
+    run started in the background by a shell without job control inherits SIGINT
+    ignored, and hpcvm, as every well-behaved program, keeps an ignored SIGINT ignored
+    (how shells protect background jobs from Ctrl-C): the signal would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

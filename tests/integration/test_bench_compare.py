@@ -29,7 +29,7 @@ from hpcvm.bench.vm import plan_vm
 from hpcvm.store import Store
 from hpcvm.units import MIB
 from tests.integration.conftest import HugePages
-from tests.runtime_support import Residue, assert_nothing_left
+from tests.runtime_support import Residue, assert_nothing_left, interruptible
 
 pytestmark = pytest.mark.integration
 
@@ -206,7 +206,11 @@ def test_ctrl_c_brings_vms_down_keeps_samples_and_resume_completes(
         str(out),
     ]
     proc = subprocess.Popen(
-        [*HPCVM, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*HPCVM, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=interruptible,
     )
     try:
         deadline = time.monotonic() + 900

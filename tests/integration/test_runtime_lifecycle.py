@@ -26,6 +26,7 @@ from tests.runtime_support import (
     Residue,
     assert_nothing_left,
     hpcvm,
+    interruptible,
     one_line_error,
     reserve_hugepages,
 )
@@ -234,6 +235,7 @@ def test_ctrl_c_during_up_tears_the_vm_down(runtime: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,
     )
     deadline = time.monotonic() + 60
     pid = None
@@ -299,6 +301,7 @@ def test_ctrl_c_during_run_tears_the_vm_down(runtime: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,
     )
     wait_for_agent_client(runtime / "r" / "agent.sock", timeout=180)
     machine = record("r")
