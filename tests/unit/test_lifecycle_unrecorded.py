@@ -76,7 +76,12 @@ def test_down_kills_the_qemu_its_pidfile_names_and_removes_the_run_dir(
     proc = sleeper("-name", "guest=vm1,debug-threads=on")
     run_dir = _unrecorded(runtime_root, "vm1", proc.pid)
     lifecycle.down("vm1")
-    assert proc.wait(timeout=10) == -9
+    try:
+        code = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # say what down saw (one CI run got here once)
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        pytest.fail(f"down left pid {proc.pid} running: its cmdline {cmdline!r}")
+    assert code == -9
     assert not run_dir.exists()
 
 
