@@ -85,12 +85,23 @@ def test_unknown_key_names_every_registered_kind() -> None:
         assert kind in message
 
 
-def test_unregistered_kinds_are_refused_not_defaulted() -> None:
-    # macvtap is not implemented: it must not fall through to a bridge.
-    for kind in ("macvtap",):
-        assert kind not in NETWORK_KINDS
-        with pytest.raises(UsageError, match=f"unknown key '{kind}'"):
-            parse_network(f"{kind}=auto")
+def test_macvtap_parses_with_its_options() -> None:
+    assert parse_network("macvtap=eth0,model=e1000,mtu=1400") == network.NetworkRequest(
+        kind="macvtap", source="eth0", model="e1000", mtu=1400
+    )
+
+
+@pytest.mark.parametrize(
+    ("parent", "match"),
+    [
+        ("nosuchnic0", "no interface 'nosuchnic0' in this network namespace"),
+        ("lo", "lo is not an Ethernet device"),  # the kernel refuses a macvtap on it
+    ],
+)
+def test_macvtap_needs_an_ethernet_parent(parent: str, match: str) -> None:
+    kind = NETWORK_KINDS["macvtap"]
+    with pytest.raises(UsageError, match=match):
+        kind.resolve(parse_network(f"macvtap={parent}"), vm="x", index=0, address=None, warn=print)
 
 
 def test_address_parsing() -> None:
@@ -215,12 +226,21 @@ def test_qemu_knows_the_device_properties_we_use() -> None:
             assert f"{prop}=" in out, f"{device} has no property {prop}"
 
 
-def test_non_bridge_nic_is_not_rendered() -> None:
-    nic = _nic().model_copy(update={"kind": "macvtap"})
-    with pytest.raises(UsageError, match="macvtap NIC cannot be rendered"):
-        qemu_argv(plans.naive(), BootSpec(nics=(nic,)))
-    with pytest.raises(UsageError, match="macvtap NIC cannot be rendered"):
-        libvirt_xml(plans.naive(), BootSpec(nics=(nic,)))
+def test_libvirt_macvtap_is_a_direct_interface_that_validates(tmp_path: Path) -> None:
+    tool = shutil.which("virt-xml-validate")
+    if tool is None:
+        pytest.fail("virt-xml-validate not found: run scripts/setup.sh (libvirt-clients)")
+    nic = _nic(vhost=True).model_copy(update={"kind": "macvtap", "source": "eth0"})
+    text = libvirt_xml(plans.numa(), BootSpec(nics=(nic,)))
+    (iface,) = ET.fromstring(text).findall("devices/interface")
+    assert iface.get("type") == "direct"
+    source = iface.find("source")
+    assert source is not None and source.attrib == {"dev": "eth0", "mode": "bridge"}
+    assert iface.find("mac").get("address") == nic.mac  # type: ignore[union-attr]
+    path = tmp_path / "domain.xml"
+    path.write_text(text)
+    done = subprocess.run([tool, str(path), "domain"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + done.stdout
 
 
 @pytest.mark.parametrize(

@@ -460,6 +460,8 @@ def down(name: str, timeout: float = DOWN_TIMEOUT) -> None:
     if entry.machine is None or entry.machine.pid is None:
         # never recorded as started: QEMU's own pidfile may still name a live QEMU
         _kill_unrecorded_qemu(entry)
+        if entry.machine is not None:
+            _release_nics(entry.machine)
         state.clean_stale(entry)
         return
     stop(entry.machine, timeout=timeout)
@@ -472,6 +474,7 @@ def stop(machine: Machine, timeout: float = DOWN_TIMEOUT) -> None:
         if backend.alive(machine):
             _guest_shutdown(machine, backend, timeout / 2)
         backend.stop(machine, timeout=timeout / 2)
+        _release_nics(machine)
         state.remove_run_dir(Path(machine.run_dir), machine.hugetlbfs_dirs)
 
 
@@ -500,7 +503,14 @@ def teardown(machine: Machine, backend: Backend | None = None) -> None:
     current = on_disk if on_disk is not None and on_disk.pid is not None else machine
     with contextlib.suppress(HpcvmError):
         backend.stop(current, timeout=2.0)
+    with contextlib.suppress(HpcvmError):
+        _release_nics(machine)
     state.remove_run_dir(Path(machine.run_dir), machine.hugetlbfs_dirs)
+
+
+def _release_nics(machine: Machine) -> None:
+    """What hpcvm made for the NICs and QEMU does not take with it (a macvtap link)."""
+    network.release_nics(machine.boot.nics, by_libvirt=machine.backend == "libvirt")
 
 
 # -- ps -----------------------------------------------------------------------------------
@@ -561,6 +571,8 @@ def _clean_stale(entry: state.Entry) -> None:
             get_backend(entry.machine.backend, entry.machine.connect_uri).stop(
                 entry.machine, timeout=2.0
             )
+        with contextlib.suppress(HpcvmError):
+            _release_nics(entry.machine)
     else:
         _kill_unrecorded_qemu(entry)
     state.clean_stale(entry)

@@ -17,8 +17,13 @@ its tap itself (``<interface type='bridge'>``, render/libvirt.py).
 ``vf``: an SR-IOV virtual function passed through with VFIO, planned like every
 passthrough device (plan/passthrough.py); hpcvm sets its MAC on the physical function.
 
-Not registered yet (an unknown kind is refused naming the known ones): ``macvtap`` on a
-parent device; see docs/networking.md.
+``macvtap``: a macvtap link on a parent device (the host NIC, or a VLAN or bond on it) in
+bridge mode: the guest's frames leave through the parent's driver with no bridge in
+between. Unlike a tap, a macvtap link outlives the descriptor QEMU holds, so hpcvm
+creates it under the VM's deterministic name just before QEMU starts, hands QEMU an
+open descriptor on its character device (``-netdev tap,fd=N``), and deletes it (only a
+macvtap of that name on that parent) whenever the VM is stopped, torn down or found
+stale. libvirt does all of this itself (``<interface type='direct'>``).
 
 Host links are read through netlink (``ip -j``), never /sys/class/net: a process moved
 into a network namespace with ``nsenter --net`` still sees the host's sysfs.
@@ -31,6 +36,7 @@ import ipaddress
 import json
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -82,13 +88,35 @@ class NetworkKind(Protocol):
         """Connect the host side QEMU opened (QEMU backend; the guest is still paused)."""
         ...
 
+    def open(self, nic: Nic, run_dir: Path) -> NicFds | None:
+        """Make the host side before QEMU starts and open it for QEMU (None: QEMU opens
+        its own, as with ``ifname=``)."""
+        ...
+
+    def release(self, nic: Nic) -> None:
+        """Remove what ``open`` made once QEMU is gone (nothing for kinds whose host side
+        dies with QEMU)."""
+        ...
+
+
+@dataclass(frozen=True)
+class NicFds:
+    """Descriptors hpcvm opened for QEMU (``-netdev tap,fd=,vhostfd=``); QEMU inherits
+    them and hpcvm closes its copies once QEMU runs."""
+
+    tap: int
+    vhost: int | None = None
+
+    def all(self) -> tuple[int, ...]:
+        return (self.tap,) if self.vhost is None else (self.tap, self.vhost)
+
 
 # -- parsing --------------------------------------------------------------------------
 
 
 def parse_network(text: str) -> NetworkRequest:
-    """``bridge=br0[,model=e1000][,mtu=N]`` or ``vf=auto|BDF[,mtu=N]``; without a kind
-    key, a tap in br0.
+    """``bridge=br0[,model=e1000][,mtu=N]``, ``macvtap=eth0[,model=...][,mtu=N]`` or
+    ``vf=auto|BDF[,mtu=N]``; without a kind key, a tap in br0.
 
     Each key at most once; an unknown key is one line naming the known kinds and options.
     """
@@ -293,6 +321,12 @@ class BridgeKind:
         _run_ip("link", "set", "dev", nic.ifname, "address", tap_mac(nic.mac), "mtu", str(nic.mtu))
         _run_ip("link", "set", "dev", nic.ifname, "master", nic.source, "up")
 
+    def open(self, nic: Nic, run_dir: Path) -> NicFds | None:
+        return None  # QEMU creates the tap itself (ifname=)
+
+    def release(self, nic: Nic) -> None:
+        return None  # the kernel removed the tap with QEMU's descriptor
+
 
 def _bridge_mtu(bridge: str, host_mtu: int, wanted: int | None) -> int:
     if wanted is None:
@@ -426,6 +460,12 @@ class VfKind:
         vf = self.virtual_function(nic.source)
         _run_ip("link", "set", "dev", vf.pf_netdev, "vf", str(vf.index), "mac", nic.mac)
 
+    def open(self, nic: Nic, run_dir: Path) -> NicFds | None:
+        return None  # a passthrough device of the plan
+
+    def release(self, nic: Nic) -> None:
+        return None
+
 
 def _vfs_in_use() -> list[str]:
     """The VFs that VMs recorded on this host use (vf=auto must not take them)."""
@@ -446,9 +486,188 @@ def passthrough_of(nics: Sequence[Nic]) -> tuple[str, ...]:
     return tuple(nic.source for nic in nics if nic.model == "vfio")
 
 
+# -- the macvtap kind ------------------------------------------------------------------
+
+MACVTAP_MODE = "bridge"  # VMs on one parent reach each other without leaving the host
+NOT_A_PARENT = ("bridge", "tun", "macvtap", "macvlan")
+SYSFS_NET = Path("/sys/class/net")
+
+
+class MacvtapKind:
+    """A macvtap link on a parent device, in bridge mode (module doc). The parent must
+    be a device that carries the host's traffic itself: not a bridge (use ``bridge=``)
+    and not a port of one (the bridge owns its ports' frames, the kernel refuses a
+    macvtap there). As with every macvtap, the host cannot reach the guest through the
+    parent itself; other hosts and the parent's other macvtaps can."""
+
+    libvirt_attaches = True  # <interface type='direct'>: libvirt makes and removes it
+
+    def resolve(
+        self, request: NetworkRequest, *, vm: str, index: int, address: str | None, warn: Warn
+    ) -> Nic:
+        parent = request.source
+        info = link(parent)
+        if info is None:
+            raise UsageError(
+                f"--network macvtap={parent}: no interface {parent!r} in this network "
+                "namespace: name the host NIC the VMs should share (`ip link` lists them)"
+            )
+        kind = link_kind(info)
+        if kind in NOT_A_PARENT:
+            raise UsageError(
+                f"--network macvtap={parent}: {parent} is a {kind}, not a NIC: for a bridge "
+                f"use --network bridge={parent}; else name the host NIC itself"
+            )
+        if info.get("link_type") != "ether":
+            raise UsageError(
+                f"--network macvtap={parent}: {parent} is not an Ethernet device "
+                f"({info.get('link_type')}): name the host's Ethernet NIC"
+            )
+        if info.get("master"):
+            raise UsageError(
+                f"--network macvtap={parent}: {parent} is a port of {info['master']}, which "
+                f"owns its frames: use --network bridge={info['master']}"
+            )
+        if not VHOST_NET.exists() and request.model == "virtio":
+            warn(f"{VHOST_NET} does not exist: the macvtap's virtio datapath runs in QEMU")
+        ifname = ifname_for(vm, index)
+        if link(ifname) is not None:
+            raise UsageError(
+                f"an interface named {ifname} (VM {vm}'s macvtap) already exists: remove it "
+                f"(`ip link del {ifname}`) if nothing uses it, or choose another --name"
+            )
+        mtu = _bridge_mtu(parent, int(info["mtu"]), request.mtu)
+        iface = parse_address(address) if address is not None else None
+        if iface is not None:
+            _check_subnet(iface, parent, warn)
+        return Nic(
+            kind="macvtap",
+            source=parent,
+            model=request.model,
+            mac=mac_for(vm, index, str(iface) if iface is not None else None),
+            ifname=ifname,
+            address=str(iface) if iface is not None else None,
+            mtu=mtu,
+            vhost=request.model == "virtio" and VHOST_NET.exists(),
+        )
+
+    def open(self, nic: Nic, run_dir: Path) -> NicFds:
+        """Create the link (the guest's MAC, the NIC's MTU, up) and open its character
+        device; on any failure the link is removed again."""
+        _run_ip(
+            "link", "add", "link", nic.source, "name", nic.ifname, "address", nic.mac,
+            "mtu", str(nic.mtu), "type", "macvtap", "mode", MACVTAP_MODE,
+        )  # fmt: skip
+        fds: list[int] = []
+        try:
+            _run_ip("link", "set", "dev", nic.ifname, "up")
+            fds.append(_open_char_device(_macvtap_device(nic.ifname), run_dir / nic.ifname))
+            if nic.vhost:
+                fds.append(os.open(VHOST_NET, os.O_RDWR))
+            return NicFds(fds[0], fds[1] if len(fds) > 1 else None)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            self.release(nic)
+            raise
+
+    def attach(self, nic: Nic) -> None:
+        return None  # made complete (MAC, MTU, up) by open, before QEMU started
+
+    def release(self, nic: Nic) -> None:
+        """Delete the VM's macvtap: only a macvtap of its name on its parent, never
+        another interface that happens to carry the name."""
+        info = link(nic.ifname)
+        if info is None or link_kind(info) != "macvtap" or info.get("link") != nic.source:
+            return
+        _run_ip("link", "del", "dev", nic.ifname)
+
+
+def _macvtap_device(ifname: str) -> int:
+    """The ``dev_t`` of macvtap ``ifname``'s character device.
+
+    Not ``/dev/tap<ifindex>``: ifindexes repeat across network namespaces while that
+    name is global, so the node may belong to another namespace's macvtap (or be
+    missing). The kernel's own ``major:minor`` is in sysfs, but only in a sysfs mounted
+    from this network namespace: a process entered with ``nsenter --net`` still sees the
+    host's. When ours does not show this very link (same ifindex), a private mount
+    namespace mounts one."""
+    info = link(ifname)
+    if info is None:
+        raise RuntimeFailure(f"the macvtap {ifname} vanished right after it was made")
+    index = int(info["ifindex"])
+    rel = f"{ifname}/macvtap/tap{index}/dev"
+    own = SYSFS_NET / ifname / "ifindex"
+    try:
+        if own.read_text().strip() == str(index):
+            text = (SYSFS_NET / rel).read_text()
+            return _dev_t(text, ifname)
+    except OSError:
+        pass
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+         'mount -t sysfs sysfs /sys && cat "/sys/class/net/$1"', "sh", rel],
+        capture_output=True, text=True, timeout=IP_TIMEOUT, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeFailure(f"cannot read macvtap {ifname}'s device number: {proc.stderr.strip()}")
+    return _dev_t(proc.stdout, ifname)
+
+
+def _dev_t(text: str, ifname: str) -> int:
+    major, _, minor = text.strip().partition(":")
+    if not (major.isdigit() and minor.isdigit()):
+        raise RuntimeFailure(f"macvtap {ifname}: unexpected device number {text.strip()!r}")
+    return os.makedev(int(major), int(minor))
+
+
+def _open_char_device(device: int, node: Path) -> int:
+    """Open a character device through a node of our own (root only, removed at once:
+    the descriptor is all QEMU needs)."""
+    os.mknod(node, 0o600 | stat.S_IFCHR, device)
+    try:
+        return os.open(node, os.O_RDWR)
+    finally:
+        node.unlink()
+
+
+def open_nics(nics: Sequence[Nic], run_dir: Path) -> dict[int, NicFds]:
+    """Before QEMU starts: each NIC's host side that hpcvm must make and open, by NIC
+    index. On failure what was made is released and what was opened closed."""
+    opened: dict[int, NicFds] = {}
+    try:
+        for index, nic in enumerate(nics):
+            fds = NETWORK_KINDS.get_or_refuse(nic.kind).open(nic, run_dir)
+            if fds is not None:
+                opened[index] = fds
+    except BaseException:
+        close_fds(opened)
+        release_nics(nics)
+        raise
+    return opened
+
+
+def close_fds(opened: dict[int, NicFds]) -> None:
+    for fds in opened.values():
+        for fd in fds.all():
+            os.close(fd)
+
+
+def release_nics(nics: Sequence[Nic], *, by_libvirt: bool = False) -> None:
+    """After QEMU is gone: remove what hpcvm made for each NIC; with ``by_libvirt``,
+    nothing libvirt removes itself."""
+    for nic in nics:
+        if nic.kind not in NETWORK_KINDS:
+            continue
+        kind = NETWORK_KINDS[nic.kind]
+        if not (by_libvirt and kind.libvirt_attaches):
+            kind.release(nic)
+
+
 NETWORK_KINDS: Registry[NetworkKind] = Registry("network kind")
 NETWORK_KINDS.register("bridge", BridgeKind())
 NETWORK_KINDS.register("vf", VfKind())
+NETWORK_KINDS.register("macvtap", MacvtapKind())
 
 
 # -- what the runtime calls -------------------------------------------------------------
