@@ -199,10 +199,12 @@ def _row(
     fields["outliers"] = outlier_count(vals) if vals else 0
     fields |= _failure_fields(samples, metric)
     fields["facts"] = _facts(samples)
-    if fields["ci_low"] is not None and fields["ci_low"] < 0 < fields["mean"]:
+    if fields["ci_low"] is not None and fields["ci_low"] < 0 < min(vals):
+        # Only when every sample is positive: a --cmd metric may be negative by nature,
+        # and then an interval across zero is what its samples say, not noise.
         fields["interval_note"] = (
-            "too noisy to trust: the interval reaches below zero for a quantity that "
-            "cannot be negative; measure more repetitions or a larger problem"
+            "too noisy to trust: every sample is positive but the interval reaches below "
+            "zero; measure more repetitions or a larger problem"
         )
     native_vals = values.get((NATIVE, suite, np_), {}).get(metric, [])
     if env_name != NATIVE:
