@@ -189,7 +189,7 @@ def test_e1000_nic_and_a_crashed_qemu_leaves_no_tap(runtime: Path, netns: Netns)
         (f"bridge={BRIDGE}", "10.98.0.4/24", "outside brnt0's subnet 10.99.0.0/24"),
         (f"bridge={BRIDGE}", "10.99.0.1/24", "own address"),
         (f"bridge={BRIDGE},mtu=9000", "10.99.0.4/24", "above brnt0's MTU 1400"),
-        ("macvtap=eth0", "10.99.0.4/24", "unknown key 'macvtap'"),
+        ("tap=tap0", "10.99.0.4/24", "unknown key 'tap'"),
     ],
 )
 def test_refused_before_anything_starts(

@@ -79,8 +79,9 @@ def _vm_options(func: F) -> F:
             default=None,
             metavar="KIND=SOURCE[,model=virtio|e1000][,mtu=N]",
             help="Give the VM a NIC on the host network: bridge=BR (a tap in bridge BR; "
-            "model=e1000 alone means bridge=br0) or vf=auto|PCI_ADDRESS (an SR-IOV VF "
-            "passed through, hpc profile). See docs/networking.md.",
+            "model=e1000 alone means bridge=br0), macvtap=NIC (a macvtap in bridge mode on "
+            "the host's Ethernet NIC) or vf=auto|PCI_ADDRESS (an SR-IOV VF passed through, "
+            "hpc profile). See docs/networking.md.",
         ),
         click.option(
             "--address",

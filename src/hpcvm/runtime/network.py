@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from hpcvm.bootspec import Nic, NicModel
+from hpcvm.bootspec import Nic, NicKind, NicModel
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.registry import Registry
 
@@ -295,26 +295,8 @@ class BridgeKind:
             )
         if not TUN.exists():
             raise UsageError(f"{TUN} does not exist: load the tun module (`modprobe tun`)")
-        ifname = ifname_for(vm, index)
-        if link(ifname) is not None:
-            raise UsageError(
-                f"an interface named {ifname} (VM {vm}'s tap) already exists: remove it "
-                f"(`ip link del {ifname}`) if nothing uses it, or choose another --name"
-            )
-        mtu = _bridge_mtu(bridge, int(info["mtu"]), request.mtu)
-        iface = parse_address(address) if address is not None else None
-        if iface is not None:
-            _check_subnet(iface, bridge, warn)
-        return Nic(
-            kind="bridge",
-            source=bridge,
-            model=request.model,
-            mac=mac_for(vm, index, str(iface) if iface is not None else None),
-            ifname=ifname,
-            address=str(iface) if iface is not None else None,
-            mtu=mtu,
-            vhost=request.model == "virtio" and VHOST_NET.exists(),
-        )
+        return _virtio_or_emulated_nic("bridge", request, info, vm=vm, index=index,
+                                       address=address, warn=warn)  # fmt: skip
 
     def attach(self, nic: Nic) -> None:
         """Into the bridge with the NIC's MTU and the tap's own MAC, then up."""
@@ -326,6 +308,40 @@ class BridgeKind:
 
     def release(self, nic: Nic) -> None:
         return None  # the kernel removed the tap with QEMU's descriptor
+
+
+def _virtio_or_emulated_nic(
+    kind: NicKind,
+    request: NetworkRequest,
+    info: dict[str, Any],
+    *,
+    vm: str,
+    index: int,
+    address: str | None,
+    warn: Warn,
+) -> Nic:
+    """The NIC of a host-side link hpcvm names (a tap or macvtap on ``request.source``,
+    read as ``info``): its name must be free, its MTU and address fit the source."""
+    ifname = ifname_for(vm, index)
+    if link(ifname) is not None:
+        raise UsageError(
+            f"an interface named {ifname} (VM {vm}'s {kind} link) already exists: remove it "
+            f"(`ip link del {ifname}`) if nothing uses it, or choose another --name"
+        )
+    mtu = _bridge_mtu(request.source, int(info["mtu"]), request.mtu)
+    iface = parse_address(address) if address is not None else None
+    if iface is not None:
+        _check_subnet(iface, request.source, warn)
+    return Nic(
+        kind=kind,
+        source=request.source,
+        model=request.model,
+        mac=mac_for(vm, index, str(iface) if iface is not None else None),
+        ifname=ifname,
+        address=str(iface) if iface is not None else None,
+        mtu=mtu,
+        vhost=request.model == "virtio" and VHOST_NET.exists(),
+    )
 
 
 def _bridge_mtu(bridge: str, host_mtu: int, wanted: int | None) -> int:
@@ -528,28 +544,8 @@ class MacvtapKind:
                 f"--network macvtap={parent}: {parent} is a port of {info['master']}, which "
                 f"owns its frames: use --network bridge={info['master']}"
             )
-        if not VHOST_NET.exists() and request.model == "virtio":
-            warn(f"{VHOST_NET} does not exist: the macvtap's virtio datapath runs in QEMU")
-        ifname = ifname_for(vm, index)
-        if link(ifname) is not None:
-            raise UsageError(
-                f"an interface named {ifname} (VM {vm}'s macvtap) already exists: remove it "
-                f"(`ip link del {ifname}`) if nothing uses it, or choose another --name"
-            )
-        mtu = _bridge_mtu(parent, int(info["mtu"]), request.mtu)
-        iface = parse_address(address) if address is not None else None
-        if iface is not None:
-            _check_subnet(iface, parent, warn)
-        return Nic(
-            kind="macvtap",
-            source=parent,
-            model=request.model,
-            mac=mac_for(vm, index, str(iface) if iface is not None else None),
-            ifname=ifname,
-            address=str(iface) if iface is not None else None,
-            mtu=mtu,
-            vhost=request.model == "virtio" and VHOST_NET.exists(),
-        )
+        return _virtio_or_emulated_nic("macvtap", request, info, vm=vm, index=index,
+                                       address=address, warn=warn)  # fmt: skip
 
     def open(self, nic: Nic, run_dir: Path) -> NicFds:
         """Create the link (the guest's MAC, the NIC's MTU, up) and open its character
