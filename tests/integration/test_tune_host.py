@@ -240,3 +240,29 @@ def test_a_second_apply_is_refused_while_one_runs_or_is_applied(
     again = _cli("--apply", "--vcpu-pus", vcpus, "--state-dir", str(guard))
     assert again.returncode == 2 and "already applied" in again.stderr
     assert (guard / state.STATE_FILE).read_bytes() == saved  # the originals are kept
+
+
+def test_an_apply_from_another_state_dir_is_refused_while_one_is_applied(
+    target: TuneTarget, guard: Path, tmp_path: Path
+) -> None:
+    """The host is one, whatever --state-dir says: a second apply from another directory
+    would save the first one's tuned values as the originals."""
+    vcpus = str(target.vcpu_pus[0])
+    other = tmp_path / "other-tune"
+    first = _cli("--apply", "--vcpu-pus", vcpus, "--state-dir", str(guard))
+    assert first.returncode == 0, first.stderr
+    try:
+        second = _cli("--apply", "--vcpu-pus", vcpus, "--state-dir", str(other))
+        assert second.returncode == 2, second.stderr
+        assert f"already applied from state dir {guard}" in second.stderr
+        assert not (other / state.STATE_FILE).exists()
+    finally:
+        reverted = _cli("--revert", "--state-dir", str(guard))
+    assert reverted.returncode == 0, reverted.stderr
+    assert not (state.host_dir() / state.HOST_RECORD).exists()
+    # Reverted, the host is free for the other directory.
+    again = _cli("--apply", "--vcpu-pus", vcpus, "--state-dir", str(other))
+    try:
+        assert again.returncode == 0, again.stderr
+    finally:
+        assert _cli("--revert", "--state-dir", str(other)).returncode == 0

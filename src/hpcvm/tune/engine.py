@@ -67,6 +67,12 @@ def apply(
                 f"tuning for {saved.target.source} is already applied (saved "
                 f"{saved.started} in {directory}): run `hpcvm tune --revert` first"
             )
+        other = state.applied_elsewhere(directory)
+        if other is not None:
+            raise UsageError(
+                f"this host's tuning is already applied from state dir {other}: revert it "
+                f"there first (`hpcvm tune --revert --state-dir {other}`)"
+            )
         if not changes:
             return ApplyResult()
         return _apply_locked(target, directory, changes)
@@ -75,6 +81,7 @@ def apply(
 def _apply_locked(target: TuneTarget, directory: Path, changes: list[Change]) -> ApplyResult:
     current = state.new_state(target)
     state.save(directory, current)
+    state.claim_host(directory)  # before any write: a crash midway still names this dir
     done: list[Change] = []
     refused: list[str] = []
     for change in changes:

@@ -4,6 +4,13 @@
 ``state.json`` and the lock file. Every save is a temp file, fsync and rename, and the
 directory is synced, so after a crash or power loss the file is either the previous
 complete version or the new one.
+
+The state directory is the caller's choice (``--state-dir``), but the host is one: a
+second apply from another directory would save the first one's tuned values as the
+"originals" and a revert would then restore the wrong ones. So the host also has one
+lock and one record of which directory holds its applied tuning, both in ``/run``
+(``$HPCVM_TUNE_HOST_DIR`` overrides): ``/run`` lives exactly as long as the values
+written to ``/proc`` and ``/sys`` do (until reboot).
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ ENV_DIR = "HPCVM_TUNE_DIR"
 DEFAULT_DIR = Path("/var/lib/hpcvm/tune")
 STATE_FILE = "state.json"
 LOCK_FILE = "tune.lock"
+ENV_HOST_DIR = "HPCVM_TUNE_HOST_DIR"
+DEFAULT_HOST_DIR = Path("/run")
+HOST_LOCK = "hpcvm-tune.lock"
+HOST_RECORD = "hpcvm-tune.applied"  # holds the state directory of the applied tuning
 
 
 def state_dir(explicit: Path | None = None) -> Path:
@@ -75,8 +86,10 @@ def save(directory: Path, state: SavedState) -> None:
 
 
 def remove(directory: Path) -> None:
+    """Nothing is applied from ``directory`` any more (reverted or rolled back)."""
     (directory / STATE_FILE).unlink(missing_ok=True)
     _sync_dir(directory)
+    release_host(directory)
 
 
 def _sync_dir(directory: Path) -> None:
@@ -88,20 +101,58 @@ def _sync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+def host_dir() -> Path:
+    env = os.environ.get(ENV_HOST_DIR)
+    return Path(env).absolute() if env else DEFAULT_HOST_DIR
+
+
 @contextlib.contextmanager
 def locked(directory: Path) -> Iterator[Holder]:
-    """One process changes the host's tuning at a time (BusyError, exit 8, otherwise)."""
-    try:  # fail here with the reason, not inside the lock's own open
-        directory.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
-    except OSError as exc:
-        raise TuneError(
-            f"cannot lock {directory / LOCK_FILE}: {exc.strerror} (run as root, or give "
-            f"--state-dir / ${ENV_DIR} a directory you can write)"
-        ) from exc
-    with exclusive(
-        directory / LOCK_FILE,
-        "the host's tuning",
-        "wait for it to finish, then run `hpcvm tune --check`",
-    ) as holder:
+    """One process changes the host's tuning at a time, whatever its state directory
+    (BusyError, exit 8, otherwise)."""
+    for lock in (directory / LOCK_FILE, host_dir() / HOST_LOCK):
+        try:  # fail here with the reason, not inside the lock's own open
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        except OSError as exc:
+            raise TuneError(
+                f"cannot lock {lock}: {exc.strerror} (run as root, or give "
+                f"--state-dir / ${ENV_DIR} a directory you can write)"
+            ) from exc
+    advice = "wait for it to finish, then run `hpcvm tune --check`"
+    with (
+        exclusive(host_dir() / HOST_LOCK, "the host's tuning", advice),
+        exclusive(directory / LOCK_FILE, "the host's tuning", advice) as holder,
+    ):
         yield holder
+
+
+def applied_elsewhere(directory: Path) -> Path | None:
+    """The other state directory that holds this host's applied tuning, if any (a
+    record naming a directory whose state is gone, reverted by hand, is no claim)."""
+    try:
+        other = Path((host_dir() / HOST_RECORD).read_text().strip())
+    except OSError:
+        return None
+    if other == directory.absolute() or not (other / STATE_FILE).exists():
+        return None
+    return other
+
+
+def claim_host(directory: Path) -> None:
+    """Record that ``directory`` holds the host's applied tuning (before any write)."""
+    record = host_dir() / HOST_RECORD
+    tmp = record.with_name(record.name + ".tmp")
+    try:
+        tmp.write_text(f"{directory.absolute()}\n")
+        os.replace(tmp, record)
+    except OSError as exc:
+        raise TuneError(f"cannot record the applied tuning in {record}: {exc.strerror}") from exc
+
+
+def release_host(directory: Path) -> None:
+    """Forget the record when it names ``directory`` (its tuning is reverted)."""
+    record = host_dir() / HOST_RECORD
+    with contextlib.suppress(OSError):
+        if Path(record.read_text().strip()) == directory.absolute():
+            record.unlink()
