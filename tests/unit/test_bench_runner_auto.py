@@ -167,8 +167,9 @@ def test_time_cap_holds_and_cheap_cells_fill_the_blocks(tmp_path: Path) -> None:
     """A 1 s cell beside a 30 s one, both noisy (CV 40%: some 80 repetitions for the
     target), 300 s of time. The cheap cell takes many samples inside the blocks the dear
     one runs in; once the dear one has its minimum it gives way (80 x 30 s cannot fit)
-    until the cheap one has met its target, then spends the time left; the cap holds to
-    within one sample of each open cell."""
+    until the cheap one has met its target, then spends the time left, never starting a
+    sample that would end past the cap: the measuring ends within one dear sample
+    before it (it once ran on past it by up to a sample of every open cell)."""
     costs = {"native": 1.0, "native-b": 30.0}
     runner, samples = _run(
         tmp_path,
@@ -194,7 +195,19 @@ def test_time_cap_holds_and_cheap_cells_fill_the_blocks(tmp_path: Path) -> None:
     assert max(s.id for s in everything if s.warmup) < min(s.id for s in samples)
     elapsed = runner.store.run(runner.run_id).elapsed_s
     assert elapsed == sum(costs[s.env] for s in everything)
-    assert 300.0 <= elapsed < 300.0 + sum(costs.values())
+    assert 300.0 - costs["native-b"] < elapsed <= 300.0
+    assert "native-b scripted: max-time after" in outcome.detail
+
+
+def test_the_minimum_is_taken_whatever_the_cap(tmp_path: Path) -> None:
+    """A cap shorter than the warm-ups and minimums: every cell still gets its 3
+    repetitions (every result needs an interval), and not one more."""
+    costs = {"native": 1.0, "native-b": 30.0}
+    runner, samples = _run(
+        tmp_path, {"native": _noisy(6), "native-b": _noisy(7)}, costs, max_time=50.0
+    )
+    assert (_n(samples, "native"), _n(samples, "native-b")) == (3, 3)
+    assert runner.outcome.stop_reason == "max-time"  # type: ignore[attr-defined]
 
 
 def test_the_interval_of_a_stopped_cell_meets_the_target(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ in the first block's order, so that block already knows what each cell costs.
 A fixed ``--reps N`` runs one sample of every cell per block and stops after block N.
 ``auto`` decides per cell (environment x suite x np): after each of its samples,
 ``stats.fixed_width_stop`` judges that cell's metrics (extreme statistics left out) and
-the cell stops on its own target, its repetition cap, or the run's time cap. A cell
+the cell stops on its own target, its repetition cap, or the run's time cap (a
+repetition beyond its minimum that would end past the cap is not started). A cell
 whose target (or cap) cannot fit in the time left beside what the cells cheaper to
 finish still need waits for them (``give_way``), then spends what remains.
 
@@ -250,7 +251,7 @@ class Runner:
         seconds (so the slowest cell takes one, however its warm-up went)."""
         key = (name, cell.suite.name, cell.np)
         spent = 0.0
-        while self._open(name, cell, block):
+        while self._open(name, cell, block) and not self._stopped_before_cap(key):
             spent += self._sample(name, cell, self._rep(name, cell, block, False), position)
             if self.config.reps is not None:
                 return
@@ -411,6 +412,39 @@ class Runner:
             self._stopped[key] = decision
         elif decision.give_way and not self._nobody_waits:
             self._waiting.add(key)
+
+    def _stopped_before_cap(self, key: CellKey) -> bool:
+        """Under auto with a time cap: a repetition beyond the cell's minimum that would
+        end past the cap (at what the cell's samples cost so far) is not started, and the
+        cell stops there, as the cap would have stopped it after that sample. The cap
+        then bounds the measuring instead of being overrun by up to a sample of every
+        open cell (a TCG guest's hpcc sample is half a minute); the minimum is taken
+        whatever the cap, so every cell still has its interval."""
+        cfg = self.config
+        if cfg.reps is not None or cfg.max_time is None:
+            return False
+        n, cost, values = (
+            self._tally.count(key, False),
+            self._tally.cost(key),
+            self._tally.values(key),
+        )
+        if n < cfg.min_reps or not cost or not values:
+            return False  # the minimum first; a cell with no value is _judge's to stop
+        if self.store.run(self.run_id).elapsed_s + cost <= cfg.max_time:
+            return False
+        self._stopped[key] = fixed_width_stop(
+            values,
+            target=cfg.target,
+            confidence=cfg.confidence,
+            n_min=cfg.min_reps,
+            n_max=cfg.max_reps,
+            elapsed=cfg.max_time,  # as the cap will be after one more sample
+            max_time=cfg.max_time,
+            reps=n,
+            extreme=self.extreme.get(key[1], set()),
+        )
+        self._waiting.discard(key)
+        return True
 
     def _projected(self, key: CellKey) -> float:
         """Seconds the cell still needs for its target (or its repetition cap)."""
