@@ -1,0 +1,241 @@
+"""One VM sample: the script that recreates the work directory, times the benchmark and
+writes the evidence, and ``VmEnvironment.run`` driving it through the guest agent.
+
+The script runs here under the real bash and the real dash (a guest without bash gets
+/bin/sh), on the real /proc/interrupts; the files it recreates are compared with the
+bytes they came from. ``run`` talks to a real qemu-guest-agent run on the host
+(``-m unix-listen``): that agent stands in for the guest's, and its process for QEMU's
+in the liveness check (the one stand-in here: no VM is booted in a unit test; the
+integration tests run the same code in TCG guests). What is checked there is what the
+sample asks of the agent: one connection and one guest process tree per sample, where
+there were four execs and some fifteen processes (1.2 s per sample under TCG).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcvm.bench import vm
+from hpcvm.bench.environments import CLEAN_ENV
+from hpcvm.bench.vm import (
+    MAX_ARG,
+    TEXT_CHUNK,
+    VmEnvironment,
+    file_arguments,
+    guest_evidence,
+    plan_vm,
+)
+from hpcvm.bootspec import BootSpec
+from hpcvm.errors import RuntimeFailure
+from hpcvm.runtime.agent import GuestAgent
+from hpcvm.runtime.model import ExecResult, Machine
+from hpcvm.units import MIB
+
+QEMU_GA = "/usr/sbin/qemu-ga"
+SHELLS = ("/bin/bash", "/bin/dash")
+FILE_COMMANDS = "guest-file-open,guest-file-read,guest-file-close"
+
+
+def _files() -> dict[str, bytes]:
+    """What suites write, and what no argument can carry as it is."""
+    return {
+        "hpccinf.txt": b"HPLinpack benchmark input file\n% \\n $HOME `x` 'q' \"d\"\n",
+        "unicode.txt": ("\u00e9\u4e2d" * (TEXT_CHUNK // 2 + 7)).encode(),  # > 1 chunk
+        "nul.bin": b"a\x00b" * 10,
+        "latin1.txt": "caf\u00e9 \u00b5s\n".encode("latin-1"),  # not UTF-8
+        "big.bin": random.Random(9).randbytes(MAX_ARG),  # base64 over one argument
+        "empty": b"",
+        "no-newline": b"last line",
+    }
+
+
+def _script(shell: str, workdir: Path, args: list[str], argv: list[str]) -> list[str]:
+    return [shell, "-c", vm._SAMPLE, "sh", str(workdir), "30", str(len(args) // 3), *args,
+            *CLEAN_ENV, *argv]  # fmt: skip
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_script_recreates_the_files_runs_the_argv_and_writes_the_evidence(
+    tmp_path: Path, shell: str
+) -> None:
+    source, target = tmp_path / "host", tmp_path / "guest" / "work"
+    source.mkdir()
+    for name, data in _files().items():
+        (source / name).write_bytes(data)
+    target.mkdir(parents=True)
+    (target / "stale").write_text("from an interrupted earlier attempt")
+    argv = ["/bin/sh", "-c", "echo out; echo err >&2; cat hpccinf.txt > seen; exit 7"]
+    argv = ["/usr/bin/env", "-C", str(target), *argv]
+    args = file_arguments(source)
+    done = subprocess.run(_script(shell, target, args, argv), capture_output=True, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (7, b"out\n", b"err\n")
+    made = {p.name: p.read_bytes() for p in target.iterdir() if not p.name.startswith(".")}
+    assert made == {**_files(), "seen": _files()["hpccinf.txt"]}
+    seconds, rates, problem = guest_evidence((target / vm._EVIDENCE_FILE).read_bytes())
+    assert problem == "" and seconds is not None and 0 < seconds < 30
+    assert rates is not None and all(r > 0 for r in rates.values())
+    # text goes as it is (no process in the guest), other bytes in base64
+    kinds = {args[i]: args[i + 1] for i in range(0, len(args), 3)}
+    assert kinds == {
+        "hpccinf.txt": "t",
+        "unicode.txt": "t",
+        "nul.bin": "b",
+        "latin1.txt": "b",
+        "big.bin": "b",
+        "empty": "t",
+        "no-newline": "t",
+    }
+    assert max(len(a.encode()) for a in args) <= 128 * 1024  # Linux's MAX_ARG_STRLEN
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_work_directory_that_cannot_be_made_fails_before_the_benchmark(
+    tmp_path: Path, shell: str
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    ran = tmp_path / "ran"
+    argv = ["/usr/bin/touch", str(ran)]
+    done = subprocess.run(
+        _script(shell, blocker / "work", [], argv), capture_output=True, text=True, check=False
+    )
+    assert not ran.exists()
+    result = ExecResult(exit_code=done.returncode, stdout=done.stdout, stderr=done.stderr)
+    with pytest.raises(RuntimeFailure) as info:
+        vm._check_setup("vm:naive", blocker / "work", result)
+    message = str(info.value)
+    assert f"could not create {blocker / 'work'} in the guest" in message
+    assert "Not a directory" in message and vm._SETUP_FAILED not in message
+    assert "\n" not in message
+
+
+# -- run() through a real qemu-guest-agent ------------------------------------------------
+
+
+def _start_agent(tmp: Path, blocked: str = "") -> subprocess.Popen[bytes]:
+    sock = tmp / "qga.sock"
+    argv = [QEMU_GA, "-m", "unix-listen", "-p", str(sock), "-f", str(tmp / "qga.pid")]
+    argv += ["-t", str(tmp), "-b", ",".join(filter(None, ["guest-shutdown", blocked]))]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"qemu-ga did not create {sock} (exit {proc.poll()})")
+        time.sleep(0.02)
+    return proc
+
+
+class _AgentProcess:
+    """The liveness check of a VM, answered by the stand-in agent's process."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    def alive(self, machine: Machine) -> bool:
+        return self.proc.poll() is None
+
+
+class HostAgentVm(VmEnvironment):
+    """A VM environment whose guest is this host's qemu-ga (see the module doc)."""
+
+    def __init__(self, tmp: Path, proc: subprocess.Popen[bytes], shell: str) -> None:
+        plan, _ = plan_vm("naive", vcpus=1, memory_bytes=512 * MIB)
+        super().__init__(plan, vm_name="h9-sample")
+        self.machine = Machine(
+            name="h9-sample",
+            backend="qemu",
+            run_dir=str(tmp),
+            pid=proc.pid,
+            started_at=time.time(),
+            plan=plan,
+            boot=BootSpec(agent_socket=str(tmp / "qga.sock")),
+            image="host qemu-ga",
+        )
+        self._facts = ["kernel", "cpu", "tsc", "1", shell if shell != "/bin/dash" else ""]
+        self._liveness = _AgentProcess(proc)
+
+    def _backend(self) -> Any:
+        return self._liveness
+
+
+@pytest.fixture
+def agent_spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[Any]]]:
+    """Every agent command and connection the sample makes (the real ones still run)."""
+    seen: dict[str, list[Any]] = {"calls": [], "opens": []}
+    call, open_ = GuestAgent.call, GuestAgent._open
+
+    def spy_call(self: GuestAgent, command: str, arguments: Any = None) -> Any:
+        seen["calls"].append((command, arguments))
+        return call(self, command, arguments)
+
+    def spy_open(self: GuestAgent) -> Any:
+        seen["opens"].append(self.path)
+        return open_(self)
+
+    monkeypatch.setattr(GuestAgent, "call", spy_call)
+    monkeypatch.setattr(GuestAgent, "_open", spy_open)
+    yield seen
+
+
+def _sample(env: VmEnvironment, workdir: Path) -> Any:
+    workdir.mkdir(parents=True)
+    (workdir / "hpccinf.txt").write_bytes(_files()["hpccinf.txt"])
+    (workdir / "nul.bin").write_bytes(_files()["nul.bin"])
+    copy = "cat hpccinf.txt nul.bin > hpccoutf.txt; echo done; echo warn >&2; exit 3"
+    argv = ["/usr/bin/env", "-C", str(workdir), "/bin/sh", "-c", copy]
+    return env.run(argv, workdir, 30.0, outputs=("hpccoutf.txt", "not-made.txt"))
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_sample_is_one_agent_connection_and_one_guest_exec(
+    tmp_path: Path, shell: str, agent_spy: dict[str, list[Any]]
+) -> None:
+    proc = _start_agent(tmp_path)
+    try:
+        env = HostAgentVm(tmp_path, proc, shell)
+        workdir = tmp_path / "results" / "work" / "vm-naive" / "hpcc-r0"
+        out = _sample(env, workdir)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert (out.exit_code, out.stdout, out.stderr, out.timed_out) == (3, "done\n", "warn\n", False)
+    expected = _files()["hpccinf.txt"] + _files()["nul.bin"]
+    assert (workdir / "hpccoutf.txt").read_bytes() == expected
+    assert not (workdir / "not-made.txt").exists()
+    assert out.guest_seconds is not None and 0 < out.guest_seconds <= out.host_seconds
+    assert out.evidence["interrupts"]["guest"] and out.evidence["interrupts"]["host"]
+    assert "guest_evidence_error" not in out.evidence
+    assert out.evidence["clock"]["host_seconds"] > 0
+    execs = [args for command, args in agent_spy["calls"] if command == "guest-exec"]
+    programs = [args["path"] for args in execs]
+    # the sample script, and base64 only for the output that was never made
+    assert programs == [shell if shell != "/bin/dash" else "/bin/sh", "/usr/bin/base64"]
+    assert len(agent_spy["opens"]) == 1
+
+
+def test_outputs_come_back_when_the_agent_refuses_file_commands(
+    tmp_path: Path, agent_spy: dict[str, list[Any]]
+) -> None:
+    """A guest whose qemu-ga disables guest-file-* (some distributions' default): the
+    evidence and the outputs come back through base64 in the guest instead."""
+    proc = _start_agent(tmp_path, blocked=FILE_COMMANDS)
+    try:
+        env = HostAgentVm(tmp_path, proc, "/bin/bash")
+        workdir = tmp_path / "results" / "work" / "vm-naive" / "hpcc-r0"
+        out = _sample(env, workdir)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    expected = _files()["hpccinf.txt"] + _files()["nul.bin"]
+    assert (workdir / "hpccoutf.txt").read_bytes() == expected
+    assert out.guest_seconds is not None and "guest_evidence_error" not in out.evidence
+    assert len(agent_spy["opens"]) == 1
