@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,8 +33,16 @@ def sleeper() -> Iterator[Starter]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(*words: str) -> subprocess.Popen[bytes]:
+        """The stand-in, once its command line is readable: QEMU writes its pidfile
+        itself, long after exec, whereas Popen returns as soon as exec closed the
+        descriptors, before the kernel set the new argv (/proc/PID/cmdline reads empty
+        for a moment: down then rightly declined to kill, and the test failed)."""
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *words])
         procs.append(proc)
+        cmdline = Path(f"/proc/{proc.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while words[-1].encode() not in cmdline.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return proc
 
     yield start
