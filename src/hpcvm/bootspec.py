@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from hpcvm.model import Frozen
 
 SHARE_TABLE_FWCFG = "opt/org.hpcvm/shares"  # fw_cfg entry the built-in guest reads
@@ -65,6 +67,9 @@ class Nic(Frozen):
     address: str | None = None  # "10.77.0.101/24"
     mtu: int
     vhost: bool = False  # /dev/vhost-net exists: the datapath runs in the host kernel
+    # Descriptors hpcvm opened for QEMU (macvtap: the tap, then vhost-net's): valid only
+    # in the process that starts QEMU, so never recorded (runtime/network.py with_fds).
+    fds: tuple[int, ...] = Field(default=(), exclude=True)
 
 
 class BootSpec(Frozen):

@@ -396,16 +396,24 @@ def _nics(plan: VMPlan, boot: BootSpec) -> Args:
 
 
 def tap_netdev(nic: Nic, index: int) -> str:
-    if nic.kind != "bridge":
-        raise UsageError(f"a {nic.kind} NIC cannot be rendered for QEMU yet: use bridge")
-    pairs: list[tuple[str, str | int]] = [
-        ("id", f"net{index}"),
-        ("ifname", nic.ifname),
-        ("script", "no"),
-        ("downscript", "no"),
-    ]
-    if nic.vhost:
-        pairs.append(("vhost", "on"))
+    """A bridge NIC's tap QEMU creates by name; a macvtap's tap hpcvm made and opened
+    (``fd=``, ``vhostfd=``): QEMU cannot open a macvtap by name."""
+    pairs: list[tuple[str, str | int]] = [("id", f"net{index}")]
+    if nic.kind == "bridge":
+        pairs += [("ifname", nic.ifname), ("script", "no"), ("downscript", "no")]
+        if nic.vhost:
+            pairs.append(("vhost", "on"))
+    elif nic.kind == "macvtap":
+        if not nic.fds:
+            raise UsageError(
+                f"a macvtap NIC ({nic.ifname} on {nic.source}) is opened by `hpcvm up`, which "
+                "passes its descriptor to QEMU: start it with hpcvm up, or use bridge="
+            )
+        pairs.append(("fd", nic.fds[0]))
+        if len(nic.fds) > 1:
+            pairs += [("vhost", "on"), ("vhostfd", nic.fds[1])]
+    else:
+        raise UsageError(f"a {nic.kind} NIC has no tap to render for QEMU: use bridge or macvtap")
     return opts("tap", *pairs)
 
 

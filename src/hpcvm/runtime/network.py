@@ -649,6 +649,15 @@ def close_fds(opened: dict[int, NicFds]) -> None:
             os.close(fd)
 
 
+def with_fds(nics: Sequence[Nic], opened: dict[int, NicFds]) -> tuple[Nic, ...]:
+    """The NICs with the descriptors opened for them, for rendering QEMU's command line
+    in the process that starts it (``Nic.fds`` is never recorded)."""
+    return tuple(
+        nic.model_copy(update={"fds": opened[i].all()}) if i in opened else nic
+        for i, nic in enumerate(nics)
+    )
+
+
 def release_nics(nics: Sequence[Nic], *, by_libvirt: bool = False) -> None:
     """After QEMU is gone: remove what hpcvm made for each NIC; with ``by_libvirt``,
     nothing libvirt removes itself."""

@@ -9,9 +9,11 @@ Ctrl-C in the terminal does not reach it), with its stdout/stderr in ``qemu.log`
 VM's directory. When the plan restricts QEMU's own threads (``emulator_pus``), QEMU
 starts with that affinity already, so none of its threads ever runs on a vCPU's PU.
 
-A NIC's tap is created by QEMU itself (``-netdev tap,ifname=``) and put into its bridge
-here once QMP answers, while the vCPUs are still stopped; it is not persistent, so the
-kernel removes it whenever QEMU exits (runtime/network.py).
+A bridge NIC's tap is created by QEMU itself (``-netdev tap,ifname=``) and put into its
+bridge here once QMP answers, while the vCPUs are still stopped; it is not persistent, so
+the kernel removes it whenever QEMU exits. A macvtap is made and opened here before QEMU
+starts (QEMU cannot create one) and its descriptors inherited (``fd=``, ``vhostfd=``);
+the link outlives QEMU and is removed by the lifecycle (runtime/network.py).
 """
 
 from __future__ import annotations
@@ -62,21 +64,18 @@ class QemuBackend:
     # -- start ------------------------------------------------------------------------
 
     def start(self, machine: Machine) -> Machine:
-        from hpcvm.render.qemu import qemu_argv  # the renderer owns the command line
-
+        """Make and open the NICs QEMU cannot open itself (macvtap), start QEMU with
+        them inherited, wait for QMP, attach the taps QEMU made. On any failure QEMU is
+        killed and what was made for it removed."""
         run_dir = Path(machine.run_dir)
-        argv = qemu_argv(machine.plan, machine.boot)
-        log_path = run_dir / paths.QEMU_LOG
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=run_dir,
-                start_new_session=True,
-                preexec_fn=_affinity_setter(machine.plan.emulator_pus),
-            )
+        opened = network.open_nics(machine.boot.nics, run_dir)
+        try:
+            proc = self._spawn(machine, opened)
+        except BaseException:
+            network.release_nics(machine.boot.nics)
+            raise
+        finally:
+            network.close_fds(opened)  # QEMU holds its own copies now
         self._children[proc.pid] = proc
         started = machine.model_copy(update={"pid": proc.pid})
         try:
@@ -84,11 +83,31 @@ class QemuBackend:
             network.attach_nics(machine.boot.nics)  # QEMU made the taps; the guest waits (-S)
         except BaseException:
             _kill(proc)
+            network.release_nics(machine.boot.nics)
             raise
         for sock in (machine.boot.qmp_socket, machine.boot.agent_socket):
             if sock:
                 paths.make_private(Path(sock))
         return started
+
+    def _spawn(
+        self, machine: Machine, opened: dict[int, network.NicFds]
+    ) -> subprocess.Popen[bytes]:
+        from hpcvm.render.qemu import qemu_argv  # the renderer owns the command line
+
+        boot = machine.boot.model_copy(update={"nics": network.with_fds(machine.boot.nics, opened)})
+        run_dir = Path(machine.run_dir)
+        with open(run_dir / paths.QEMU_LOG, "ab") as log:
+            return subprocess.Popen(
+                qemu_argv(machine.plan, boot),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=run_dir,
+                start_new_session=True,
+                pass_fds=[fd for fds in opened.values() for fd in fds.all()],
+                preexec_fn=_affinity_setter(machine.plan.emulator_pus),
+            )
 
     def _wait_for_qmp(self, machine: Machine, proc: subprocess.Popen[bytes]) -> None:
         """Return when QMP answers; fail with QEMU's exit code and log if it dies."""
