@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from hpcvm.bench.hpcc import (
     problem_size,
     process_grid,
     read_summary,
+    warmup_input,
 )
 from hpcvm.bench.metrics import MetricValue, ParseError
 from hpcvm.errors import BenchmarkError, UsageError
@@ -312,3 +315,36 @@ def test_parse_reads_the_output_file(tmp_path: Path) -> None:
     values = HpccSuite().parse(tmp_path, "", "", 0)
     assert len(values) == len(METRICS) + len(COMMUNICATION_METRICS)
     assert all(not math.isnan(v.value or math.nan) for v in values)
+
+
+# --- the warm-up -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("np", "memory"), [(1, 512 * MIB), (2, 24 * GIB), (4, 24 * GIB)])
+def test_warm_up_is_an_eighth_of_the_matrix_on_the_same_blocks_and_grid(
+    np: int, memory: int
+) -> None:
+    full = plan_input(np, memory, "small")
+    warm = warmup_input(full)
+    assert (warm.nb, warm.p, warm.q) == (full.nb, full.p, full.q)
+    assert warm.n % (2 * warm.nb) == 0 and warm.n >= 2 * warm.nb
+    assert warm.matrix_bytes <= full.matrix_bytes // 8 or warm.n == 2 * warm.nb
+    assert warm.model_copy(update={"n": full.n}) == full  # nothing else changed
+
+
+def test_the_smallest_matrix_warms_up_at_its_own_size() -> None:
+    tiny = HpccInput(n=160, nb=80, p=1, q=1)
+    assert warmup_input(tiny) == tiny
+
+
+@pytest.mark.skipif(shutil.which("hpcc") is None, reason="hpcc is not installed")
+def test_real_hpcc_runs_the_warm_up_input_and_reports_its_size(tmp_path: Path) -> None:
+    """hpcc itself is the oracle: it runs every test on the warm-up input and says
+    which N it used."""
+    suite = HpccSuite()
+    argv = suite.prepare_warmup(tmp_path, 1, 512 * MIB)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    values = by_name(suite.parse(tmp_path, done.stdout, done.stderr, done.returncode))
+    assert set(values) == {m.name for m in METRICS}
+    summary = read_summary((tmp_path / OUTPUT_FILE).read_text())
+    assert int(summary["HPL_N"]) == warmup_input(plan_input(1, 512 * MIB, "small")).n

@@ -283,3 +283,70 @@ def test_an_interrupted_auto_run_resumes_each_cell_where_it_stopped(tmp_path: Pa
     for env in streams:
         assert sorted(s.repetition for s in measured if s.env == env) == list(range(6))
     assert sum(1 for s in samples if s.warmup) == 4  # each process warmed both up
+
+
+def test_under_a_time_cap_native_fills_first(tmp_path: Path) -> None:
+    """Native noisier than the VM cell (its target needs some 80 samples, the VM's some
+    20), both 1 s a sample, 60 s of time: cheapest-first alone would give the VM its
+    target and native the rest. Native's interval is in every overhead, so the VM takes
+    its minimum and waits while native is open; native gets the time up to the cap."""
+    costs = {"native": 1.0, "vm-b": 1.0}
+    runner, samples = _run(
+        tmp_path,
+        {"native": _noisy(11, cv=0.4), "vm-b": _noisy(12, cv=0.2)},
+        costs,
+        max_time=60.0,
+        max_reps=200,
+    )
+    assert _n(samples, "vm-b") == 3
+    assert _n(samples, "native") >= 60 - 2 - 3 - 1  # warm-ups, the VM's minimum, one spare
+    assert "native scripted: max-time after" in runner.outcome.detail  # type: ignore[attr-defined]
+
+
+def test_without_a_time_cap_no_cell_waits_for_native(tmp_path: Path) -> None:
+    """With no cap there is nothing to share: both cells run to their own targets,
+    interleaved (the VM cell's samples are not held back until native is done)."""
+    streams = {"native": _noisy(11, cv=0.4), "vm-b": _noisy(12, cv=0.2)}
+    _, samples = _run(tmp_path, streams, {"native": 1.0, "vm-b": 1.0}, max_reps=200)
+    native = [s.id for s in samples if s.env == "native"]
+    vm = [s.id for s in samples if s.env == "vm-b"]
+    assert len(vm) > 3
+    assert sum(1 for i in vm if i < native[-1]) > 3
+
+
+class WarmsUpSmall(Scripted):
+    """The scripted suite with a warm-up of its own that prints a value no sample does."""
+
+    def prepare_warmup(self, workdir: Path, np: int, memory_bytes: int) -> list[str]:
+        self.clock.now += 0.1
+        return ["/bin/sh", "-c", "echo t=-7.0 peak=1.0"]
+
+
+def test_a_suite_s_own_warm_up_runs_for_warm_ups_only(tmp_path: Path) -> None:
+    clock = FakeClock()
+    config = BenchConfig.model_validate(
+        {"envs": ("native",), "suites": ("cmd",), "reps": 3, "seed": 5, "timeout": 60.0}
+    )
+    store = Store.open(tmp_path / "out", create=True)
+    run_id = store.create_run(args={}, seed=5, confidence=CONF)
+    env = _native("native")
+    store.add_environment(run_id, env.describe())
+    suite = WarmsUpSmall({"native": _noisy(1)}, {"native": 1.0}, clock)
+    Runner(
+        store=store,
+        run_id=run_id,
+        seed=5,
+        config=config,
+        envs={"native": env},
+        suites=[suite],
+        out_dir=tmp_path / "out",
+        sizing_memory=1 << 30,
+        clock=clock,
+    ).run()
+    got = {
+        (s.warmup, m.value)
+        for s in store.samples(run_id)
+        for m in s.metrics
+        if m.metric == "t" and (s.warmup or m.value == -7.0)
+    }
+    assert got == {(True, -7.0)}

@@ -47,6 +47,9 @@ MAX_MEMORY_FRACTION = 0.8
 PACKAGE = "hpcc"  # Debian's HPC Challenge
 SMALL_NB, LARGE_NB = 80, 192
 LARGE_NB_FROM_N = 8000  # larger blocks pay off only once the matrix is large
+# A warm-up's matrix is this fraction of a sample's (module doc of bench/runner.py: the
+# same program, code paths and libraries, an eighth of the memory).
+WARMUP_MATRIX_SHARE = 8
 
 
 def _metric(name: str, unit: str, higher: bool, description: str, short: str) -> Metric:
@@ -292,6 +295,12 @@ def plan_input(np: int, memory_bytes: int, size: HpccSize = "small") -> HpccInpu
     return HpccInput(n=n, nb=nb, p=p, q=q)
 
 
+def warmup_input(spec: HpccInput) -> HpccInput:
+    """``spec`` with an eighth of its matrix (never less than one 2NB x 2NB block)."""
+    n = max(problem_size(spec.matrix_bytes // WARMUP_MATRIX_SHARE, spec.nb), 2 * spec.nb)
+    return spec.model_copy(update={"n": min(n, spec.n)})
+
+
 # --- output -------------------------------------------------------------------------
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -379,7 +388,17 @@ class HpccSuite:
         mpirun_argv(1, ["hpcc"], bind=self.bind)
 
     def prepare(self, workdir: Path, np: int, memory_bytes: int) -> list[str]:
-        spec = plan_input(np, memory_bytes, self.size)
+        return self._written(workdir, np, plan_input(np, memory_bytes, self.size))
+
+    def prepare_warmup(self, workdir: Path, np: int, memory_bytes: int) -> list[str]:
+        """The warm-up: every test of the sample's run at an eighth of its matrix (HPL's
+        N at about a third), with the same block size and grid. It loads and links the
+        same programs and libraries and, under TCG, translates the same code, for a
+        tenth of a sample's time: a TCG guest's full-size warm-up was half a minute."""
+        spec = warmup_input(plan_input(np, memory_bytes, self.size))
+        return self._written(workdir, np, spec)
+
+    def _written(self, workdir: Path, np: int, spec: HpccInput) -> list[str]:
         workdir.mkdir(parents=True, exist_ok=True)
         # hpcc appends to its output file: a stale one would hide this run's result.
         (workdir / OUTPUT_FILE).unlink(missing_ok=True)

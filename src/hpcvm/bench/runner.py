@@ -4,7 +4,8 @@ a time into the store.
 Order (METHOD.md): in repetition block k the environments run in the order
 ``stats.interleaved_order(envs, k, seed)``; each environment, when its turn comes, is
 resumed (every other VM is paused) and runs its cells (suite, np). Each process runs
-one warm-up sample of each cell of an environment before measuring it, recorded with the
+one warm-up sample of each cell of an environment before measuring it (a suite with long
+samples may run it on less data: hpcc's is an eighth of the matrix), recorded with the
 warm-up flag and never summarised (a resumed run boots fresh VMs, so it warms up
 again): under a fixed ``--reps`` at its first visit, under ``auto`` all of them first,
 in the first block's order, so that block already knows what each cell costs.
@@ -15,7 +16,9 @@ A fixed ``--reps N`` runs one sample of every cell per block and stops after blo
 the cell stops on its own target, its repetition cap, or the run's time cap (a
 repetition beyond its minimum that would end past the cap is not started). A cell
 whose target (or cap) cannot fit in the time left beside what the cells cheaper to
-finish still need waits for them (``give_way``), then spends what remains.
+finish still need waits for them (``give_way``), then spends what remains. Under a time
+cap, a VM cell past its minimum also waits while a native cell is open: the native
+interval is in every overhead, so native's repetitions come first.
 
 Cheap cells take several samples in their environment's turn, as many as fit in the
 time the slowest open cell takes for one, so that a native cell of two seconds gets
@@ -45,10 +48,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.environments import CLEAN_ENV, Environment, RunOutput
+from hpcvm.bench.environments import CLEAN_ENV, NATIVE, Environment, RunOutput
 from hpcvm.bench.failures import CellKey, repeats_same_failure
 from hpcvm.bench.metrics import MetricValue
-from hpcvm.bench.suite import DescribesSamples, Suite
+from hpcvm.bench.suite import DescribesSamples, Suite, WarmsUpSmaller
 from hpcvm.errors import HpcvmError
 from hpcvm.model import Frozen
 from hpcvm.stats import StopDecision, fixed_width_stop, interleaved_order
@@ -408,10 +411,24 @@ class Runner:
             reserved=self._reserved(key),
         )
         self._waiting.discard(key)
+        # A native cell gives way only to native cells (_reserved): with none to wait
+        # for, it spends the time even when its target lies beyond the cap.
+        give_way = decision.give_way and (key[0] != NATIVE or self._reserved(key) > 0)
         if decision.stop:
             self._stopped[key] = decision
-        elif decision.give_way and not self._nobody_waits:
+        elif (give_way or self._baseline_first(key)) and not self._nobody_waits:
             self._waiting.add(key)
+
+    def _baseline_first(self, key: CellKey) -> bool:
+        """Under a time cap, a VM cell past its minimum waits while a native cell is
+        still open: native's interval is in every overhead (the ratio's interval is as
+        wide as the wider of the two), so the time before the cap goes to native first;
+        the VM cells fill what is left."""
+        if self.config.max_time is None or key[0] == NATIVE:
+            return False
+        if self._tally.count(key, False) < self.config.min_reps:
+            return False
+        return any(k[0] == NATIVE and k not in self._waiting for k in self._open_keys())
 
     def _stopped_before_cap(self, key: CellKey) -> bool:
         """Under auto with a time cap: a repetition beyond the cell's minimum that would
@@ -462,13 +479,21 @@ class Runner:
         )
 
     def _reserved(self, key: CellKey) -> float:
-        """Time set aside for the open cells that need less of it than this one to
-        finish: under the time cap, the cheapest targets are met first."""
+        """Time set aside for other open cells: under the time cap, native cells first
+        (a VM cell reserves what every open native cell needs, a native cell nothing for
+        VM cells), then, within each side, the cells that need less time to finish."""
         if self.config.max_time is None:
             return 0.0
         own = self._projected(key)
-        others = [self._projected(k) for k in self._open_keys() if k != key]
-        return sum(t for t in others if t < own)
+        native = key[0] == NATIVE
+        reserved = 0.0
+        for other in self._open_keys():
+            if other == key or (native and other[0] != NATIVE):
+                continue
+            need = self._projected(other)
+            if need < own or (other[0] == NATIVE and not native):
+                reserved += need
+        return reserved
 
     def _open_keys(self) -> list[CellKey]:
         return [
@@ -572,7 +597,10 @@ class Runner:
         values: list[MetricValue] = []
         error: str | None = None
         try:
-            argv = cell.suite.prepare(workdir, cell.np or 1, self.sizing_memory)
+            prepare = cell.suite.prepare
+            if warmup and isinstance(cell.suite, WarmsUpSmaller):
+                prepare = cell.suite.prepare_warmup
+            argv = prepare(workdir, cell.np or 1, self.sizing_memory)
             output = env.run(argv, workdir, self.config.timeout, outputs=cell.suite.output_files)
             if output.timed_out:
                 error = f"timed out after {self.config.timeout:g} s"

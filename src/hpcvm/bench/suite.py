@@ -69,6 +69,15 @@ class Suite(Protocol):
 
 
 @runtime_checkable
+class WarmsUpSmaller(Protocol):
+    """What a suite whose sample is long may add (hpcc does): a warm-up run of the same
+    program on less data, so that the warm-up loads, links and (under TCG) translates
+    the same code without costing a whole sample."""
+
+    def prepare_warmup(self, workdir: Path, np: int, memory_bytes: int) -> list[str]: ...
+
+
+@runtime_checkable
 class DescribesSamples(Protocol):
     """What a suite may add (NPB does): facts about each run stored with its sample
     (``verification``, ``class``, ...), a short label per metric and np, and the step in
