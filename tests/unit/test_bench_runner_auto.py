@@ -317,6 +317,8 @@ def test_without_a_time_cap_no_cell_waits_for_native(tmp_path: Path) -> None:
 class WarmsUpSmall(Scripted):
     """The scripted suite with a warm-up of its own that prints a value no sample does."""
 
+    warmup_cost_share = 0.1
+
     def prepare_warmup(self, workdir: Path, np: int, memory_bytes: int) -> list[str]:
         self.clock.now += 0.1
         return ["/bin/sh", "-c", "echo t=-7.0 peak=1.0"]
@@ -350,3 +352,41 @@ def test_a_suite_s_own_warm_up_runs_for_warm_ups_only(tmp_path: Path) -> None:
         if m.metric == "t" and (s.warmup or m.value == -7.0)
     }
     assert got == {(True, -7.0)}
+
+
+class TenthWarmUp(Scripted):
+    """A warm-up that costs a tenth of a sample, as the suite declares."""
+
+    warmup_cost_share = 0.1
+
+    def prepare_warmup(self, workdir: Path, np: int, memory_bytes: int) -> list[str]:
+        self.clock.now += self.costs[workdir.parent.name] * self.warmup_cost_share
+        return ["/bin/sh", "-c", "echo t=1.0 peak=1.0"]
+
+
+def test_a_small_warm_up_still_gives_the_first_block_a_sample_s_pace(tmp_path: Path) -> None:
+    """Cheap cells fill the first block for as long as the dearest cell's sample takes,
+    which is known only from its warm-up there: a warm-up of a tenth of a sample (3 s
+    for a 30 s cell) must be scaled by the suite's share, or the cheap cell would get
+    3 samples where it should get some 30 (CV 40%: it needs about 80)."""
+    clock = FakeClock()
+    config = BenchConfig.model_validate(
+        {"envs": ("native", "vm-b"), "suites": ("cmd",), "reps": None, "target": TARGET,
+         "max_time": None, "max_reps": 200, "seed": 5, "timeout": 60.0}
+    )  # fmt: skip
+    store = Store.open(tmp_path / "out", create=True)
+    run_id = store.create_run(args={}, seed=5, confidence=CONF)
+    envs = {name: _native(name) for name in ("native", "vm-b")}
+    for env in envs.values():
+        store.add_environment(run_id, env.describe())
+    streams = {"native": _noisy(21), "vm-b": _noisy(22, cv=0.02)}
+    suite = TenthWarmUp(streams, {"native": 1.0, "vm-b": 30.0}, clock)
+    Runner(
+        store=store, run_id=run_id, seed=5, config=config, envs=envs, suites=[suite],
+        out_dir=tmp_path / "out", sizing_memory=1 << 30, clock=clock,
+    ).run()  # fmt: skip
+    samples = store.samples(run_id, include_warmup=False)
+    vm = [s.id for s in samples if s.env == "vm-b"]
+    native = [s.id for s in samples if s.env == "native"]
+    assert len(vm) >= 2
+    assert sum(1 for i in native if i < vm[1]) >= 25

@@ -100,9 +100,15 @@ class _Tally:
     samples took (what one more costs). Kept in memory, fed from the store once and
     then sample by sample, so the stopping rule never rereads the database."""
 
-    def __init__(self, primary: Mapping[str, set[str]], envs: set[str]) -> None:
+    def __init__(
+        self,
+        primary: Mapping[str, set[str]],
+        envs: set[str],
+        warmup_share: Mapping[str, float] | None = None,
+    ) -> None:
         self.primary = primary
         self.envs = envs
+        self.warmup_share = warmup_share or {}  # suite -> a warm-up's cost / a sample's
         self._counts: dict[tuple[CellKey, bool], int] = {}
         self._values: dict[CellKey, dict[str, list[float]]] = {}
         self._seconds: dict[CellKey, list[float]] = {}
@@ -137,9 +143,15 @@ class _Tally:
 
     def cost(self, key: CellKey) -> float:
         """Mean seconds of the cell's measured samples in this process, else of its
-        warm-ups (0: none yet)."""
-        taken = self._seconds.get(key) or self._warmup_seconds.get(key)
-        return sum(taken) / len(taken) if taken else 0.0
+        warm-ups scaled up to a sample (a smaller warm-up costs a share of one), 0 when
+        none is timed yet."""
+        taken = self._seconds.get(key)
+        if taken:
+            return sum(taken) / len(taken)
+        warm = self._warmup_seconds.get(key)
+        if not warm:
+            return 0.0
+        return sum(warm) / len(warm) / self.warmup_share.get(key[1], 1.0)
 
 
 def cells_for(suites: Sequence[Suite], np_values: Sequence[int]) -> list[Cell]:
@@ -193,7 +205,8 @@ class Runner:
         self._ran = 0
         self.notify = notify or (lambda _text: None)
         self._given_up: set[CellKey] = self._stored_given_up()
-        self._tally = _Tally(self.primary, set(self.envs))
+        shares = {s.name: s.warmup_cost_share for s in suites if isinstance(s, WarmsUpSmaller)}
+        self._tally = _Tally(self.primary, set(self.envs), shares)
         for stored in store.samples(run_id):
             self._tally.add(stored)
         self._stopped: dict[CellKey, StopDecision] = {}

@@ -74,6 +74,12 @@ class WarmsUpSmaller(Protocol):
     program on less data, so that the warm-up loads, links and (under TCG) translates
     the same code without costing a whole sample."""
 
+    @property
+    def warmup_cost_share(self) -> float:
+        """About what a warm-up costs as a share of a sample (in (0, 1]): until a cell's
+        first sample is timed, the loop estimates its cost from the warm-up by it."""
+        ...
+
     def prepare_warmup(self, workdir: Path, np: int, memory_bytes: int) -> list[str]: ...
 
 
