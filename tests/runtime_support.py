@@ -15,10 +15,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from hpcvm.plan.model import CpuModel, CpuTopology, MemoryRegion, PlanRequest, VcpuPlacement, VMPlan
+from hpcvm.runtime import paths
 from hpcvm.runtime.hugetlbfs import vm_dir_prefix
 
 MIB = 1024 * 1024
@@ -183,6 +187,21 @@ def assert_nothing_left(before: Residue, *, settle: float = 30.0) -> None:
             break
         time.sleep(0.5)
     assert not problems, "; ".join(problems)
+
+
+@contextlib.contextmanager
+def isolated_runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, down: Callable[[], object]
+) -> Iterator[Path]:
+    """A runtime directory of the test's own (guests given 180 s to answer); after the
+    test ``down`` stops every VM in it, and nothing of theirs may be left."""
+    root = tmp_path / "rt"
+    monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(root))
+    monkeypatch.setenv("HPCVM_READY_TIMEOUT", "180")
+    before = Residue.take(root)
+    yield root
+    down()
+    assert_nothing_left(before)
 
 
 def tiny_plan(

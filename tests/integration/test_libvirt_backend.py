@@ -19,9 +19,9 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from hpcvm.runtime import paths, state
+from hpcvm.runtime import state
 from hpcvm.runtime.libvirt_backend import find_qemu_pid
-from tests.runtime_support import Residue, assert_nothing_left, hpcvm
+from tests.runtime_support import hpcvm, isolated_runtime
 
 pytestmark = pytest.mark.integration
 
@@ -63,13 +63,10 @@ def runtime(
 ) -> Iterator[Path]:
     # Names are per test directory: other sessions on this machine may run the same tests
     # against the same libvirtd, and libvirt domain names are global.
-    root = tmp_path / "rt"
-    monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(root))
-    monkeypatch.setenv("HPCVM_READY_TIMEOUT", "180")
-    before = Residue.take(root)
-    yield root
-    hpcvm("down", "--all", "--timeout", "10")
-    assert_nothing_left(before)
+    with isolated_runtime(
+        tmp_path, monkeypatch, lambda: hpcvm("down", "--all", "--timeout", "10")
+    ) as root:
+        yield root
     for log in Path("/var/log/libvirt/qemu").glob(f"hpcvm-lv{os.getpid()}-*.log"):
         log.unlink()  # libvirt's per-domain logs of this session's uniquely named VMs
 

@@ -21,9 +21,13 @@ from typing import Any
 
 import pytest
 
-from hpcvm.runtime import paths, qmp, state
+from hpcvm.runtime import qmp, state
 from hpcvm.runtime.model import Machine
-from tests.runtime_support import HPCVM, Residue, assert_nothing_left, one_line_error
+from tests.runtime_support import (
+    HPCVM,
+    isolated_runtime,
+    one_line_error,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -81,13 +85,10 @@ def netns() -> Iterator[Netns]:
 def runtime(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guest: None, netns: Netns
 ) -> Iterator[Path]:
-    root = tmp_path / "rt"
-    monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(root))
-    monkeypatch.setenv("HPCVM_READY_TIMEOUT", "180")
-    before = Residue.take(root)
-    yield root
-    netns.hpcvm("down", "--all", "--timeout", "10")
-    assert_nothing_left(before)
+    with isolated_runtime(
+        tmp_path, monkeypatch, lambda: netns.hpcvm("down", "--all", "--timeout", "10")
+    ) as root:
+        yield root
     assert _taps(netns) == [], "a tap was left in the namespace"
 
 

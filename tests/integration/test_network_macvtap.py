@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from hpcvm.runtime import paths, state
+from hpcvm.runtime import state
 from hpcvm.runtime.model import Machine
 from tests.integration.test_network_bridge import BUSYBOX_IN_GUEST, VM, Netns, _qemu_mac
-from tests.runtime_support import Residue, assert_nothing_left, one_line_error
+from tests.runtime_support import isolated_runtime, one_line_error
 
 pytestmark = pytest.mark.integration
 
@@ -63,13 +63,10 @@ def wire() -> Iterator[tuple[Netns, Netns]]:
 def runtime(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guest: None, wire: tuple[Netns, Netns]
 ) -> Iterator[Path]:
-    root = tmp_path / "rt"
-    monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(root))
-    monkeypatch.setenv("HPCVM_READY_TIMEOUT", "180")
-    before = Residue.take(root)
-    yield root
-    wire[0].hpcvm("down", "--all", "--timeout", "10")
-    assert_nothing_left(before)
+    with isolated_runtime(
+        tmp_path, monkeypatch, lambda: wire[0].hpcvm("down", "--all", "--timeout", "10")
+    ) as root:
+        yield root
     assert _macvtaps(wire[0]) == [], "a macvtap was left in the namespace"
 
 
