@@ -14,6 +14,9 @@ bridge here once QMP answers, while the vCPUs are still stopped; it is not persi
 the kernel removes it whenever QEMU exits. A macvtap is made and opened here before QEMU
 starts (QEMU cannot create one) and its descriptors inherited (``fd=``, ``vhostfd=``);
 the link outlives QEMU and is removed by the lifecycle (runtime/network.py).
+
+The built-in guest's read-only shares are served as one 9p export assembled in a
+private mount namespace QEMU starts in (runtime/staging.py); the record keeps the list.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 from hpcvm.errors import RuntimeFailure
-from hpcvm.runtime import network, paths, qmp, state
+from hpcvm.runtime import network, paths, qmp, staging, state
 from hpcvm.runtime.confine import QemuUser, qemu_user
 from hpcvm.runtime.model import BackendName, Machine
 
@@ -95,11 +98,14 @@ class QemuBackend:
     ) -> subprocess.Popen[bytes]:
         from hpcvm.render.qemu import qemu_argv  # the renderer owns the command line
 
-        boot = machine.boot.model_copy(update={"nics": network.with_fds(machine.boot.nics, opened)})
         run_dir = Path(machine.run_dir)
+        staged = staging.stage(machine.boot, run_dir)  # one 9p export where it can be
+        boot = machine.boot if staged is None else staged.boot
+        boot = boot.model_copy(update={"nics": network.with_fds(machine.boot.nics, opened)})
+        argv = qemu_argv(machine.plan, boot)
         with open(run_dir / paths.QEMU_LOG, "ab") as log:
             return subprocess.Popen(
-                qemu_argv(machine.plan, boot),
+                argv if staged is None else staging.wrap(argv, staged),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
