@@ -29,6 +29,7 @@ NODE_NS_PREFIX=hpcvm-n
 CTL_ADDR=$NET.254
 CTL_NAME=ctl
 READY_TIMEOUT=${HPCVM_TEST_CLUSTER_TIMEOUT:-90}   # seconds; the machine may be loaded
+IDLE_TIMEOUT=30   # seconds a running cluster's nodes get to become idle again
 
 die() {
   echo "test-cluster: $*" >&2
@@ -273,12 +274,20 @@ do_up() {
   if [ -f "$DIR/nodes" ]; then
     local have
     have=$(cat "$DIR/nodes")
-    [ "$have" = "$n" ] || die "a test cluster with $have nodes is up; run '$0 down' first"
-    if all_idle "$n" 2>/dev/null; then
-      say "already up: $n nodes"
-      return 0
+    if [ -z "$(ns_pids "$SW_NS")" ]; then
+      # The state outlived its daemons (a restart, a killed container): nothing runs
+      # there, so removing it loses nothing and the caller gets the cluster it asked for.
+      say "removing a stale test cluster (state in $DIR, no daemon running)"
+      do_down
+    else
+      [ "$have" = "$n" ] || die "a test cluster with $have nodes is up; run '$0 down' first"
+      # A job that just ended leaves its nodes 'completing' for a moment.
+      if (READY_TIMEOUT=$IDLE_TIMEOUT && wait_for "$n idle nodes" all_idle "$n") 2>/dev/null; then
+        say "already up: $n nodes"
+        return 0
+      fi
+      die "a test cluster is up but not all $n nodes are idle after ${IDLE_TIMEOUT}s; see '$0 status', or '$0 down'"
     fi
-    die "a test cluster is up but not all $n nodes are idle; see '$0 status', or '$0 down'"
   fi
   [ -z "$(node_namespaces)" ] || die "namespaces from an earlier test cluster exist; run '$0 down' first"
   if [ -e "$DIR" ] && [ -n "$(ls -A "$DIR" 2>/dev/null)" ] && [ ! -f "$DIR/$MARKER" ]; then

@@ -10,6 +10,7 @@ The last test takes the cluster down, checks that nothing of it remains, checks 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -252,6 +253,28 @@ def assert_nothing_left(inodes: set[int], subnet: str) -> None:
     # Every veth and bridge lived only inside the namespaces: the host never saw one.
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
     assert not re.search(r"^\d+: (sw0|up0|n\d+)[@:]", links.stdout, re.MULTILINE)
+
+
+def test_up_replaces_a_cluster_whose_daemons_are_gone(slurm_cluster: LocalCluster) -> None:
+    """A restart kills the daemons but leaves the state directory (and here the
+    namespaces): `up` must rebuild instead of refusing a cluster that is not idle."""
+    namespaces = [cluster_support.SWITCH_NAMESPACE] + [n.namespace for n in slurm_cluster.nodes]
+    for namespace in namespaces:
+        pids = subprocess.run(
+            ["ip", "netns", "pids", namespace], capture_output=True, text=True, check=True
+        ).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), 9)
+    inodes = {namespace_inode(ns) for ns in namespaces}
+    wait_until("the killed daemons are gone", lambda: not cluster_processes(inodes))
+    assert cluster_support.STATE_DIR.joinpath("nodes").exists()
+
+    proc = cluster_support.script("up", "--nodes", str(len(slurm_cluster.nodes)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "stale test cluster" in proc.stdout
+    idle = slurm_cluster.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).stdout.split()
+    assert sorted(set(idle)) == sorted(n.name for n in slurm_cluster.nodes)
 
 
 def test_down_and_a_failed_up_leave_nothing(slurm_cluster: LocalCluster) -> None:
