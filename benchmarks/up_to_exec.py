@@ -8,9 +8,12 @@ This is a benchmark script, not a test: it asserts nothing about time.
 
 ``--compare-whole-root`` alternates, run by run, today's guest (a share list, QEMU as
 ``hpcvm-qemu`` under its sandbox) with the behaviour it replaced: the host's whole root
-in one read-only share, QEMU as root without sandbox. That old behaviour exists only
+in one read-only share, QEMU as root without sandbox, started directly (no staged
+export). That old behaviour exists only
 here (``_whole_root_cli`` patches the runtime in the `up` process it starts), never in
-hpcvm itself. It prints both medians and their ratio.
+hpcvm itself. It prints both medians, their ratio, and the paired differences (share
+list minus whole root, run by run): their median, how many pairs were slower, and the
+two-sided Wilcoxon signed-rank p-value (scipy), so "beyond noise" is a test, not a look.
 
     .venv/bin/python benchmarks/up_to_exec.py [--runs 5] [--profile naive] [--vcpus 1]
         [--memory 512M] [--compare-whole-root]
@@ -44,7 +47,7 @@ def _whole_root_cli(args: list[str]) -> int:
     share and QEMU left as root without its sandbox."""
     from hpcvm.bootspec import Share
     from hpcvm.cli.main import main as hpcvm_main
-    from hpcvm.runtime import boot, lifecycle
+    from hpcvm.runtime import boot, lifecycle, staging
 
     def whole_root(media: boot.BootMedia, *_args: object, **_kw: object) -> boot.BootMedia:
         share = Share(host_path="/", guest_path="/", tag="hpcvm0")
@@ -52,6 +55,7 @@ def _whole_root_cli(args: list[str]) -> int:
 
     lifecycle.with_shares = whole_root  # type: ignore[assignment]
     lifecycle.confined = lambda spec, *_a: spec  # type: ignore[assignment]
+    staging.stage = lambda *_a: None  # QEMU started directly, as it was
     return hpcvm_main(args)
 
 
@@ -115,7 +119,21 @@ def compare(runs: int, shape: list[str]) -> int:
         f"{new / old:.3f} (range share list {min(times[False]):.2f}-{max(times[False]):.2f}, "
         f"whole root {min(times[True]):.2f}-{max(times[True]):.2f}; {' '.join(shape)})"
     )
+    print(paired(times[False], times[True]))
     return 0
+
+
+def paired(new: list[float], old: list[float]) -> str:
+    """The run-by-run differences: median, sign count, Wilcoxon signed-rank p."""
+    from scipy.stats import wilcoxon
+
+    diffs = [a - b for a, b in zip(new, old, strict=True)]
+    slower = sum(d > 0 for d in diffs)
+    p = wilcoxon(diffs).pvalue if len(diffs) >= 2 and any(diffs) else float("nan")
+    return (
+        f"pairs: share list slower in {slower} of {len(diffs)}, median difference "
+        f"{statistics.median(diffs):+.2f} s, Wilcoxon signed-rank p = {p:.2f}"
+    )
 
 
 if __name__ == "__main__":

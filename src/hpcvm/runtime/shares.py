@@ -8,7 +8,9 @@ every ``--share HOST_DIR[:GUEST_DIR][:rw]``. All at the same paths as on the hos
 the guest runs the very binaries and libraries of a native run. Read-only shares get a
 tmpfs overlay in the guest (writes stay in the guest); ``:rw`` shares write through to
 the host. ``/root``, ``/home``, ``/var``, ``/run``, ``/srv`` and the host's ``/proc``
-are not there. A disk image (``--image``) gets only the ``--share`` directories.
+are not there. A disk image (``--image``) gets only the ``--share`` directories. The
+QEMU backend serves the read-only ones as one 9p export where it can
+(runtime/staging.py): the same list, one device for the guest to mount.
 
 Two layers keep secrets out. QEMU runs unprivileged (runtime/confine.py), so whatever
 is shared, a file only root may read stays unreadable. And ``/etc``'s secrets (shadow
