@@ -30,6 +30,7 @@ CTL_ADDR=$NET.254
 CTL_NAME=ctl
 READY_TIMEOUT=${HPCVM_TEST_CLUSTER_TIMEOUT:-90}   # seconds; the machine may be loaded
 IDLE_TIMEOUT=30   # seconds a running cluster's nodes get to become idle again
+CG_NAME=hpcvm-test-cluster   # the cpuset cgroup holding one child per node
 
 die() {
   echo "test-cluster: $*" >&2
@@ -57,8 +58,11 @@ node_namespaces() {
 in_ns() {
   local ns=$1 name=$2
   shift 2
-  nsenter --net="/run/netns/$ns" -- unshare --mount --uts --propagation private -- sh -c \
-    'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"' \
+  HPCVM_CG_PROCS=$(node_cgroup "$name")/cgroup.procs \
+    nsenter --net="/run/netns/$ns" -- unshare --mount --uts --propagation private -- sh -c \
+    'if [ -f "$HPCVM_CG_PROCS" ]; then echo $$ >"$HPCVM_CG_PROCS"; fi
+     unset HPCVM_CG_PROCS
+     hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"' \
     sh "$name" "$DIR/etc/hosts" "$@" 9<&-
 }
 
@@ -86,6 +90,103 @@ wait_for() {
     [ "$t" -lt "$READY_TIMEOUT" ] || die "timed out after ${READY_TIMEOUT}s waiting for $what (logs: $DIR/log)"
     sleep 1
   done
+}
+
+# --- cpusets: each node its own PUs ------------------------------------------------
+# A real node's slurmd, jobs and VMs see that node's CPUs only. Here every node is the
+# same machine, so each gets its own share of the PUs as a cpuset cgroup that its slurmd
+# (and so every job step, mpirun rank and QEMU it starts) is in: hwloc, and so hpcvm's
+# plan, then sees that node's PUs only, and two nodes' VMs are pinned apart. Without a
+# cpuset controller (or where one cannot be made) the nodes share every PU, as before.
+
+cpuset_base() {
+  # cgroup v1's cpuset hierarchy, or the v2 root when it offers cpuset; else nothing.
+  if [ -f /sys/fs/cgroup/cpuset/cpuset.cpus ]; then
+    echo /sys/fs/cgroup/cpuset
+  elif grep -qw cpuset /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    echo /sys/fs/cgroup
+  fi
+}
+
+node_cgroup() {
+  # Node $1's cgroup directory (nothing for the login node, or without cpusets).
+  local base
+  base=$(cpuset_base)
+  [ -n "$base" ] && [ -d "$base/$CG_NAME/$1" ] && echo "$base/$CG_NAME/$1"
+  return 0
+}
+
+expand_list() {
+  # "0-2,5" -> "0 1 2 5"
+  local part out=()
+  for part in ${1//,/ }; do
+    if [[ "$part" == *-* ]]; then out+=($(seq "${part%-*}" "${part#*-}")); else out+=("$part"); fi
+  done
+  echo "${out[@]}"
+}
+
+pu_nodes() {
+  # The NUMA nodes of the PUs in $@, as a cpuset.mems list ("0" where sysfs has none).
+  local pu link nodes=()
+  for pu in "$@"; do
+    for link in /sys/devices/system/cpu/cpu"$pu"/node[0-9]*; do
+      [ -e "$link" ] && nodes+=("${link##*/node}")
+    done
+  done
+  [ "${#nodes[@]}" -gt 0 ] || nodes=(0)
+  printf '%s\n' "${nodes[@]}" | sort -nu | paste -sd, -
+}
+
+make_cpusets() {
+  # One cpuset per node: node K gets PUs ((K-1)*c .. K*c-1) mod P, c = max(1, P/n).
+  # Prints c, the CPUs each node has (slurm.conf's CPUs=); all of them without cpusets.
+  local n=$1 base parent pus per k i mine list=/sys/devices/system/cpu/online
+  base=$(cpuset_base)
+  if [ -f "$base/cpuset.effective_cpus" ]; then list=$base/cpuset.effective_cpus
+  elif [ -f "$base/cpuset.cpus.effective" ]; then list=$base/cpuset.cpus.effective; fi
+  read -r -a pus <<<"$(expand_list "$(cat "$list")")"
+  if [ -z "$base" ] || [ "${#pus[@]}" -lt 2 ]; then
+    echo "test-cluster: no cpuset cgroups here: every node shares all ${#pus[@]} CPUs" >&2
+    echo "${#pus[@]}"
+    return 0
+  fi
+  parent=$base/$CG_NAME
+  per=$(( ${#pus[@]} / n ))
+  [ "$per" -ge 1 ] || per=1
+  if ! {
+    if [ "$base" = /sys/fs/cgroup ]; then   # v2: the controller must reach the children
+      echo +cpuset >"$base/cgroup.subtree_control" && mkdir "$parent" &&
+        echo +cpuset >"$parent/cgroup.subtree_control"
+    else
+      mkdir "$parent" && cat "$base/cpuset.cpus" >"$parent/cpuset.cpus" &&
+        cat "$base/cpuset.mems" >"$parent/cpuset.mems"
+    fi
+  } 2>/dev/null; then
+    rmdir "$parent" 2>/dev/null || true
+    echo "test-cluster: cannot make cpuset cgroups under $base: every node shares all ${#pus[@]} CPUs" >&2
+    echo "${#pus[@]}"
+    return 0
+  fi
+  for k in $(seq 1 "$n"); do
+    mine=()
+    for i in $(seq 0 $((per - 1))); do mine+=("${pus[$(( ((k - 1) * per + i) % ${#pus[@]} ))]}"); done
+    mkdir "$parent/node$k"
+    (IFS=,; echo "${mine[*]}") >"$parent/node$k/cpuset.cpus"
+    pu_nodes "${mine[@]}" >"$parent/node$k/cpuset.mems"
+  done
+  echo "$per"
+}
+
+remove_cpusets() {
+  # After every process is gone: the node cgroups, then their parent (found without
+  # the state directory too, the name is fixed).
+  local base parent
+  base=$(cpuset_base)
+  [ -n "$base" ] || return 0
+  parent=$base/$CG_NAME
+  [ -d "$parent" ] || return 0
+  rmdir "$parent"/node* 2>/dev/null || true
+  rmdir "$parent" 2>/dev/null || echo "test-cluster: could not remove $parent (processes left?)" >&2
 }
 
 # --- down ---------------------------------------------------------------------------
@@ -122,6 +223,7 @@ do_down() {
   # shellcheck disable=SC2086
   kill_ns_processes $all
   for ns in $all; do ip netns del "$ns" 2>/dev/null || true; done
+  remove_cpusets
   # Only a directory this script made (it carries the marker) is ever removed.
   if [ -f "$DIR/$MARKER" ]; then rm -rf "$DIR"; fi
   # `ip netns add` turned /run/netns into a mount point; undo that if it was ours and
@@ -172,8 +274,7 @@ make_network() {
 }
 
 write_config() {
-  local n=$1 k cpus
-  cpus=$(nproc)
+  local n=$1 cpus=$2 k
   mkdir -p "$DIR"/{etc,log,run,munge,ctld}
   chmod 700 "$DIR/munge"
   {
@@ -201,7 +302,8 @@ SlurmdLogFile=$DIR/log/slurmd-%n.log
 SlurmdParameters=config_overrides
 # Per node: the nodes share one /tmp, and PMIx names its directories by job and step only.
 TmpFS=$DIR/tmp/%n
-# No cgroups: every slurmd shares the machine's one cgroup tree.
+# No Slurm cgroups: every slurmd shares the machine's one cgroup tree (each slurmd is
+# put in its node's cpuset by this script instead: docs/cluster-testing.md).
 ProctrackType=proctrack/pgid
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -300,7 +402,8 @@ do_up() {
   mkdir -p "$DIR"
   chmod 755 "$DIR"
   touch "$DIR/$MARKER"
-  write_config "$n"
+  make_cpusets "$n" >"$DIR/node-cpus"
+  write_config "$n" "$(cat "$DIR/node-cpus")"
   make_network "$n"
   start_daemons "$n"
   trap - EXIT INT TERM

@@ -114,6 +114,28 @@ class LocalCluster:
         return "\n".join(out)
 
 
+def node_cpuset(node: str) -> tuple[frozenset[int], frozenset[int]] | None:
+    """The PUs and memory nodes the test cluster gave ``node``, as the kernel's cpuset
+    files list them; None where the script made no cpusets (docs/cluster-testing.md)."""
+    for base in (Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup")):
+        where = base / "hpcvm-test-cluster" / node
+        if (where / "cpuset.cpus").is_file():
+            read = (where / f for f in ("cpuset.cpus", "cpuset.mems"))
+            cpus, mems = (expand_list(path.read_text()) for path in read)
+            return cpus, mems
+    return None
+
+
+def expand_list(text: str) -> frozenset[int]:
+    """A kernel list such as ``0-2,5``."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            low, _, high = part.partition("-")
+            out.update(range(int(low), int(high or low) + 1))
+    return frozenset(out)
+
+
 def missing_requirements() -> str | None:
     """Why the test cluster cannot run here, or None."""
     if os.geteuid() != 0:

@@ -1,16 +1,17 @@
-"""`hpcvm bench --nodes 2` inside a Slurm job on the one-machine test cluster: the same
-MPI command natively across the two nodes and across a vm:hpc VM on each, into a
-results database and a report.
+"""`hpcvm bench --nodes 2` inside a Slurm job on the one-machine test cluster: the example
+batch script (docs/examples/hpcvm-bench-job.sh), submitted as a user would with `sbatch
+-N 2`, runs HPC Challenge and NetPIPE with `mpirun -np 2` natively across the two nodes
+and across a vm:hpc VM on each, into a results database and a report.
 
-The command is NetPIPE's ping-pong over a few small sizes (`--suite cmd --cmd-mpi`):
-the bench path (mpirun spread over the nodes, one VM cluster per profile, samples,
-logs) is the same for every MPI suite, and the full `netpipe` and `hpcc` suites take
-many minutes per sample across two TCG guests on 2 cores (docs/examples/
-hpcvm-bench-job.sh runs them; the README shows such a run).
+Sizes are the smallest (`--size quick`, two repetitions): the path (one VM per node
+planned on its node, mpirun spread over the nodes, samples, logs, figures) is what is
+tested, not the numbers.
 
 Oracles independent of hpcvm's summary: each stored sample's log (Open MPI's
 ``--report-bindings`` lines name the host of each rank: both nodes natively, both VMs
-in vm:hpc), SQLite read directly, the report's files.
+in vm:hpc), the kernel's cpuset files of the test cluster's nodes (which PUs each node
+has: the VM pins and native PUs recorded for each node must be those), SQLite read
+directly, the report's files.
 """
 
 from __future__ import annotations
@@ -39,30 +40,29 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH_SCRIPT = REPO / "docs" / "examples" / "hpcvm-bench-job.sh"
 BENCH_TIMEOUT = 1500.0  # two TCG guests running MPI over a bridge on 2 shared cores
 BINDING = re.compile(r"\[(\S+?):\d+\] MCW rank (\d+) (?:is not bound|bound)")
+SUITES = ("hpcc", "netpipe")
+REPS = 2
 
 
-NETPIPE = "NPopenmpi -u 1024 -n 20 -p 0"
-LATENCY_1K = r"1024 bytes +[0-9]+ times --> +[0-9.]+ Mbps in +([0-9.]+) usec"
-JOB = """#!/bin/sh
-set -e
-{hpcvm} bench --nodes 2 --env native --env vm:hpc --cmd '{cmd}' --cmd-mpi \\
-    --metric '{metric}' --lower-is-better --unit us --metric-name latency_1KiB \\
-    --np 2 --reps 2 --address 10.77.0.101/24 --vm-memory 512M --out {out}
-{hpcvm} report {out}
-"""
-
-
-def test_bench_across_two_nodes_records_native_and_vm_runs_spanning_both(
+def test_the_example_bench_job_runs_hpcc_and_netpipe_across_two_nodes(
     slurm_cluster: LocalCluster,
     job_dir: Path,  # noqa: F811
 ) -> None:
     free = hugepages_free()
     out = job_dir / "results"
-    job = job_dir / "bench.sh"
-    job.write_text(JOB.format(hpcvm=HPCVM, cmd=NETPIPE, metric=LATENCY_1K, out=out))
     log = job_dir / "job.out"
+    settings = {
+        "HPCVM": HPCVM,
+        "HPCVM_OUT": str(out),
+        "HPCVM_NP": "2",
+        "HPCVM_SUITES": " ".join(SUITES),
+        "HPCVM_REPS": str(REPS),
+        "HPCVM_ADDRESS": "10.77.0.101/24",
+        "HPCVM_BENCH_OPTIONS": "--size quick --vm-memory 512M",
+    }
     proc = slurm_cluster.run(
-        ["sbatch", "-N", "2", "--wait", f"--chdir={job_dir}", f"--output={log}", str(job)],
+        ["sbatch", "-N", "2", "--wait", f"--chdir={job_dir}", f"--output={log}", str(BENCH_SCRIPT)],
+        env=settings,
         timeout=BENCH_TIMEOUT,
         check=False,
     )
@@ -72,20 +72,31 @@ def test_bench_across_two_nodes_records_native_and_vm_runs_spanning_both(
     db = sqlite3.connect(out / "hpcvm.db")
     envs = dict(db.execute("SELECT id, name FROM environments").fetchall())
     assert sorted(envs.values()) == ["native", "vm:hpc"]
-    rows = db.execute("SELECT env_id, ok, log_path FROM samples WHERE warmup = 0").fetchall()
-    assert sorted((envs[e], ok) for e, ok, _ in rows) == [
-        ("native", 1),
-        ("native", 1),
-        ("vm:hpc", 1),
-        ("vm:hpc", 1),
-    ], rows
-    for env_id, _, log_path in rows:
+    rows = db.execute("SELECT env_id, suite, ok, log_path FROM samples WHERE warmup = 0").fetchall()
+    counts = sorted((envs[e], suite, ok) for e, suite, ok, _ in rows)
+    expected = sorted((env, suite, 1) for env in envs.values() for suite in SUITES) * REPS
+    assert counts == sorted(expected), rows
+    for env_id, suite, _, log_path in rows:
         hosts = {h for h, _ in BINDING.findall(Path(log_path).read_text(errors="replace"))}
         if envs[env_id] == "native":
-            assert hosts == {"node1", "node2"}, log_path
+            assert hosts == {"node1", "node2"}, (suite, log_path)
         else:
             assert sorted(h.rsplit("-", 1)[1] for h in hosts) == ["node1", "node2"], hosts
-    versions = dict(db.execute("SELECT name, versions_json FROM environments").fetchall())
-    assert json.loads(versions["vm:hpc"])["nodes"] == "2"
+    versions = {
+        name: json.loads(v)
+        for name, v in db.execute("SELECT name, versions_json FROM environments").fetchall()
+    }
+    assert versions["vm:hpc"]["nodes"] == versions["native"]["nodes"] == "2"
+    pins = dict(p.split(": 0->") for p in versions["vm:hpc"]["vcpu_pins"].split("; "))
+    native = dict(p.split(": ", 1) for p in versions["native"]["native_pus"].split("; "))
+    assert sorted(pins) == sorted(native) == ["node1", "node2"], versions
+    for node in ("node1", "node2"):
+        cpuset = cluster_support.node_cpuset(node)
+        if cpuset is not None:
+            # Each node planned its own VM and its own native PUs, on the PUs it has.
+            assert int(pins[node]) in cpuset[0], (node, pins, cpuset)
+            assert native[node] == f"PUs {pins[node]}, mems {min(cpuset[1])}", (node, native)
+    figures = out / "report" / "figures"
     assert (out / "report" / "report.html").is_file()
+    assert (figures / "sizes-netpipe.png").is_file(), sorted(figures.iterdir())
     assert_nothing_left(slurm_cluster, "bench", free)

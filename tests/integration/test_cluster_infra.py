@@ -108,6 +108,23 @@ def test_batch_tasks_run_in_their_own_nodes_namespace(
     assert os.stat("/proc/self/ns/net").st_ino not in {inode for _, inode, _ in seen.values()}
 
 
+def test_each_nodes_tasks_run_on_that_nodes_own_pus(slurm_cluster: LocalCluster) -> None:
+    """Each node is a cpuset of its own (where the machine has one to give): a task's
+    allowed CPUs, as the kernel reports them, are its node's, and two nodes' differ."""
+    if cluster_support.node_cpuset("node1") is None:
+        pytest.skip("no cpuset cgroups on this machine: the nodes share every PU")
+    report = "echo $(hostname) $(grep Cpus_allowed_list /proc/self/status)"
+    out = slurm_cluster.run(["srun", "-N", "2", "sh", "-c", report]).stdout
+    seen = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert sorted(seen) == ["node1", "node2"], out
+    for node, allowed in seen.items():
+        cpuset = cluster_support.node_cpuset(node)
+        assert cpuset is not None
+        assert cluster_support.expand_list(allowed) == cpuset[0], (node, out)
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert seen["node1"] != seen["node2"], out
+
+
 def test_run_on_a_node_runs_in_that_nodes_namespace(slurm_cluster: LocalCluster) -> None:
     for node in slurm_cluster.nodes:
         out = slurm_cluster.run(
@@ -249,6 +266,7 @@ def assert_nothing_left(inodes: set[int], subnet: str) -> None:
     assert our_namespaces() == []
     assert not cluster_support.STATE_DIR.exists()
     assert cluster_processes(inodes) == []
+    assert cluster_support.node_cpuset("node1") is None  # the nodes' cpusets are gone
     assert root_addresses_in(subnet) == []
     # Every veth and bridge lived only inside the namespaces: the host never saw one.
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)

@@ -42,13 +42,14 @@ NODE_LINKS = {"lo", "up0", "br0"}  # what scripts/test-cluster.sh puts in a node
 
 def job_env(name: str, **extra: str) -> dict[str, str]:
     """The example script's settings for the test cluster: 1 vCPU and 256 MiB per VM
-    (the CI budget), addresses from .101 on the nodes' /24, TCG (no VT-x here)."""
+    (the CI budget), addresses from .101 on the nodes' /24, TCG (no VT-x here), and no
+    housekeeping core (each node of the cluster may have a single PU)."""
     return {
         "HPCVM": HPCVM,
         "HPCVM_NAME": name,
         "HPCVM_MEMORY": "256M",
         "HPCVM_ADDRESS": "10.77.0.101/24",
-        "HPCVM_UP_OPTIONS": "--accel tcg",
+        "HPCVM_UP_OPTIONS": "--accel tcg --housekeeping 0",
         **extra,
     }
 
@@ -178,11 +179,15 @@ def test_the_example_job_runs_mpi_ranks_in_a_vm_on_each_node(
         (f"{name}-node1", 2, 43),
         (f"{name}-node2", 2, 43),
     ], text
-    # cluster ps: each node's VM ready at its deterministic address, pinned (hpc).
+    # cluster ps: each node's VM ready at its deterministic address, pinned (hpc), and
+    # planned on its own node: its vCPU on the PU that node's cpuset holds.
     for k, node in enumerate(("node1", "node2")):
         row = re.search(rf"{node}\s*│\s*{name}-{node}\s*│\s*ready\s*│\s*(\S+)\s*│\s*0->(\d+)", text)
         assert row is not None, text
         assert row.group(1) == f"10.77.0.{101 + k}/24"
+        cpuset = cluster_support.node_cpuset(node)
+        if cpuset is not None:
+            assert int(row.group(2)) in cpuset[0], (node, cpuset, text)
     assert f"{name}: down" in text
     assert_nothing_left(slurm_cluster, name, free)
 

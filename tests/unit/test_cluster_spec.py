@@ -9,6 +9,7 @@ do not know would make the real run fail), shlex for the scripts run in guests.
 from __future__ import annotations
 
 import ipaddress
+import json
 import shlex
 import shutil
 import subprocess
@@ -17,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bench.launch import Spread, across, mpirun_argv, mpirun_program
-from hpcvm.cluster import launcher, slurm
-from hpcvm.cluster.bench_envs import slurm_environment, with_cpu_set
+from hpcvm.bench.placement import NativePlacement
+from hpcvm.cluster import launcher, native_places, slurm
+from hpcvm.cluster.bench_envs import slurm_environment
 from hpcvm.cluster.spec import (
     EVENT_PREFIX,
     NodeEvent,
@@ -27,7 +29,7 @@ from hpcvm.cluster.spec import (
     node_address,
     parse_events,
 )
-from hpcvm.errors import UsageError
+from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.runtime.network import parse_address
 
 
@@ -148,16 +150,45 @@ def test_the_guest_mpi_environment_names_parameters_open_mpi_has() -> None:
     assert agent[:3] == ["ssh", "-i", launcher.PRIVATE_KEY]
 
 
-def test_native_runs_keep_slurm_variables_and_bind_ranks_to_the_vms_pus() -> None:
+def test_native_runs_keep_slurm_variables() -> None:
     assert slurm_environment({"SLURM_JOB_ID": "3", "HOME": "/x", "SLURM_NODELIST": "n[1-2]"}) == [
         "SLURM_JOB_ID=3",
         "SLURM_NODELIST=n[1-2]",
     ]
+
+
+def _node(cpus: tuple[int, ...] | None, allowed: tuple[int, ...]) -> native_places.NodeNative:
+    placement = NativePlacement(cpus=cpus, mems=(0,), source="test")
+    return native_places.NodeNative(placement=placement, allowed=allowed)
+
+
+def test_alike_nodes_bind_native_ranks_to_their_common_pus() -> None:
+    places = {"node1": _node((1, 2), (0, 1, 2, 3)), "node2": _node((1, 2), (0, 1, 2, 3))}
+    assert native_places.common_cpus(places) == (1, 2)
+    assert native_places.describe(places) == "node1: PUs 1-2, mems 0; node2: PUs 1-2, mems 0"
+    assert native_places.differences(places) == []
     program = mpirun_program()
     argv = ["/usr/bin/env", "-C", "/w", program, "-np", "2", "--map-by", "node", "prog"]
-    bound = with_cpu_set(argv, (1, 2, 3))
+    bound = native_places.with_cpu_set(argv, program, (1, 2, 3))
     assert bound == [*argv[:4], "--cpu-list", "1-3", "-np", "2", "prog"]
-    assert with_cpu_set(argv, None) == argv
+    assert native_places.with_cpu_set(argv, program, None) == argv
+
+
+def test_unlike_nodes_run_native_where_each_node_allows_and_say_where_that_differs() -> None:
+    confined = {"node1": _node((0,), (0,)), "node2": _node((1,), (1,))}
+    assert native_places.common_cpus(confined) is None
+    assert native_places.describe(confined) == "node1: PUs 0, mems 0; node2: PUs 1, mems 0"
+    assert native_places.differences(confined) == []
+    loose = {"node1": _node((0,), (0,)), "node2": _node((1,), (0, 1))}
+    (said,) = native_places.differences(loose)
+    assert said.startswith("native on node2 may use PUs 0-1, its VM's vCPUs PUs 1")
+
+
+def test_each_nodes_placement_must_come_back() -> None:
+    item = {"node": "node2", **_node((1,), (1,)).model_dump(mode="json")}
+    assert native_places.parse(json.dumps(item) + "\n", ["node2"])["node2"].allowed == (1,)
+    with pytest.raises(RuntimeFailure, match="node1"):
+        native_places.parse(json.dumps(item), ["node1", "node2"])
 
 
 def test_the_guest_scripts_are_valid_shell() -> None:

@@ -210,18 +210,10 @@ def prepare(
     warnings: list[str] = []
     warning_envs: dict[str, str] = {}
     plans: dict[str, VMPlan] = {}
-    for name, profile in profiles.items():
-        if profile is not None:
-            plan, notes = plan_vm(
-                profile,
-                vcpus=config.vcpus,
-                memory_bytes=config.vm_memory,
-                guest_nodes=config.vm_guest_nodes,
-                host=host,
-            )
-            warnings += notes
-            warning_envs.update(dict.fromkeys(notes, name))
-            plans[name] = plan
+    for name, (plan, notes) in vm_plans(config, host).items():
+        warnings += notes
+        warning_envs.update(dict.fromkeys(notes, name))
+        plans[name] = plan
     native = _native(config, previous, plans, host)
     config = _fixed_noise_work(config, previous, native)
     suites = build_suites(config.suites, config.suite_options)
@@ -251,6 +243,29 @@ def prepare(
         resume=previous,
         native=native,
     )
+
+
+def vm_plans(config: BenchConfig, host: HostTopology) -> dict[str, tuple[VMPlan, list[str]]]:
+    """Each VM environment's plan on ``host``, with its warnings (by env name)."""
+    plans: dict[str, tuple[VMPlan, list[str]]] = {}
+    for name in config.envs:
+        profile = parse_env_name(name)
+        if profile is not None:
+            plans[name] = plan_vm(
+                profile,
+                vcpus=config.vcpus,
+                memory_bytes=config.vm_memory,
+                guest_nodes=config.vm_guest_nodes,
+                host=host,
+            )
+    return plans
+
+
+def native_on(config: BenchConfig, host: HostTopology) -> NativePlacement:
+    """Where native runs on ``host`` for ``config`` (what a node of ``bench --nodes``
+    computes for itself: cluster/native_places.py)."""
+    plans = {name: plan for name, (plan, _notes) in vm_plans(config, host).items()}
+    return _native(config, None, plans, host)
 
 
 # What a built-in guest shares anyway (runtime/shares.py): programs there need nothing.

@@ -440,7 +440,8 @@ def _across_nodes(
     if single:
         raise UsageError(f"--suite {single[0]} measures one node's CPUs: run it without --nodes")
     makers = ClusterEnvironments(
-        nodes=config.nodes,
+        config=config,
+        allocation=allocation,
         network=o.network or "bridge=br0",
         first_address=o.address,
         say=lambda text: click.echo(f"hpcvm: {text}", err=True),

@@ -137,5 +137,15 @@ def node_cmd() -> int:
     return node.run()
 
 
+@cluster.command("placement", hidden=True)
+@click.argument("config_json")
+def placement_cmd(config_json: str) -> int:
+    """This node's native PUs for a bench --nodes run (started by bench through srun)."""
+    from hpcvm.cluster import native_places
+
+    click.echo(native_places.this_node(config_json))
+    return 0
+
+
 def register(group: click.Group) -> None:
     group.add_command(cluster)

@@ -5,8 +5,10 @@ Fair by construction: both run the same suite argv, whose ``mpirun`` line
 network with the same transports. Natively ``mpirun`` runs on the batch node and finds
 the allocation through Slurm's environment (kept through the runs' clean environment);
 in a VM environment it runs in the first node's VM with the cluster's hostfile and ssh
-launcher (cluster/launcher.py). Native ranks are bound to the PUs that the VMs' vCPUs
-are pinned to (``--cpu-set``), as one-node native runs are confined by a cpuset.
+launcher (cluster/launcher.py). Native ranks run on each node where that node's own
+placement puts them (the PUs its tuned VM has its vCPUs pinned to, cluster/
+native_places.py, which says what Open MPI 4.1 allows and what is recorded when a node
+differs), as one-node native runs are confined by a cpuset.
 
 What differs from one-node runs, and is recorded with the run: the VMs on the other
 nodes are not paused while another environment is measured (pausing them would take a
@@ -20,11 +22,12 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.environments import RunOutput
 from hpcvm.bench.launch import mpirun_program
 from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.vm import VmEnvironment
-from hpcvm.cluster import control, launcher
+from hpcvm.cluster import control, launcher, native_places, slurm
 from hpcvm.cluster.spec import check_addresses, node_address
 from hpcvm.errors import RuntimeFailure
 from hpcvm.host.model import HostTopology
@@ -32,7 +35,6 @@ from hpcvm.plan.model import VMPlan
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.model import BackendName
 from hpcvm.store.records import NewEnvironment
-from hpcvm.units import format_cpu_list
 
 ENV = "/usr/bin/env"
 UP_TIMEOUT = 600.0
@@ -44,59 +46,59 @@ def slurm_environment(env: dict[str, str] | None = None) -> list[str]:
     return [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("SLURM_")]
 
 
-def with_cpu_set(argv: Sequence[str], cpus: Sequence[int] | None) -> list[str]:
-    """``argv`` with its mpirun's ranks kept to ``cpus`` on every node (``--cpu-list``);
-    unchanged without cpus or without an mpirun.
-
-    Open MPI 4.1 maps a cpu list itself (one slot per listed PU and node, filled in
-    order) and refuses it beside ``--map-by``, so the ``--map-by`` pair goes: ranks then
-    fill each node's listed PUs in turn, which puts one rank on each node whenever the
-    ranks are as many as the nodes, as the VMs' ``--map-by node`` does. (With more ranks
-    per node, native numbers them in blocks and the VMs round-robin: the same ranks per
-    node, other neighbours.)
-    """
-    out = list(argv)
-    program = mpirun_program()
-    if not cpus or program not in out:
-        return out
-    if "--map-by" in out:
-        at = out.index("--map-by")
-        del out[at : at + 2]
-    at = out.index(program) + 1
-    out[at:at] = ["--cpu-list", format_cpu_list(tuple(cpus))]
-    return out
-
-
 class ClusterNativeEnvironment(NativeEnvironment):
-    """The job's nodes as they are: mpirun on the batch node, ranks on every node."""
+    """The job's nodes as they are: mpirun on the batch node, ranks on every node,
+    each node's where that node's placement says (cluster/native_places.py)."""
 
     def __init__(
         self,
         host: HostTopology | None,
         *,
+        config: BenchConfig,
+        allocation: slurm.Allocation,
         cpus: Sequence[int] | None,
-        mems: Sequence[int],
-        nodes: int,
+        say: Callable[[str], None] = lambda _text: None,
     ) -> None:
         # No cpuset here: it would hold only this node's launcher, and Open MPI 4.1's
         # mpirun exits 1 without a word when its cpu list meets a cpuset on the batch
-        # node. --cpu-list binds the ranks on every node instead (with_cpu_set).
+        # node. The ranks are placed on every node instead (native_places).
         super().__init__(host, cpus=None)
-        self.nodes = nodes
-        self.rank_cpus = tuple(cpus) if cpus is not None else None
+        self.config = config
+        self.allocation = allocation
+        self.nodes = len(allocation.nodes)
+        self.say = say
         per_node = len(cpus) if cpus is not None else self.vcpus
-        self.vcpus = per_node * nodes  # the PUs ranks may use, over all nodes
-        self.mems = tuple(mems)
+        self.vcpus = per_node * self.nodes  # the PUs ranks may use, over all nodes
+        self.places: dict[str, native_places.NodeNative] = {}
+        self.common: tuple[int, ...] | None = None
+
+    def start(self) -> None:
+        if self.places:
+            return
+        self.places = native_places.each_node(self.allocation, self.config, control.hpcvm_argv())
+        self.common = native_places.common_cpus(self.places)
+        self.vcpus = sum(len(native_places.used(p, self.common)) for p in self.places.values())
+        self.say(f"native: {native_places.describe(self.places)}")
+        for text in native_places.differences(self.places):
+            self.say(f"warning: {text}")
 
     def describe(self) -> NewEnvironment:
         described = super().describe()
-        versions = {**described.versions, "nodes": str(self.nodes)}
-        return described.model_copy(update={"versions": versions})
+        versions = {
+            **described.versions,
+            "nodes": str(self.nodes),
+            "native_pus": native_places.describe(self.places),
+        }
+        differ = native_places.differences(self.places)
+        if differ:
+            versions["native_differs"] = "; ".join(differ)
+        return described.model_copy(update={"versions": versions, "vcpus": self.vcpus})
 
     def run(
         self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
     ) -> RunOutput:
-        spread = [ENV, *slurm_environment(), *with_cpu_set(argv, self.rank_cpus)]
+        placed = native_places.with_cpu_set(argv, mpirun_program(), self.common)
+        spread = [ENV, *slurm_environment(), *placed]
         return super().run(spread, workdir, timeout, outputs=outputs)
 
 
@@ -189,12 +191,15 @@ class ClusterEnvironments:
     def __init__(
         self,
         *,
-        nodes: int,
+        config: BenchConfig,
+        allocation: slurm.Allocation,
         network: str,
         first_address: str,
         say: Callable[[str], None] = lambda _text: None,
     ) -> None:
-        self.nodes = nodes
+        self.config = config
+        self.allocation = allocation
+        self.nodes = len(allocation.nodes)
         self.network = network
         self.first_address = first_address
         self.say = say
@@ -203,7 +208,10 @@ class ClusterEnvironments:
     def native(
         self, host: HostTopology, *, cpus: Sequence[int] | None, mems: Sequence[int]
     ) -> ClusterNativeEnvironment:
-        return ClusterNativeEnvironment(host, cpus=cpus, mems=mems, nodes=self.nodes)
+        del mems  # each node finds its own (native_places)
+        return ClusterNativeEnvironment(
+            host, config=self.config, allocation=self.allocation, cpus=cpus, say=self.say
+        )
 
     def vm(
         self, plan: VMPlan, *, vm_name: str, backend: BackendName, shares: tuple[str, ...]

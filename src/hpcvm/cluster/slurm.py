@@ -97,6 +97,12 @@ def task_place(env: Mapping[str, str] | None = None) -> TaskPlace:
 
 def holder_argv(allocation: Allocation, name: str, node_argv: Sequence[str]) -> list[str]:
     """The srun line of the step that holds the job's VMs: one task per node."""
+    return per_node_argv(allocation, step_name(name), node_argv)
+
+
+def per_node_argv(allocation: Allocation, job_name: str, node_argv: Sequence[str]) -> list[str]:
+    """An srun line running ``node_argv`` once on every node of the job, beside its
+    other steps, without Slurm's CPU binding."""
     count = len(allocation.nodes)
     return [
         program("srun"),
@@ -108,7 +114,7 @@ def holder_argv(allocation: Allocation, name: str, node_argv: Sequence[str]) -> 
         "--cpu-bind=none",
         "--kill-on-bad-exit=1",
         "--unbuffered",
-        f"--job-name={step_name(name)}",
+        f"--job-name={job_name}",
         *node_argv,
     ]
 

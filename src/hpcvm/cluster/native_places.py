@@ -1,0 +1,154 @@
+"""Where native ranks run on each node of ``bench --nodes``: each node's own PUs.
+
+One-node benches confine native runs to the PUs and memory nodes the tuned VM's vCPUs
+and memory are pinned to (bench/placement.py). Across nodes every VM is planned on its
+own node, from that node's topology (unlike nodes get unlike plans; on the one-machine
+test cluster each node is a cpuset of its own), so the batch node's PUs say nothing of
+the others'. Each node therefore computes its own native placement, as one-node bench
+does, and reports the PUs its processes may use at all, in one Slurm step with a task
+per node (``hpcvm cluster placement``, hidden).
+
+How ranks are then bound is what Open MPI 4.1 can do. Its mpirun computes every
+binding from its own node's topology (it assumes the nodes alike: checked on the test
+cluster, a rankfile naming node 2's PU, physical or logical, fails or is refused on node
+2, and ``--hetero-nodes`` is gone). So:
+
+- every node's placement the same PUs (alike nodes, the usual cluster): ``--cpu-list``
+  binds the ranks on every node to them (:func:`with_cpu_set`);
+- placements that differ: ranks are dealt ``--map-by node --bind-to core`` as in the
+  VMs, each inside what its node allows (its cgroup: Slurm's task/cgroup on a real
+  cluster, the node's cpuset on the test cluster). Where a node allows more PUs than
+  its VM uses, native may use them: :func:`differences` names such nodes, and the run
+  records it beside the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from hpcvm.bench.config import BenchConfig
+from hpcvm.bench.placement import NativePlacement
+from hpcvm.cluster import slurm
+from hpcvm.errors import RuntimeFailure
+from hpcvm.model import Frozen
+from hpcvm.units import format_cpu_list
+
+STEP_NAME = "hpcvm-placement"
+STEP_TIMEOUT = 300.0  # a Slurm step on every node; each reads its topology and plans
+
+
+class NodeNative(Frozen):
+    """One node's native placement and the PUs its processes may use at all."""
+
+    placement: NativePlacement
+    allowed: tuple[int, ...]
+
+
+def this_node(config_json: str) -> str:
+    """The JSON line a node's task prints: its name, placement and allowed PUs."""
+    from hpcvm.bench.session import native_on
+    from hpcvm.cluster.control import this_node as node_name
+    from hpcvm.host import discover
+
+    config = BenchConfig.model_validate_json(config_json)
+    native = NodeNative(
+        placement=native_on(config, discover()), allowed=tuple(sorted(os.sched_getaffinity(0)))
+    )
+    return json.dumps({"node": node_name(), **native.model_dump(mode="json")})
+
+
+def each_node(
+    allocation: slurm.Allocation, config: BenchConfig, hpcvm: Sequence[str]
+) -> dict[str, NodeNative]:
+    """Every node's placement, by node name; RuntimeFailure naming what failed."""
+    argv = slurm.per_node_argv(
+        allocation, STEP_NAME, [*hpcvm, "cluster", "placement", config.model_dump_json()]
+    )
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=STEP_TIMEOUT, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeFailure(
+            f"the nodes did not report their native PUs within {STEP_TIMEOUT:.0f} s (srun)"
+        ) from None
+    if proc.returncode != 0:
+        said = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeFailure(
+            f"could not learn each node's native PUs (srun exit {proc.returncode}): {said}"
+        )
+    return parse(proc.stdout, allocation.nodes)
+
+
+def parse(text: str, nodes: Sequence[str]) -> dict[str, NodeNative]:
+    """The step's output lines, checked to hold one placement per node."""
+    found: dict[str, NodeNative] = {}
+    for line in text.splitlines():
+        if line.strip():
+            item = json.loads(line)
+            node = str(item.pop("node"))
+            found[node] = NodeNative.model_validate(item)
+    missing = [n for n in nodes if n not in found]
+    if missing:
+        raise RuntimeFailure(f"no native placement came back from node(s) {', '.join(missing)}")
+    return {n: found[n] for n in nodes}
+
+
+def common_cpus(places: Mapping[str, NodeNative]) -> tuple[int, ...] | None:
+    """The PUs to bind ranks to on every node (``--cpu-list``): the placement when
+    every node has the same one, else None (module doc)."""
+    cpus = {p.placement.cpus for p in places.values()}
+    only = cpus.pop() if len(cpus) == 1 else None
+    return only
+
+
+def used(native: NodeNative, common: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The PUs a node's native ranks may run on."""
+    return common if common is not None else native.allowed
+
+
+def describe(places: Mapping[str, NodeNative]) -> str:
+    """``node1: PUs 0, mems 0; node2: PUs 1, mems 0``: where native ran, per node."""
+    common = common_cpus(places)
+    return "; ".join(
+        f"{node}: PUs {format_cpu_list(list(used(p, common)))}, "
+        f"mems {format_cpu_list(list(p.placement.mems))}"
+        for node, p in places.items()
+    )
+
+
+def differences(places: Mapping[str, NodeNative]) -> list[str]:
+    """Nodes whose native ranks may use other PUs than their VM's (module doc)."""
+    common = common_cpus(places)
+    return [
+        f"native on {node} may use PUs {format_cpu_list(list(used(p, common)))}, its VM's "
+        f"vCPUs PUs {format_cpu_list(list(p.placement.cpus))} (Open MPI binds alike nodes "
+        "only: confine each node's jobs to its VM's PUs with a cgroup to compare like for like)"
+        for node, p in places.items()
+        if p.placement.cpus is not None and set(used(p, common)) != set(p.placement.cpus)
+    ]
+
+
+def with_cpu_set(argv: Sequence[str], program: str, cpus: Sequence[int] | None) -> list[str]:
+    """``argv`` with its mpirun's ranks kept to ``cpus`` on every node (``--cpu-list``);
+    unchanged without cpus or without an mpirun.
+
+    Open MPI 4.1 maps a cpu list itself (one slot per listed PU and node, filled in
+    order) and refuses it beside ``--map-by``, so the ``--map-by`` pair goes: ranks then
+    fill each node's listed PUs in turn, which puts one rank on each node whenever the
+    ranks are as many as the nodes, as the VMs' ``--map-by node`` does. (With more ranks
+    per node, native numbers them in blocks and the VMs round-robin: the same ranks per
+    node, other neighbours.)
+    """
+    out = list(argv)
+    if not cpus or program not in out:
+        return out
+    if "--map-by" in out:
+        at = out.index("--map-by")
+        del out[at : at + 2]
+    at = out.index(program) + 1
+    out[at:at] = ["--cpu-list", format_cpu_list(tuple(cpus))]
+    return out
