@@ -19,8 +19,9 @@ import pytest
 
 from hpcvm.bench.launch import Spread, across, mpirun_argv, mpirun_program
 from hpcvm.bench.placement import NativePlacement
-from hpcvm.cluster import launcher, native_places, slurm
-from hpcvm.cluster.bench_envs import slurm_environment
+from hpcvm.cluster import guest_mpi, native_places
+from hpcvm.cluster.batch import Allocation
+from hpcvm.cluster.slurm import Slurm
 from hpcvm.cluster.spec import (
     EVENT_PREFIX,
     NodeEvent,
@@ -91,8 +92,8 @@ def test_event_lines_round_trip_through_srun_labels_and_noise() -> None:
 
 @pytest.mark.skipif(shutil.which("srun") is None, reason="Slurm's client is not installed")
 def test_the_holder_step_uses_only_options_srun_knows(tmp_path: Path) -> None:
-    allocation = slurm.Allocation(job_id="7", nodes=("n1", "n2"))
-    argv = slurm.holder_argv(allocation, "c", ["hpcvm", "cluster", "node"])
+    allocation = Allocation(batch="slurm", job_id="7", nodes=("n1", "n2"))
+    argv = Slurm().step_argv(allocation, "c", ["hpcvm", "cluster", "node"])
     # srun reads a slurm.conf before it prints its help; a minimal one does.
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\nSlurmctldHost=localhost\nNodeName=n1\n")
@@ -110,7 +111,7 @@ def test_the_holder_step_uses_only_options_srun_knows(tmp_path: Path) -> None:
 
 def test_outside_an_allocation_cluster_commands_say_how_to_get_one() -> None:
     with pytest.raises(UsageError, match="sbatch -N"):
-        slurm.current_allocation({})
+        Slurm().allocation(None, {})
 
 
 def _ompi_knows(param: str) -> bool:
@@ -140,18 +141,19 @@ def test_across_nodes_mpirun_uses_tcp_on_the_given_network_and_deals_ranks_by_no
 @pytest.mark.skipif(shutil.which("ompi_info") is None, reason="Open MPI is not installed")
 def test_the_guest_mpi_environment_names_parameters_open_mpi_has() -> None:
     env = dict(
-        v.split("=", 1) for v in launcher.mpi_environment(ipaddress.IPv4Network("10.1.0.0/16"))
+        v.split("=", 1) for v in guest_mpi.mpi_environment(ipaddress.IPv4Network("10.1.0.0/16"))
     )
     for key in env:
         if key.startswith("OMPI_MCA_"):
             assert _ompi_knows(key.removeprefix("OMPI_MCA_")), key
     assert env["OMPI_MCA_btl_tcp_if_include"] == "10.1.0.0/16"
     agent = shlex.split(env["OMPI_MCA_plm_rsh_agent"])
-    assert agent[:3] == ["ssh", "-i", launcher.PRIVATE_KEY]
+    assert agent[:3] == ["ssh", "-i", guest_mpi.PRIVATE_KEY]
 
 
 def test_native_runs_keep_slurm_variables() -> None:
-    assert slurm_environment({"SLURM_JOB_ID": "3", "HOME": "/x", "SLURM_NODELIST": "n[1-2]"}) == [
+    env = {"SLURM_JOB_ID": "3", "HOME": "/x", "SLURM_NODELIST": "n[1-2]"}
+    assert Slurm().native_mpi_env(env) == [
         "SLURM_JOB_ID=3",
         "SLURM_NODELIST=n[1-2]",
     ]
@@ -193,12 +195,12 @@ def test_each_nodes_placement_must_come_back() -> None:
 
 def test_the_guest_scripts_are_valid_shell() -> None:
     for script in (
-        launcher.sshd_script("c-node1", ipaddress.IPv4Interface("10.0.0.5/24")),
-        launcher.first_vm_script([("10.0.0.5", 2), ("10.0.0.6", 2)]),
+        guest_mpi.sshd_script("c-node1", ipaddress.IPv4Interface("10.0.0.5/24")),
+        guest_mpi.first_vm_script([("10.0.0.5", 2), ("10.0.0.6", 2)]),
     ):
         done = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-    assert "ListenAddress 10.0.0.5\n" in launcher.sshd_script(
+    assert "ListenAddress 10.0.0.5\n" in guest_mpi.sshd_script(
         "x", ipaddress.IPv4Interface("10.0.0.5/24")
     )
-    assert "10.0.0.6 slots=2" in launcher.first_vm_script([("10.0.0.6", 2)])
+    assert "10.0.0.6 slots=2" in guest_mpi.first_vm_script([("10.0.0.6", 2)])

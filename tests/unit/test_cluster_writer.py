@@ -1,6 +1,6 @@
 """One ``cluster up`` or ``down`` of a name at a time (issue 17's rule for every
 command that writes shared state). A real second process holds the cluster's lock
-through hpcvm.cluster.control itself; ``hpcvm cluster down`` of that name must be
+through hpcvm.cluster.state itself; ``hpcvm cluster down`` of that name must be
 refused at once, in one line naming the holder's pid, with BusyError's exit code, and
 must leave the holder's state alone. No Slurm is needed: the refusal comes first."""
 
@@ -18,9 +18,9 @@ from hpcvm.errors import BusyError
 
 HOLD = """
 import sys, time
-from hpcvm.cluster import control
-with control._one_writer("job7"):
-    (control.cluster_dir("job7")).mkdir(parents=True)
+from hpcvm.cluster import state
+with state.one_writer("job7"):
+    state.cluster_dir("job7").mkdir(parents=True)
     print("held", flush=True)
     time.sleep(60)
 """

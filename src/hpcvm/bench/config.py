@@ -14,7 +14,6 @@ from typing import Any, Literal
 from hpcvm.bench.suites import SuiteOptions, suite_names
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
-from hpcvm.runtime.model import BackendName
 from hpcvm.stats import DEFAULT_CONFIDENCE
 from hpcvm.units import GIB
 
@@ -41,9 +40,10 @@ class BenchConfig(Frozen):
     vm_vcpus: int | None = None  # None: max(np)
     vm_memory: int = DEFAULT_VM_MEMORY
     vm_guest_nodes: int | None = None
-    vm_backend: BackendName = "qemu"
+    vm_backend: str = "qemu"  # a name in runtime/backends.py BACKENDS
     native_cpus: tuple[int, ...] | Literal["all"] | None = None  # None: the VM's PUs
-    nodes: int = 1  # --nodes: ranks spread over this many nodes of a Slurm allocation
+    nodes: int = 1  # --nodes: ranks spread over this many nodes of an allocation
+    batch: str = "slurm"  # --batch: the batch system that gives those nodes (cluster/)
     suite_options: SuiteOptions = SuiteOptions()
 
     def check(self) -> BenchConfig:

@@ -34,7 +34,6 @@ from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.lock import Holder, exclusive, read_holder
 from hpcvm.plan.model import VMPlan
-from hpcvm.runtime.model import BackendName
 from hpcvm.signals import interrupting, signals_deferred
 from hpcvm.store import (
     NewEnvironment,
@@ -168,7 +167,7 @@ class EnvironmentMaker(Protocol):
     ) -> Environment: ...
 
     def vm(
-        self, plan: VMPlan, *, vm_name: str, backend: BackendName, shares: tuple[str, ...]
+        self, plan: VMPlan, *, vm_name: str, backend: str, shares: tuple[str, ...]
     ) -> Environment: ...
 
 
@@ -181,7 +180,7 @@ class OneNode:
         return NativeEnvironment(host, cpus=cpus, mems=mems)
 
     def vm(
-        self, plan: VMPlan, *, vm_name: str, backend: BackendName, shares: tuple[str, ...]
+        self, plan: VMPlan, *, vm_name: str, backend: str, shares: tuple[str, ...]
     ) -> Environment:
         return VmEnvironment(plan, vm_name=vm_name, backend=backend, shares=shares)
 

@@ -31,7 +31,7 @@ from hpcvm.bench.versions import host_versions
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import PlanRequest, ProfileName, VMPlan
-from hpcvm.runtime.model import BackendName, ExecResult, Machine
+from hpcvm.runtime.model import ExecResult, Machine
 from hpcvm.store.records import EnvKind, NewEnvironment
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ class VmEnvironment:
         plan: VMPlan,
         *,
         vm_name: str,
-        backend: BackendName = "qemu",
+        backend: str = "qemu",
         shares: tuple[str, ...] = (),
     ) -> None:
         """``shares``: host directories the suites run from besides the working
@@ -204,7 +204,7 @@ class VmEnvironment:
         self.vcpus = plan.vcpus
         self.memory_bytes = plan.memory_bytes
         self.vm_name = vm_name
-        self.backend_name: BackendName = backend
+        self.backend_name: str = backend
         self.machine: Machine | None = None
         self._facts: list[str] = []
 
@@ -212,10 +212,10 @@ class VmEnvironment:
 
     def start(self) -> None:
         from hpcvm.runtime import lifecycle
+        from hpcvm.runtime.options import UpOptions
 
         self.machine = lifecycle.up(
-            self.plan,
-            lifecycle.UpOptions(name=self.vm_name, backend=self.backend_name, shares=self.shares),
+            self.plan, UpOptions(name=self.vm_name, backend=self.backend_name, shares=self.shares)
         )
         facts = self._exec(["/bin/sh", "-c", _FACTS], 120.0)
         self._facts = facts.stdout.splitlines()

@@ -7,6 +7,7 @@ summarises the database, cli/bench_view.py prints the tables.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -45,7 +46,6 @@ from hpcvm.cli.common import console, err_console
 from hpcvm.errors import SamplesFailed, UsageError
 from hpcvm.model import Frozen
 from hpcvm.runtime.backends import BACKENDS
-from hpcvm.runtime.model import BackendName
 from hpcvm.stats.overhead import Method
 from hpcvm.store import SampleRecord, Store
 from hpcvm.units import format_size, parse_size
@@ -75,7 +75,7 @@ class BenchOptions(Frozen):
     vm_vcpus: int | None
     vm_memory: str | None
     vm_guest_nodes: int | None
-    vm_backend: BackendName
+    vm_backend: str
     native_cpus: str | None
     size: str
     noise_quanta: int | None
@@ -90,6 +90,7 @@ class BenchOptions(Frozen):
     cmd_mpi: bool
     bind: Bind
     nodes: int
+    batch: str
     network: str | None
     address: str | None
 
@@ -230,6 +231,7 @@ def _config(o: BenchOptions) -> BenchConfig:
         vm_backend=o.vm_backend,
         native_cpus=parse_native_cpus(o.native_cpus),
         nodes=o.nodes,
+        batch=o.batch,
         suite_options=_suite_options(o),
     ).check()
 
@@ -354,8 +356,15 @@ class _Bar:
     type=int,
     default=1,
     show_default=True,
-    help="Spread MPI ranks over this many nodes of the Slurm allocation (native: mpirun "
+    help="Spread MPI ranks over this many nodes of the allocation (native: mpirun "
     "across them; each VM environment: one VM per node). See docs/cluster.md.",
+)
+@click.option(
+    "--batch",
+    default="slurm",
+    show_default=True,
+    help="With --nodes: the batch system that gives the nodes (slurm, or local: this "
+    "machine as --nodes nodes).",
 )
 @click.option(
     "--network",
@@ -414,13 +423,13 @@ def _bench(out: Path, resume: bool, interval: Method, o: BenchOptions) -> int:
 def _across_nodes(
     config: BenchConfig, o: BenchOptions
 ) -> tuple[EnvironmentMaker | None, Spread | None]:
-    """With ``--nodes N`` (N > 1): environments spanning the N nodes of this Slurm
-    allocation and the mpirun line that spreads ranks over them (docs/cluster.md)."""
+    """With ``--nodes N`` (N > 1): environments spanning the N nodes of this allocation
+    (``--batch``) and the mpirun line that spreads ranks over them (docs/cluster.md)."""
     if config.nodes == 1:
         if o.network or o.address:
             raise UsageError("--network and --address go with --nodes N (N > 1)")
         return None, None
-    from hpcvm.cluster import slurm
+    from hpcvm.cluster.batches import get_batch
     from hpcvm.cluster.bench_envs import ClusterEnvironments
     from hpcvm.runtime.network import parse_address
 
@@ -430,12 +439,7 @@ def _across_nodes(
             "network (the next VMs take the next addresses; MPI runs use that network)"
         )
     network = parse_address(o.address).network
-    allocation = slurm.current_allocation()
-    if len(allocation.nodes) != config.nodes:
-        raise UsageError(
-            f"--nodes {config.nodes} but this Slurm allocation has {len(allocation.nodes)} "
-            f"node(s): submit with -N {config.nodes}"
-        )
+    allocation = get_batch(config.batch).allocation(config.nodes, os.environ)
     single = [s for s in config.suites if s in REGISTRY and not REGISTRY[s].spans_nodes]
     if single:
         raise UsageError(f"--suite {single[0]} measures one node's CPUs: run it without --nodes")

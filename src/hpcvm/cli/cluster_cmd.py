@@ -1,7 +1,8 @@
-"""`hpcvm cluster up|ps|exec|down`: tuned VMs on every node of a Slurm job.
+"""`hpcvm cluster up|ps|exec|down`: tuned VMs on every node of a batch job.
 
-Thin: options become a ClusterSpec, hpcvm/cluster/ does the work. Run inside an
-allocation (a batch script under ``sbatch -N N``, or ``salloc``), on its first node.
+Thin: options become a ClusterRequest, hpcvm/cluster/ does the work. Run inside an
+allocation (a batch script under ``sbatch -N N``, or ``salloc``), on its first node, or
+on one machine with ``--batch local --nodes N``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import click
 from rich.table import Table
 
 from hpcvm.cli.common import console, err_console
-from hpcvm.cli.vm_cmd import _request, _vm_options
+from hpcvm.cli.vm_options import VmOptionValues, vm_options
 from hpcvm.cluster import control
+from hpcvm.cluster.batches import BATCH_SYSTEMS, DEFAULT_BATCH
+from hpcvm.cluster.spec import ClusterRequest
 from hpcvm.errors import UsageError
 from hpcvm.runtime.network import parse_address
 from hpcvm.signals import interrupting
@@ -30,52 +33,66 @@ def _say(text: str) -> None:
 
 @click.group("cluster")
 def cluster() -> None:
-    """Tuned VMs on every node of a Slurm job, joined by a network, running MPI.
+    """Tuned VMs on every node of a batch job, joined by a network, running MPI.
 
     In a batch script (sbatch -N 2): cluster up starts one VM per allocated node, each
     planned for its node; cluster exec runs a command (mpirun) in the first VM with
     ranks on every VM; cluster ps lists them; cluster down stops them all. scancel or
-    the job's end stops them too.
+    the job's end stops them too. On one machine: cluster up --batch local --nodes N.
     """
 
 
 @cluster.command("up")
 @click.option("--name", required=True, help="Name of the cluster (e.g. $SLURM_JOB_ID).")
-@_vm_options
+@click.option(
+    "--batch",
+    type=click.Choice(list(BATCH_SYSTEMS)),
+    default=DEFAULT_BATCH,
+    show_default=True,
+    help="The batch system that gives the nodes: slurm (run inside an allocation) or "
+    "local (this machine as --nodes nodes, for as long as the calling shell lives).",
+)
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="How many nodes (local: made here; slurm: checked against the allocation).",
+)
+@vm_options
 @click.option(
     "--timeout",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=DEFAULT_UP_TIMEOUT,
     show_default=True,
     help="Seconds for every VM to come up before all are taken down.",
 )
-def up_cmd(name: str, timeout: float, **kw: Any) -> int:
-    """Start one VM per node of this Slurm allocation; return when every guest answers.
+def up_cmd(name: str, batch: str, nodes: int | None, timeout: float, **kw: Any) -> int:
+    """Start one VM per node of this allocation; return when every guest answers.
 
     --network is each node's (default bridge=br0); --address is the first node's VM
     address, and the k-th node's VM gets the k-th next one (no DHCP server needed).
     """
-    first_address = kw["address"]
-    if not first_address:
+    values = VmOptionValues.parse(kw)
+    if not values.address:
         raise UsageError(
             "cluster up needs --address IP/PREFIX: the first node's VM address on the "
             "network (the k-th node's VM gets the k-th next one)"
         )
-    parse_address(first_address)
-    fields: dict[str, object] = {
-        "request": _request(kw),
-        "backend": kw["backend"],
-        "kernel": kw["kernel"],
-        "initrd": kw["initrd"],
-        "image": kw["image"],
-        "shares": tuple(kw["shares"]),
-        "ready_timeout": kw["ready_timeout"],
-        "workdir": os.getcwd(),
-        "network": kw["network"] or DEFAULT_NETWORK,
-        "first_address": first_address,
-    }
+    parse_address(values.address)
+    vm = values.vm().model_copy(
+        update={"network": values.network or DEFAULT_NETWORK, "address": None}
+    )
+    request = ClusterRequest(
+        plan=values.plan_request(),
+        vm=vm,
+        name=name,
+        batch=batch,
+        nodes=nodes,
+        first_address=values.address,
+        workdir=os.getcwd(),
+    )
     with interrupting():
-        ready = control.up(fields, name, timeout, _say)
+        ready = control.up(request, timeout, _say)
     _say(f"{name}: {len(ready)} VM(s) up")
     return 0
 
@@ -126,24 +143,6 @@ def down_cmd(name: str) -> int:
     """Stop every VM of the cluster on every node and remove what hpcvm made."""
     control.down(name, _say)
     _say(f"{name}: down")
-    return 0
-
-
-@cluster.command("node", hidden=True)
-def node_cmd() -> int:
-    """One node's task of the holder step (started by cluster up through srun)."""
-    from hpcvm.cluster import node
-
-    return node.run()
-
-
-@cluster.command("placement", hidden=True)
-@click.argument("config_json")
-def placement_cmd(config_json: str) -> int:
-    """This node's native PUs for a bench --nodes run (started by bench through srun)."""
-    from hpcvm.cluster import native_places
-
-    click.echo(native_places.this_node(config_json))
     return 0
 
 

@@ -1,6 +1,6 @@
 """`hpcvm up`, `ps`, `exec`, `down` and `run`: start, list, use and stop VMs.
 
-Thin: options become a PlanRequest and UpOptions, runtime/lifecycle.py does the work.
+Thin: options become a VmRequest (cli/vm_options.py), runtime/lifecycle.py does the work.
 Exit codes: errors as in errors.py; `exec` and `run` exit with the guest command's code
 (128+N when a signal killed it) and 124 when it outlives --timeout, like timeout(1).
 """
@@ -11,130 +11,27 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from hpcvm.cli.common import console, err_console, warn
-from hpcvm.plan.model import PROFILE_NAMES, PlanRequest
+from hpcvm.cli.vm_options import VmOptionValues, vm_options
 from hpcvm.runtime import lifecycle
-from hpcvm.runtime.backends import BACKENDS
-from hpcvm.runtime.model import BackendName, ExecResult, Machine
+from hpcvm.runtime.model import ExecResult, Machine
+from hpcvm.runtime.options import UpOptions, VmRequest
 from hpcvm.runtime.shares import describe as describe_shares
 from hpcvm.signals import interrupting
-from hpcvm.units import format_size, parse_size
-
-F = TypeVar("F", bound=Callable[..., Any])
+from hpcvm.units import format_size
 
 
-def _vm_options(func: F) -> F:
-    """The VM's shape and how to boot it; shared by `up` and `run`."""
-    options = [
-        click.option(
-            "--profile", required=True, type=click.Choice(PROFILE_NAMES), help="Tuning profile."
-        ),
-        click.option("--vcpus", required=True, type=int, help="Number of vCPUs."),
-        click.option("--memory", required=True, help="Guest memory, e.g. 2G or 512M."),
-        click.option("--page-size", default=None, help="4K, 2M or 1G (profile default)."),
-        click.option(
-            "--housekeeping", type=int, default=None, help="hpc: cores per node for QEMU."
-        ),
-        click.option(
-            "--guest-nodes", type=int, default=None, help="numa/hpc: number of guest nodes."
-        ),
-        click.option("--passthrough", multiple=True, help="hpc: PCI device to pass (repeatable)."),
-        click.option(
-            "--accel",
-            type=click.Choice(["auto", "kvm", "tcg"]),
-            default="auto",
-            show_default=True,
-            help="KVM, TCG, or KVM when a probe guest boots on it.",
-        ),
-        click.option(
-            "--backend",
-            type=click.Choice(list(BACKENDS)),
-            default="qemu",
-            show_default=True,
-            help="Run QEMU directly (QMP) or through libvirt.",
-        ),
-        click.option("--connect", "connect_uri", default=None, help="libvirt URI."),
-        click.option("--kernel", default=None, help="Boot this kernel (with --initrd)."),
-        click.option("--initrd", default=None, help="Initramfs for --kernel."),
-        click.option("--image", default=None, help="Boot a disk image instead of a kernel."),
-        click.option(
-            "--share",
-            "shares",
-            multiple=True,
-            metavar="HOST_DIR[:GUEST_DIR][:rw]",
-            help="Share a host directory with the guest, read-only unless :rw "
-            "(repeatable). The built-in guest also sees /usr, /bin, /sbin, /lib*, /opt, "
-            "/etc without secrets and the working directory, read-only.",
-        ),
-        click.option(
-            "--network",
-            default=None,
-            metavar="KIND=SOURCE[,model=virtio|e1000][,mtu=N]",
-            help="Give the VM a NIC on the host network: bridge=BR (a tap in bridge BR; "
-            "model=e1000 alone means bridge=br0), macvtap=NIC (a macvtap in bridge mode on "
-            "the host's Ethernet NIC) or vf=auto|PCI_ADDRESS (an SR-IOV VF passed through, "
-            "hpc profile). See docs/networking.md.",
-        ),
-        click.option(
-            "--address",
-            default=None,
-            metavar="IPV4/PREFIX",
-            help="The guest's address on --network (e.g. 10.77.0.101/24), set by the "
-            "guest itself at boot.",
-        ),
-        click.option(
-            "--ready-timeout",
-            type=float,
-            default=None,
-            help="Seconds to wait for the guest agent (default 90 under TCG, 30 under KVM; "
-            "or $HPCVM_READY_TIMEOUT).",
-        ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def _request(kw: dict[str, Any]) -> PlanRequest:
-    page = kw["page_size"]
-    return PlanRequest(
-        profile=kw["profile"],
-        vcpus=kw["vcpus"],
-        memory_bytes=parse_size(kw["memory"], what="--memory"),
-        page_size_bytes=parse_size(page, what="--page-size") if page else None,
-        housekeeping=kw["housekeeping"],
-        guest_nodes=kw["guest_nodes"],
-        passthrough=tuple(kw["passthrough"]),
-        accel=kw["accel"],
-    )
-
-
-def _up_options(name: str, kw: dict[str, Any]) -> lifecycle.UpOptions:
-    return lifecycle.UpOptions(
-        name=name,
-        backend=cast(BackendName, kw["backend"]),
-        connect_uri=kw["connect_uri"],
-        kernel=kw["kernel"],
-        initrd=kw["initrd"],
-        image=kw["image"],
-        ready_timeout=kw["ready_timeout"],
-        shares=tuple(kw["shares"]),
-        network=kw["network"],
-        address=kw["address"],
-    )
-
-
-def _start(name: str, kw: dict[str, Any], *, out: Console = console) -> Machine:
+def _start(name: str, request: VmRequest, *, out: Console = console) -> Machine:
     begin = time.monotonic()
-    machine = lifecycle.up(_request(kw), _up_options(name, kw), warn=warn)
+    options = UpOptions(**request.vm.model_dump(), name=name)
+    machine = lifecycle.up(request.plan, options, warn=warn)
     for text in machine.plan.warnings:
         warn(text)
     plan = machine.plan
@@ -170,11 +67,12 @@ def _print_result(result: ExecResult) -> int:
 
 @click.command("up")
 @click.option("--name", required=True, help="Name of the VM (used by exec, down...).")
-@_vm_options
+@vm_options
 def up_cmd(name: str, **kw: Any) -> int:
     """Plan a VM for this host, boot it and wait until commands can run in it."""
+    request = VmOptionValues.parse(kw).request()
     with interrupting():
-        _start(name, kw)
+        _start(name, request)
     return 0
 
 
@@ -259,14 +157,15 @@ def down_cmd(name: str | None, all_: bool, timeout: float) -> int:
 @click.command("run", context_settings={"ignore_unknown_options": True})
 @click.option("--name", default=None, help="Name of the VM (default run-<pid>).")
 @click.option("--timeout", type=float, default=None, help="Seconds for the command (exit 124).")
-@_vm_options
+@vm_options
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(name: str | None, timeout: float | None, argv: tuple[str, ...], **kw: Any) -> int:
     """Boot a VM, run one command in it, and always take the VM down again."""
+    request = VmOptionValues.parse(kw).request()
     vm_name = name or f"run-{os.getpid()}"
     command = _absolute_program(argv)
     with interrupting():
-        machine = _start(vm_name, kw, out=err_console)  # stdout is the command's
+        machine = _start(vm_name, request, out=err_console)  # stdout is the command's
         try:
             result = lifecycle.exec_in(machine, command, timeout)
         finally:

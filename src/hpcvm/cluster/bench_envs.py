@@ -1,18 +1,18 @@
-"""``hpcvm bench --nodes N``: native and VM environments that span a Slurm job's nodes.
+"""``hpcvm bench --nodes N``: native and VM environments that span an allocation's nodes.
 
 Fair by construction: both run the same suite argv, whose ``mpirun`` line
 (bench/launch.py ``across``) spreads ranks round-robin over the nodes on the same
 network with the same transports. Natively ``mpirun`` runs on the batch node and finds
-the allocation through Slurm's environment (kept through the runs' clean environment);
-in a VM environment it runs in the first node's VM with the cluster's hostfile and ssh
-launcher (cluster/launcher.py). Native ranks run on each node where that node's own
-placement puts them (the PUs its tuned VM has its vCPUs pinned to, cluster/
-native_places.py, which says what Open MPI 4.1 allows and what is recorded when a node
-differs), as one-node native runs are confined by a cpuset.
+the allocation through the batch system's environment (``native_mpi_env``, kept through
+the runs' clean environment); in a VM environment it runs in the first node's VM with
+the cluster's hostfile and ssh launcher (cluster/guest_mpi.py). Native ranks run on
+each node where that node's own placement puts them (the PUs its tuned VM has its vCPUs
+pinned to, cluster/native_places.py, which says what Open MPI 4.1 allows and what is
+recorded when a node differs), as one-node native runs are confined by a cpuset.
 
 What differs from one-node runs, and is recorded with the run: the VMs on the other
 nodes are not paused while another environment is measured (pausing them would take a
-Slurm step per node and sample); the interrupt counts are the batch node's and its VM's.
+step per node and sample); the interrupt counts are the batch node's and its VM's.
 """
 
 from __future__ import annotations
@@ -27,23 +27,19 @@ from hpcvm.bench.environments import RunOutput
 from hpcvm.bench.launch import mpirun_program
 from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.vm import VmEnvironment
-from hpcvm.cluster import control, launcher, native_places, slurm
-from hpcvm.cluster.spec import check_addresses, node_address
+from hpcvm.cluster import control, guest_mpi, native_places
+from hpcvm.cluster.batch import Allocation
+from hpcvm.cluster.batches import get_batch
+from hpcvm.cluster.spec import ClusterRequest, check_addresses, node_address
 from hpcvm.errors import RuntimeFailure
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
 from hpcvm.runtime import paths, state
-from hpcvm.runtime.model import BackendName
+from hpcvm.runtime.options import VmOptions
 from hpcvm.store.records import NewEnvironment
 
 ENV = "/usr/bin/env"
 UP_TIMEOUT = 600.0
-
-
-def slurm_environment(env: dict[str, str] | None = None) -> list[str]:
-    """The Slurm variables a native ``mpirun`` needs to find its allocation."""
-    env = dict(os.environ) if env is None else env
-    return [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("SLURM_")]
 
 
 class ClusterNativeEnvironment(NativeEnvironment):
@@ -55,7 +51,7 @@ class ClusterNativeEnvironment(NativeEnvironment):
         host: HostTopology | None,
         *,
         config: BenchConfig,
-        allocation: slurm.Allocation,
+        allocation: Allocation,
         cpus: Sequence[int] | None,
         say: Callable[[str], None] = lambda _text: None,
     ) -> None:
@@ -75,7 +71,7 @@ class ClusterNativeEnvironment(NativeEnvironment):
     def start(self) -> None:
         if self.places:
             return
-        self.places = native_places.each_node(self.allocation, self.config, control.hpcvm_argv())
+        self.places = native_places.each_node(self.allocation, self.config)
         self.common = native_places.common_cpus(self.places)
         self.vcpus = sum(len(native_places.used(p, self.common)) for p in self.places.values())
         self.say(f"native: {native_places.describe(self.places)}")
@@ -98,7 +94,8 @@ class ClusterNativeEnvironment(NativeEnvironment):
         self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
     ) -> RunOutput:
         placed = native_places.with_cpu_set(argv, mpirun_program(), self.common)
-        spread = [ENV, *slurm_environment(), *placed]
+        batch_env = get_batch(self.allocation.batch).native_mpi_env(os.environ)
+        spread = [ENV, *batch_env, *placed]
         return super().run(spread, workdir, timeout, outputs=outputs)
 
 
@@ -114,16 +111,17 @@ class ClusterVmEnvironment(VmEnvironment):
         cluster: str,
         network: str,
         first_address: str,
-        nodes: int,
-        backend: BackendName = "qemu",
+        allocation: Allocation,
+        backend: str = "qemu",
         shares: tuple[str, ...] = (),
         say: Callable[[str], None] = lambda _text: None,
     ) -> None:
         """``plan``: this (the first) node's plan, which its VM will have; each other
         node plans its own."""
-        super().__init__(
-            plan, vm_name=f"{cluster}-{control.this_node()}", backend=backend, shares=shares
-        )
+        first_node = get_batch(allocation.batch).this_node(os.environ)
+        super().__init__(plan, vm_name=f"{cluster}-{first_node}", backend=backend, shares=shares)
+        nodes = len(allocation.nodes)
+        self.allocation = allocation
         self.vcpus = plan.vcpus * nodes  # over all nodes
         self.cluster = cluster
         self.network = network
@@ -133,15 +131,16 @@ class ClusterVmEnvironment(VmEnvironment):
         self._pins: list[str] = []
 
     def start(self) -> None:
-        fields: dict[str, object] = {
-            "request": self.plan.request,
-            "backend": self.backend_name,
-            "shares": self.shares,
-            "workdir": os.getcwd(),
-            "network": self.network,
-            "first_address": self.first_address,
-        }
-        ready = control.up(fields, self.cluster, UP_TIMEOUT, self.say)
+        request = ClusterRequest(
+            plan=self.plan.request,
+            vm=VmOptions(backend=self.backend_name, shares=self.shares, network=self.network),
+            name=self.cluster,
+            batch=self.allocation.batch,
+            nodes=len(self.allocation.nodes),
+            first_address=self.first_address,
+            workdir=os.getcwd(),
+        )
+        ready = control.up(request, UP_TIMEOUT, self.say)
         self._pins = [
             f"{e.node}: " + " ".join(f"{v}->{pu}" for v, pu in enumerate(e.vcpu_pus)) for e in ready
         ]
@@ -163,8 +162,7 @@ class ClusterVmEnvironment(VmEnvironment):
 
     def close(self) -> None:
         self.machine = None
-        if (control.cluster_dir(self.cluster) / control.RECORD_FILE).is_file():
-            control.down(self.cluster, self.say)
+        control.down_if_up(self.cluster, self.say)
 
     def describe(self) -> NewEnvironment:
         described = super().describe()
@@ -179,7 +177,7 @@ class ClusterVmEnvironment(VmEnvironment):
         self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
     ) -> RunOutput:
         network = ipaddress.IPv4Interface(self.first_address).network
-        spread = [ENV, *launcher.mpi_environment(network), *argv]
+        spread = [ENV, *guest_mpi.mpi_environment(network), *argv]
         return super().run(spread, workdir, timeout, outputs=outputs)
 
 
@@ -192,7 +190,7 @@ class ClusterEnvironments:
         self,
         *,
         config: BenchConfig,
-        allocation: slurm.Allocation,
+        allocation: Allocation,
         network: str,
         first_address: str,
         say: Callable[[str], None] = lambda _text: None,
@@ -214,7 +212,7 @@ class ClusterEnvironments:
         )
 
     def vm(
-        self, plan: VMPlan, *, vm_name: str, backend: BackendName, shares: tuple[str, ...]
+        self, plan: VMPlan, *, vm_name: str, backend: str, shares: tuple[str, ...]
     ) -> ClusterVmEnvironment:
         first = node_address(self.first_address, self._clusters * self.nodes)
         check_addresses(str(first), self.nodes)
@@ -224,7 +222,7 @@ class ClusterEnvironments:
             cluster=vm_name,
             network=self.network,
             first_address=str(first),
-            nodes=self.nodes,
+            allocation=self.allocation,
             backend=backend,
             shares=shares,
             say=self.say,

@@ -5,8 +5,8 @@ and memory are pinned to (bench/placement.py). Across nodes every VM is planned 
 own node, from that node's topology (unlike nodes get unlike plans; on the one-machine
 test cluster each node is a cpuset of its own), so the batch node's PUs say nothing of
 the others'. Each node therefore computes its own native placement, as one-node bench
-does, and reports the PUs its processes may use at all, in one Slurm step with a task
-per node (``hpcvm cluster placement``, hidden).
+does, and reports the PUs its processes may use at all, in one step of the batch system
+with a task per node (``python -m hpcvm.cluster.internal placement``).
 
 How ranks are then bound is what Open MPI 4.1 can do. Its mpirun computes every
 binding from its own node's topology (it assumes the nodes alike: checked on the test
@@ -29,15 +29,19 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from pydantic import ValidationError
+
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.placement import NativePlacement
-from hpcvm.cluster import slurm
-from hpcvm.errors import RuntimeFailure
+from hpcvm.cluster.batch import Allocation
+from hpcvm.cluster.batches import get_batch
+from hpcvm.cluster.spawn import internal_argv
+from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.model import Frozen
 from hpcvm.units import format_cpu_list
 
 STEP_NAME = "hpcvm-placement"
-STEP_TIMEOUT = 300.0  # a Slurm step on every node; each reads its topology and plans
+STEP_TIMEOUT = 300.0  # a step on every node; each reads its topology and plans
 
 
 class NodeNative(Frozen):
@@ -50,22 +54,27 @@ class NodeNative(Frozen):
 def this_node(config_json: str) -> str:
     """The JSON line a node's task prints: its name, placement and allowed PUs."""
     from hpcvm.bench.session import native_on
-    from hpcvm.cluster.control import this_node as node_name
     from hpcvm.host import discover
 
-    config = BenchConfig.model_validate_json(config_json)
+    try:
+        config = BenchConfig.model_validate_json(config_json)
+    except ValidationError as exc:
+        raise UsageError(
+            f"placement: the bench configuration is not valid JSON of a bench run "
+            f"({exc.error_count()} error(s)): it is passed by hpcvm bench --nodes, not by hand"
+        ) from None
     native = NodeNative(
         placement=native_on(config, discover()), allowed=tuple(sorted(os.sched_getaffinity(0)))
     )
-    return json.dumps({"node": node_name(), **native.model_dump(mode="json")})
+    node = get_batch(config.batch).this_node(os.environ)
+    return json.dumps({"node": node, **native.model_dump(mode="json")})
 
 
-def each_node(
-    allocation: slurm.Allocation, config: BenchConfig, hpcvm: Sequence[str]
-) -> dict[str, NodeNative]:
+def each_node(allocation: Allocation, config: BenchConfig) -> dict[str, NodeNative]:
     """Every node's placement, by node name; RuntimeFailure naming what failed."""
-    argv = slurm.per_node_argv(
-        allocation, STEP_NAME, [*hpcvm, "cluster", "placement", config.model_dump_json()]
+    batch = get_batch(allocation.batch)
+    argv = batch.step_argv(
+        allocation, STEP_NAME, [*internal_argv("placement"), config.model_dump_json()]
     )
     try:
         proc = subprocess.run(
@@ -73,12 +82,12 @@ def each_node(
         )
     except subprocess.TimeoutExpired:
         raise RuntimeFailure(
-            f"the nodes did not report their native PUs within {STEP_TIMEOUT:.0f} s (srun)"
+            f"the nodes did not report their native PUs within {STEP_TIMEOUT:.0f} s"
         ) from None
     if proc.returncode != 0:
         said = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeFailure(
-            f"could not learn each node's native PUs (srun exit {proc.returncode}): {said}"
+            f"could not learn each node's native PUs (step exit {proc.returncode}): {said}"
         )
     return parse(proc.stdout, allocation.nodes)
 
@@ -87,10 +96,13 @@ def parse(text: str, nodes: Sequence[str]) -> dict[str, NodeNative]:
     """The step's output lines, checked to hold one placement per node."""
     found: dict[str, NodeNative] = {}
     for line in text.splitlines():
-        if line.strip():
-            item = json.loads(line)
-            node = str(item.pop("node"))
-            found[node] = NodeNative.model_validate(item)
+        if line.startswith("{"):
+            try:
+                item = json.loads(line)
+                node = str(item.pop("node"))
+                found[node] = NodeNative.model_validate(item)
+            except (ValueError, KeyError, ValidationError) as exc:
+                raise RuntimeFailure(f"a node's native placement is garbled: {exc}") from None
     missing = [n for n in nodes if n not in found]
     if missing:
         raise RuntimeFailure(f"no native placement came back from node(s) {', '.join(missing)}")
@@ -101,8 +113,7 @@ def common_cpus(places: Mapping[str, NodeNative]) -> tuple[int, ...] | None:
     """The PUs to bind ranks to on every node (``--cpu-list``): the placement when
     every node has the same one, else None (module doc)."""
     cpus = {p.placement.cpus for p in places.values()}
-    only = cpus.pop() if len(cpus) == 1 else None
-    return only
+    return cpus.pop() if len(cpus) == 1 else None
 
 
 def used(native: NodeNative, common: tuple[int, ...] | None) -> tuple[int, ...]:

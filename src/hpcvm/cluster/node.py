@@ -1,15 +1,17 @@
 """One task of the holder step: the VM of one node, from boot to the step's end.
 
 The task plans the VM from its own node's topology (unlike nodes get unlike plans),
-boots it on the node's network, starts the guest's sshd (launcher.py), reports
-``ready`` and then holds the VM: when Slurm ends the step (``cluster down``, the job's
-end, ``scancel``) it stops the VM and removes what hpcvm made on this node; when the
-VM dies it reports ``died`` and exits non-zero, and ``srun --kill-on-bad-exit`` ends
-the other nodes' tasks, so no job keeps running on part of its VMs.
+boots it on the node's network, starts the guest's sshd (guest_mpi.py), reports
+``ready`` and then holds the VM: when the batch system ends the step (``cluster down``,
+the job's end, ``scancel``) it stops the VM and removes what hpcvm made on this node;
+when the VM dies it reports ``died`` and exits non-zero, and the step ends the other
+nodes' tasks (Slurm's ``--kill-on-bad-exit``), so no job keeps running on part of its
+VMs.
 
-Slurm sends SIGTERM and, ``KillWait`` seconds later, SIGKILL: stopping is forceful
-(QEMU is told to quit over QMP, the guest is not asked to shut down), so it fits in
-that window; if the task is killed anyway, its reaper (reaper.py) finishes the job.
+A batch system sends SIGTERM and, a while later (Slurm's ``KillWait``), SIGKILL:
+stopping is forceful (QEMU is told to quit over QMP, the guest is not asked to shut
+down), so it fits in that window; if the task is killed anyway, its reaper (reaper.py)
+finishes the job.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ import sys
 import threading
 from types import FrameType
 
-from hpcvm.cluster import launcher, reaper
-from hpcvm.cluster.slurm import TaskPlace, task_place
+from hpcvm.cluster import guest_mpi, reaper
+from hpcvm.cluster.batch import TaskPlace
+from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.spec import SPEC_ENV, ClusterSpec, EventKind, NodeEvent
 from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.runtime import lifecycle
 from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.model import Machine
+from hpcvm.runtime.options import UpOptions
 from hpcvm.signals import interrupting, signals_deferred
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -37,13 +41,13 @@ def read_spec(env: dict[str, str] | None = None) -> ClusterSpec:
     text = (os.environ if env is None else env).get(SPEC_ENV)
     if not text:
         raise UsageError(
-            "hpcvm cluster node is started by hpcvm cluster up (through srun), not by hand"
+            "a node's task is started by hpcvm cluster up (through the batch system), not by hand"
         )
     return ClusterSpec.model_validate_json(text)
 
 
 def emit(event: NodeEvent) -> None:
-    """One event line on stdout, which srun relays to the batch node at once."""
+    """One event line on stdout, which the step relays to the batch node at once."""
     sys.stdout.write(event.line() + "\n")
     sys.stdout.flush()
 
@@ -62,7 +66,8 @@ def _event(kind: EventKind, spec: ClusterSpec, place: TaskPlace, **fields: objec
 
 
 def _warn(text: str) -> None:
-    """A warning of this node's ``up``: on stderr, which srun relays to the holder log."""
+    """A warning of this node's ``up``: on stderr, which the step relays to the holder
+    log."""
     sys.stderr.write(f"hpcvm: warning: {text}\n")
     sys.stderr.flush()
 
@@ -71,27 +76,21 @@ def _boot(spec: ClusterSpec, place: TaskPlace) -> Machine:
     """Plan and boot this node's VM, then make it an MPI host of the job."""
     address = spec.address(place.index)
     name = spec.vm_name(place.node)
-    options = lifecycle.UpOptions(
+    options = UpOptions(
+        **spec.vm.model_dump(exclude={"address"}),
         name=name,
-        backend=spec.backend,
-        kernel=spec.kernel,
-        initrd=spec.initrd,
-        image=spec.image,
-        shares=spec.shares,
-        ready_timeout=spec.ready_timeout,
         workdir=spec.workdir,
-        network=spec.network,
         address=str(address),
     )
-    machine = lifecycle.up(spec.request.model_copy(update={"name": name}), options, warn=_warn)
+    machine = lifecycle.up(spec.plan.model_copy(update={"name": name}), options, warn=_warn)
     try:
-        launcher.run_script(
-            machine, launcher.sshd_script(name, address), spec.public_key, "starting sshd"
+        guest_mpi.run_script(
+            machine, guest_mpi.sshd_script(name, address), spec.public_key, "starting sshd"
         )
         if place.index == 0:
-            hosts = [(str(spec.address(i).ip), spec.request.vcpus) for i in range(spec.nodes)]
-            launcher.run_script(
-                machine, launcher.first_vm_script(hosts), spec.private_key, "the MPI hostfile"
+            hosts = [(str(spec.address(i).ip), spec.plan.vcpus) for i in range(spec.nodes)]
+            guest_mpi.run_script(
+                machine, guest_mpi.first_vm_script(hosts), spec.private_key, "the MPI hostfile"
             )
     except BaseException:
         lifecycle.teardown(machine)
@@ -116,9 +115,9 @@ def _hold(machine: Machine) -> bool:
 
 
 def run() -> int:
-    """The task's whole life; its exit code tells srun whether this node failed."""
+    """The task's whole life; its exit code tells the step whether this node failed."""
     spec = read_spec()
-    place = task_place()
+    place = get_batch(spec.batch).task_place(os.environ)
     reaper.start(spec.vm_name(place.node))  # its pipe closes when this process ends
     try:
         with interrupting(*_SIGNALS):  # up then removes a half-started VM itself

@@ -11,7 +11,7 @@ the task ends, however it ends, the kernel closes that end, the read here return
 the reaper takes the VM down if it is still there (a task that stopped its VM itself
 leaves nothing to do).
 
-    python -m hpcvm.cluster.reaper VM_NAME   (stdin: the pipe)
+Started as ``python -m hpcvm.cluster.internal reaper VM_NAME`` (stdin: the pipe).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 
+from hpcvm.cluster.spawn import internal_argv
 from hpcvm.errors import HpcvmError
 
 STOP_TIMEOUT = 2.0
@@ -32,7 +33,7 @@ def start(vm_name: str) -> int:
     read_end, write_end = os.pipe()
     try:
         subprocess.Popen(
-            [sys.executable, "-m", "hpcvm.cluster.reaper", vm_name],
+            [*internal_argv("reaper"), vm_name],
             stdin=read_end,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
@@ -51,7 +52,3 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(HpcvmError):
         lifecycle.down(vm_name, timeout=STOP_TIMEOUT)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,5 +1,6 @@
-"""What hpcvm asks of Slurm: the allocation it runs in, one step that holds the VMs,
-and the signals that end it.
+"""Slurm as a batch system (batch.py): the allocation, one step that holds the VMs, and
+the signals that end it. The only module of hpcvm that names Slurm's commands and
+variables.
 
 Why a step holds the VMs rather than daemons left behind by a short step: Slurm ends a
 step's processes when the step ends (with proctrack/cgroup it kills the whole cgroup),
@@ -7,38 +8,23 @@ and it ends every step of a job on ``scancel`` or when the job ends. A VM owned 
 running step therefore goes down exactly when Slurm says the job is over, on every node,
 without hpcvm keeping its own list of hosts to visit. ``--overlap`` lets the job's other
 steps (the user's MPI runs, native benchmark runs) share the nodes with it;
-``--cpu-bind=none`` keeps Slurm's task affinity off QEMU, which hpcvm pins itself.
+``--cpu-bind=none`` keeps Slurm's task affinity off QEMU, which hpcvm pins itself;
+``--kill-on-bad-exit`` ends every task when one fails; ``--unbuffered`` relays each
+task's output line as it comes.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
+from hpcvm.cluster.batch import Allocation, TaskPlace
 from hpcvm.errors import RuntimeFailure, UsageError
 
 SLURM_PACKAGE = "slurm-client"
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """The Slurm job this process runs in: its id and its nodes in Slurm's order."""
-
-    job_id: str
-    nodes: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class TaskPlace:
-    """Where one task of a step runs: the node's name, its index in the job, the step."""
-
-    node: str
-    index: int
-    job_id: str
-    step: str
+VARIABLE_PREFIX = "SLURM_"
 
 
 def program(name: str) -> str:
@@ -47,19 +33,6 @@ def program(name: str) -> str:
     if found is None:
         raise RuntimeFailure(f"{name} not found: install Slurm's client ({SLURM_PACKAGE})")
     return found
-
-
-def current_allocation(env: Mapping[str, str] | None = None) -> Allocation:
-    """The allocation named by Slurm's environment; UsageError outside one."""
-    env = os.environ if env is None else env
-    job = env.get("SLURM_JOB_ID")
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not job or not nodelist:
-        raise UsageError(
-            "hpcvm cluster runs inside a Slurm allocation (no SLURM_JOB_ID here): submit "
-            "the commands in a batch script with sbatch -N NODES, or under salloc -N NODES"
-        )
-    return Allocation(job_id=job, nodes=hostnames(nodelist))
 
 
 def hostnames(nodelist: str) -> tuple[str, ...]:
@@ -79,72 +52,91 @@ def hostnames(nodelist: str) -> tuple[str, ...]:
     return names
 
 
-def task_place(env: Mapping[str, str] | None = None) -> TaskPlace:
-    """This task's node, index and step, from the variables slurmstepd sets."""
-    env = os.environ if env is None else env
-    try:
-        return TaskPlace(
-            node=env["SLURMD_NODENAME"],
-            index=int(env["SLURM_NODEID"]),
-            job_id=env["SLURM_JOB_ID"],
-            step=f"{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}",
+class Slurm:
+    """The batch system of most HPC clusters."""
+
+    name = "slurm"
+    submit_hint = "submit the commands in a batch script with sbatch -N NODES, or under salloc"
+
+    def allocation(self, nodes: int | None, env: Mapping[str, str]) -> Allocation:
+        job = env.get("SLURM_JOB_ID")
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if not job or not nodelist:
+            raise UsageError(
+                "hpcvm cluster runs inside a Slurm allocation (no SLURM_JOB_ID here): "
+                f"{self.submit_hint} (or give --batch local to run on this machine alone)"
+            )
+        found = Allocation(batch=self.name, job_id=job, nodes=hostnames(nodelist))
+        if nodes is not None and nodes != len(found.nodes):
+            raise UsageError(
+                f"--nodes {nodes} but this Slurm allocation has {len(found.nodes)} node(s): "
+                f"submit with -N {nodes}"
+            )
+        return found
+
+    def task_place(self, env: Mapping[str, str]) -> TaskPlace:
+        try:
+            return TaskPlace(
+                node=env["SLURMD_NODENAME"],
+                index=int(env["SLURM_NODEID"]),
+                job_id=env["SLURM_JOB_ID"],
+                step=f"{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}",
+            )
+        except (KeyError, ValueError) as exc:
+            raise UsageError(
+                "this command is one task of a Slurm step that hpcvm starts itself "
+                "(cluster up, bench --nodes), not a command to run by hand"
+            ) from exc
+
+    def step_argv(self, allocation: Allocation, name: str, argv: Sequence[str]) -> list[str]:
+        count = len(allocation.nodes)
+        return [
+            program("srun"),
+            f"--jobid={allocation.job_id}",
+            f"--nodes={count}",
+            f"--ntasks={count}",
+            "--ntasks-per-node=1",
+            "--overlap",
+            "--cpu-bind=none",
+            "--kill-on-bad-exit=1",
+            "--unbuffered",
+            f"--job-name={name}",
+            *argv,
+        ]
+
+    def find_step(self, allocation: Allocation, name: str) -> str | None:
+        done = subprocess.run(
+            [
+                program("squeue"),
+                "--steps",
+                f"--jobs={allocation.job_id}",
+                "--noheader",
+                "--format=%i %j",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
         )
-    except (KeyError, ValueError) as exc:
-        raise UsageError(
-            "hpcvm cluster node is started by hpcvm cluster up (through srun), not by hand"
-        ) from exc
+        for line in done.stdout.splitlines():
+            step, _, step_name = line.strip().partition(" ")
+            if step_name == name:
+                return step
+        return None
 
+    def signal_step(self, step: str, signal_name: str | None) -> bool:
+        argv = [program("scancel"), "--quiet"]
+        if signal_name is not None:
+            argv.append(f"--signal={signal_name}")
+        done = subprocess.run(
+            [*argv, step], capture_output=True, text=True, check=False, timeout=60
+        )
+        return done.returncode == 0
 
-def holder_argv(allocation: Allocation, name: str, node_argv: Sequence[str]) -> list[str]:
-    """The srun line of the step that holds the job's VMs: one task per node."""
-    return per_node_argv(allocation, step_name(name), node_argv)
+    def native_mpi_env(self, env: Mapping[str, str]) -> list[str]:
+        """Open MPI's mpirun finds the allocation through Slurm's variables and starts
+        its daemons with srun."""
+        return [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(VARIABLE_PREFIX)]
 
-
-def per_node_argv(allocation: Allocation, job_name: str, node_argv: Sequence[str]) -> list[str]:
-    """An srun line running ``node_argv`` once on every node of the job, beside its
-    other steps, without Slurm's CPU binding."""
-    count = len(allocation.nodes)
-    return [
-        program("srun"),
-        f"--jobid={allocation.job_id}",
-        f"--nodes={count}",
-        f"--ntasks={count}",
-        "--ntasks-per-node=1",
-        "--overlap",
-        "--cpu-bind=none",
-        "--kill-on-bad-exit=1",
-        "--unbuffered",
-        f"--job-name={job_name}",
-        *node_argv,
-    ]
-
-
-def find_step(job_id: str, step_name: str) -> str | None:
-    """The id (JOB.STEP) of the job's running step named ``step_name``, as squeue
-    lists it; None when there is none (yet)."""
-    done = subprocess.run(
-        [program("squeue"), "--steps", f"--jobs={job_id}", "--noheader", "--format=%i %j"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    for line in done.stdout.splitlines():
-        step, _, name = line.strip().partition(" ")
-        if name == step_name:
-            return step
-    return None
-
-
-def step_name(cluster: str) -> str:
-    """The holder step's name (``srun --job-name``), by which it is found again."""
-    return f"hpcvm-cluster-{cluster}"
-
-
-def signal_step(step: str, signal_name: str | None = "TERM") -> bool:
-    """``scancel`` one step (with a signal, or outright); whether Slurm accepted it."""
-    argv = [program("scancel"), "--quiet"]
-    if signal_name is not None:
-        argv.append(f"--signal={signal_name}")
-    done = subprocess.run([*argv, step], capture_output=True, text=True, check=False, timeout=60)
-    return done.returncode == 0
+    def this_node(self, env: Mapping[str, str]) -> str:
+        return env.get("SLURMD_NODENAME") or socket.gethostname()

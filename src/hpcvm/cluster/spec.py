@@ -1,10 +1,10 @@
 """What every node of a cluster job is asked to do, and what it answers.
 
 ``cluster up`` fixes one :class:`ClusterSpec` for the whole job and hands it to the
-holder step's tasks in their environment (Slurm exports the caller's environment to
-every task), so no shared file system is needed to start the VMs. Each task answers
-with :class:`NodeEvent` lines on its standard output, which ``srun`` relays to the
-batch node, where ``cluster up``, ``ps``, ``exec`` and ``down`` read them.
+holder step's tasks in their environment (a batch system exports the caller's
+environment to every task), so no shared file system is needed to start the VMs. Each
+task answers with :class:`NodeEvent` lines on its standard output, which the step
+relays to the batch node, where ``cluster up``, ``ps``, ``exec`` and ``down`` read them.
 """
 
 from __future__ import annotations
@@ -18,36 +18,38 @@ from pydantic import ValidationError
 
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
-from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime.model import BackendName
 from hpcvm.runtime.network import parse_address
+from hpcvm.runtime.options import VmRequest
 
 SPEC_ENV = "HPCVM_CLUSTER_SPEC"
 EVENT_PREFIX = "hpcvm-cluster-event "
 
 EventKind = Literal["ready", "failed", "died", "down"]
+DEFAULT_BATCH = "slurm"
 
 
-class ClusterSpec(Frozen):
-    """One cluster job: the VM every node plans for itself, and how they are joined."""
+class ClusterRequest(VmRequest):
+    """What ``cluster up`` asks for: the VM every node plans for itself and boots the
+    same way (``VmRequest``, whose ``vm.network`` is each node's), the batch system, and
+    how the VMs are joined and addressed."""
 
     name: str
+    batch: str = DEFAULT_BATCH  # a name in cluster/batches.py BATCH_SYSTEMS
+    nodes: int | None = None  # --nodes: how many (the batch system may decide)
+    first_address: str  # IPv4 interface of the first node's VM, e.g. 10.0.0.101/24
+    workdir: str  # shared with every guest at the same path (the job's directory)
+
+
+class ClusterSpec(ClusterRequest):
+    """One cluster job as every node gets it: the request, the job it runs in and its
+    SSH key pair."""
+
     job_id: str
     nodes: int  # how many nodes the job has (one VM on each)
-    request: PlanRequest
-    backend: BackendName = "qemu"
-    kernel: str | None = None
-    initrd: str | None = None
-    image: str | None = None
-    shares: tuple[str, ...] = ()
-    ready_timeout: float | None = None
-    workdir: str  # shared with every guest at the same path (the job's directory)
-    network: str  # --network, as the runtime parses it (runtime/network.py)
-    first_address: str  # IPv4 interface of the first node's VM, e.g. 10.0.0.101/24
     public_key: str  # the job's SSH key: every guest's sshd accepts it
-    # Its private half, installed in the first VM only (where mpirun runs). Slurm hands
-    # every task the same environment, so the other nodes' tasks see it too: it opens
-    # nothing but this job's own guests, which the job's user owns anyway.
+    # Its private half, installed in the first VM only (where mpirun runs). The batch
+    # system hands every task the same environment, so the other nodes' tasks see it
+    # too: it opens nothing but this job's own guests, which the job's user owns anyway.
     private_key: str
 
     @property

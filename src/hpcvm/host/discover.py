@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +118,8 @@ class _Draft:
 
 def _build(text: str, source: _Source) -> HostTopology:
     view = hwloc.parse(text, what=_what(source))
+    if source.live:
+        view.allowed_cpuset = _within_affinity(view.allowed_cpuset, view.pus)
     draft = _Draft()
     nodes_hw = sorted(view.nodes, key=lambda n: n.os_index)
     if not nodes_hw:
@@ -162,6 +165,14 @@ def _build(text: str, source: _Source) -> HostTopology:
         pci=tuple(pci),
         warnings=tuple(draft.warnings),
     )
+
+
+def _within_affinity(allowed: frozenset[int] | None, pus: Iterable[int]) -> frozenset[int]:
+    """What this process may run on: the cgroup's cpuset (hwloc's allowed set) and its
+    CPU affinity (taskset, a batch system's task binding such as Slurm's task/affinity,
+    or hpcvm's own local batch system) together. hwloc reads only the former."""
+    mine = frozenset(os.sched_getaffinity(0))
+    return (frozenset(pus) if allowed is None else allowed) & mine
 
 
 def _cores_and_pus(
@@ -363,8 +374,8 @@ def _warn_cpus(pus: list[PU], view: hwloc.HwlocView, order: list[int], draft: _D
     disallowed = [p.os_index for p in pus if not p.allowed]
     if disallowed:
         draft.warnings.append(
-            f"CPUs {format_cpu_list(disallowed)} are outside this process's cpuset (cgroup): "
-            "plans will not use them"
+            f"CPUs {format_cpu_list(disallowed)} are outside this process's cpuset (cgroup) "
+            "or CPU affinity: plans will not use them"
         )
     nodeless = [p.os_index for p in pus if p.node is None and p.online]
     if nodeless:

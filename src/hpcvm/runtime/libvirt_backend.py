@@ -54,7 +54,7 @@ from hpcvm.runtime.confine import (
     describe_mode,
     user_by_ids,
 )
-from hpcvm.runtime.model import BackendName, Machine
+from hpcvm.runtime.model import Machine
 
 DEFAULT_URI = "qemu:///system"
 LIBVIRT_AGENT_PORT = "org.qemu.guest_agent.0"  # libvirtd connects to this one itself
@@ -254,7 +254,7 @@ def log_tail(path: Path, lines: int = 3) -> str:
 class LibvirtBackend:
     """Backend protocol implementation over a libvirt connection (runtime/model.py)."""
 
-    name: BackendName = "libvirt"
+    name: str = "libvirt"
     pins_itself = True  # cputune: libvirt pins; the runtime only reads affinities back
 
     def __init__(self, uri: str | None = None) -> None:

@@ -36,7 +36,8 @@ from hpcvm.runtime.boot import (
     with_shares,
 )
 from hpcvm.runtime.confine import QemuUser
-from hpcvm.runtime.model import Backend, BackendName, ExecResult, Machine
+from hpcvm.runtime.model import Backend, ExecResult, Machine
+from hpcvm.runtime.options import UpOptions
 from hpcvm.signals import signals_deferred
 
 ENV_READY_TIMEOUT = "HPCVM_READY_TIMEOUT"
@@ -51,23 +52,6 @@ class ExecTimeout(RuntimeFailure):
     """A guest command outlived its timeout; exits 124 like timeout(1)."""
 
     exit_code = EXEC_TIMEOUT_EXIT
-
-
-@dataclass(frozen=True)
-class UpOptions:
-    """How to start a VM, beyond its plan."""
-
-    name: str
-    backend: BackendName = "qemu"
-    connect_uri: str | None = None
-    kernel: str | None = None  # with initrd: boot these instead of the built-in guest
-    initrd: str | None = None
-    image: str | None = None  # a disk image booted instead of a kernel
-    ready_timeout: float | None = None  # None: $HPCVM_READY_TIMEOUT or READY_TIMEOUT
-    shares: tuple[str, ...] = ()  # --share HOST_DIR[:GUEST_DIR][:rw] (runtime/shares.py)
-    workdir: str | None = None  # shared with the built-in guest; None: the current directory
-    network: str | None = None  # --network bridge=br0[,model=e1000][,mtu=N] (runtime/network.py)
-    address: str | None = None  # --address 10.77.0.101/24: the guest's, set by itself at boot
 
 
 # -- up -----------------------------------------------------------------------------------

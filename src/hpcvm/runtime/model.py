@@ -8,14 +8,13 @@ VM with exactly what was planned.
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Protocol
 
 from hpcvm.bootspec import BootSpec
 from hpcvm.model import Frozen
 from hpcvm.plan.model import VMPlan
 from hpcvm.runtime.confine import QemuUser
 
-BackendName = Literal["qemu", "libvirt"]
 MACHINE_SCHEMA_VERSION = 1
 
 
@@ -24,7 +23,7 @@ class Machine(Frozen):
 
     schema_version: int = MACHINE_SCHEMA_VERSION
     name: str
-    backend: BackendName
+    backend: str  # a name in runtime/backends.py BACKENDS
     run_dir: str  # absolute; holds machine.json, sockets, logs
     pid: int | None  # QEMU's pid (both backends: libvirt's QEMU too)
     started_at: float  # time.time() when QEMU was started
@@ -52,7 +51,7 @@ class Backend(Protocol):
     the guest agent, state files or the CLI.
     """
 
-    name: BackendName
+    name: str
 
     def qemu_user(self) -> QemuUser:
         """Who this backend's QEMU runs as (never root; runtime/confine.py)."""

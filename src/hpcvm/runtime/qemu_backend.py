@@ -33,7 +33,7 @@ from typing import Literal
 from hpcvm.errors import RuntimeFailure
 from hpcvm.runtime import network, paths, qmp, staging, state
 from hpcvm.runtime.confine import QemuUser, qemu_user
-from hpcvm.runtime.model import BackendName, Machine
+from hpcvm.runtime.model import Machine
 
 STARTUP_TIMEOUT = 60.0  # QEMU up to its QMP socket; huge page preallocation can be slow
 _POLL = 0.05
@@ -52,7 +52,7 @@ def log_tail(path: Path, lines: int = 4) -> str:
 class QemuBackend:
     """Backend protocol implementation for a bare QEMU process (see runtime/model.py)."""
 
-    name: BackendName = "qemu"
+    name: str = "qemu"
     pins_itself = False  # the runtime pins vCPU and emulator threads (runtime/pinning.py)
     opens_shares_as_root = True  # -runas: QEMU opens its shares before dropping to its user
 

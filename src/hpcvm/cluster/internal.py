@@ -1,0 +1,109 @@
+"""The processes a cluster job starts of hpcvm itself, all started one way::
+
+    python -m hpcvm.cluster.internal ROLE ARGS...
+
+- ``node``: one task of the holder step: the VM of one node (node.py);
+- ``placement CONFIG_JSON``: one task of a ``bench --nodes`` step: this node's native
+  placement, as a JSON line (native_places.py);
+- ``holder STATE_DIR STEP_ARGV...``: runs the holder step on the batch node and removes
+  the cluster's state when it ends (holder.py);
+- ``reaper VM_NAME``: takes a node's VM down when its task dies (reaper.py);
+- ``local-step JOB NAME NODES ARGV...``: a step of the ``local`` batch system (local.py).
+
+Why one module and not hidden CLI commands: these are not commands a user runs, and
+each must start with the same interpreter and package as the process that starts it
+(spawn.py). Like the CLI, each loads the configured plugins first (a plugin's batch
+system or network kind must exist in every task; ``HPCVM_PLUGINS`` reaches them in the
+environment) and ends an ``HpcvmError`` with its one line and exit code, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+from hpcvm.cluster.spawn import INTERNAL_MODULE
+from hpcvm.errors import HpcvmError, UsageError
+from hpcvm.plugins import load_plugins
+
+
+def _node(args: list[str]) -> int:
+    from hpcvm.cluster import node
+
+    _no_more(args, "node")
+    return node.run()
+
+
+def _placement(args: list[str]) -> int:
+    from hpcvm.cluster import native_places
+
+    if len(args) != 1:
+        raise UsageError("placement takes one argument: the bench configuration as JSON")
+    sys.stdout.write(native_places.this_node(args[0]) + "\n")
+    return 0
+
+
+def _holder(args: list[str]) -> int:
+    from hpcvm.cluster import holder
+
+    if len(args) < 2:
+        raise UsageError("holder takes the state directory and the step's command line")
+    os.umask(0o077)
+    return holder.main(args)
+
+
+def _reaper(args: list[str]) -> int:
+    from hpcvm.cluster import reaper
+
+    if len(args) != 1:
+        raise UsageError("reaper takes one argument: the VM's name")
+    return reaper.main(args)
+
+
+def _local_step(args: list[str]) -> int:
+    from hpcvm.cluster import local
+
+    if len(args) < 4:
+        raise UsageError("local-step takes the job, the step's name, its nodes and a command")
+    job, name, nodes, *argv = args
+    return local.run_step(job, name, nodes, argv)
+
+
+def _no_more(args: list[str], role: str) -> None:
+    if args:
+        raise UsageError(f"{role} takes no arguments")
+
+
+ROLES: dict[str, Callable[[list[str]], int]] = {
+    "node": _node,
+    "placement": _placement,
+    "holder": _holder,
+    "reaper": _reaper,
+    "local-step": _local_step,
+}
+
+
+def main(argv: list[str]) -> int:
+    """Run one role; its exit code."""
+    if not argv or argv[0] not in ROLES:
+        sys.stderr.write(
+            f"hpcvm: error: {INTERNAL_MODULE} runs one of {', '.join(ROLES)}: it is started by "
+            "hpcvm cluster and bench --nodes, not by hand\n"
+        )
+        return UsageError.exit_code
+    try:
+        load_plugins()
+        return ROLES[argv[0]](argv[1:])
+    except HpcvmError as exc:
+        sys.stderr.write(f"hpcvm: error: {exc}\n")
+        sys.stderr.flush()
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("hpcvm: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

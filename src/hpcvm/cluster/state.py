@@ -1,0 +1,185 @@
+"""What a cluster job keeps on its batch node, and every file name of it.
+
+``cluster up`` makes a state directory per cluster, ``<runtime dir>/.clusters/NAME``
+(next to the VMs' own directories; the dot keeps ``hpcvm ps`` off it), holding:
+
+- ``cluster.json``: the :class:`ClusterRecord` (batch system, job, nodes, the holder's
+  pid) that ``ps``, ``exec`` and ``down`` read;
+- ``holder.log``: the holder step's output, where the nodes' event lines arrive;
+- ``id_job`` and ``id_job.pub``: the job's ssh key pair (guest_mpi.py);
+- ``taking-down``: made by ``down`` (or a failing ``up``) before it ends the step, so
+  the holder leaves the directory to it.
+
+Each name has one writer at a time: ``up`` and ``down`` hold ``NAME.lock`` beside the
+directory (hpcvm.lock: the kernel drops it with its holder). The directory goes when
+the cluster is down, however it went down (``down``, or the holder once the step ends).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+from hpcvm.cluster.spec import NodeEvent, parse_events
+from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.lock import exclusive
+from hpcvm.model import Frozen
+from hpcvm.runtime import paths
+
+CLUSTERS_DIR = ".clusters"  # under the runtime root; dot: `hpcvm ps` skips it
+LOG_FILE = "holder.log"
+RECORD_FILE = "cluster.json"
+KEY_FILE = "id_job"
+TAKING_DOWN = "taking-down"
+LOCK_SUFFIX = ".lock"
+
+
+class ClusterRecord(Frozen):
+    """What ``cluster up`` leaves on the batch node for the other commands."""
+
+    name: str
+    batch: str = "slurm"  # the batch system's name (records before it had one: Slurm)
+    job_id: str
+    nodes: tuple[str, ...]
+    holder_pid: int
+    network: str  # the VMs' network, e.g. 10.0.0.0/24
+    vcpus: int
+
+
+def cluster_dir(name: str) -> Path:
+    return paths.runtime_root() / CLUSTERS_DIR / paths.check_name(name)
+
+
+def log_path(name: str) -> Path:
+    return cluster_dir(name) / LOG_FILE
+
+
+@contextlib.contextmanager
+def one_writer(name: str) -> Iterator[None]:
+    """One ``cluster up`` or ``down`` of a name at a time (hpcvm.lock: dies with its
+    holder). The lock file sits beside the state directory, which up and the holder
+    remove and remake, so that both processes lock the same file."""
+    directory = cluster_dir(name)
+    paths.ensure_root()
+    directory.parent.mkdir(mode=0o700, exist_ok=True)
+    with exclusive(
+        directory.parent / f"{directory.name}{LOCK_SUFFIX}",
+        f"cluster {name!r}",
+        f"wait for it to finish, or stop it and run hpcvm cluster down {name}",
+    ):
+        yield
+
+
+def has_record(name: str) -> bool:
+    return (cluster_dir(name) / RECORD_FILE).is_file()
+
+
+def read_record(name: str) -> ClusterRecord:
+    path = cluster_dir(name) / RECORD_FILE
+    if not path.is_file():
+        raise UsageError(
+            f"no cluster named {name!r} on this node: start it with hpcvm cluster up --name "
+            f"{name} (ps, exec and down run where up ran, the job's batch node)"
+        )
+    return ClusterRecord.model_validate_json(path.read_text())
+
+
+def write_record(record: ClusterRecord) -> None:
+    (cluster_dir(record.name) / RECORD_FILE).write_text(record.model_dump_json())
+
+
+def events(name: str) -> list[NodeEvent]:
+    """The nodes' events so far, in the order they arrived."""
+    log = log_path(name)
+    if not log.is_file():
+        return []
+    return parse_events(log.read_text(errors="replace").splitlines())
+
+
+def log_lines(name: str) -> list[str]:
+    """The holder log's lines that are not events: what the nodes said besides."""
+    log = log_path(name)
+    if not log.is_file():
+        return []
+    lines = log.read_text(errors="replace").splitlines()
+    return [line for line in lines if not parse_events([line])]
+
+
+def holder_alive(record: ClusterRecord) -> bool:
+    return pid_alive(record.holder_pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not a zombie); True when it is another
+    user's, which this process may not signal."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z"
+
+
+@contextlib.contextmanager
+def claimed(name: str) -> Iterator[Path]:
+    """The cluster's state directory, new; removed again if ``up`` fails."""
+    directory = cluster_dir(name)
+    if has_record(name):
+        record = read_record(name)
+        if holder_alive(record):
+            raise UsageError(
+                f"cluster {name!r} is already up (job {record.job_id}): hpcvm cluster down "
+                f"{name} first, or choose another --name"
+            )
+    shutil.rmtree(directory, ignore_errors=True)
+    paths.ensure_root()
+    directory.parent.mkdir(mode=0o700, exist_ok=True)
+    directory.mkdir(mode=0o700)
+    try:
+        yield directory
+    except BaseException:
+        remove(name)
+        raise
+
+
+def mark_taking_down(name: str) -> None:
+    """Tell the holder that this process removes the directory (module doc)."""
+    (cluster_dir(name) / TAKING_DOWN).touch()
+
+
+def taken_down_by_another(directory: Path) -> bool:
+    return (directory / TAKING_DOWN).exists()
+
+
+def remove(name: str) -> None:
+    """The cluster's state directory, and the clusters' directory once it is empty."""
+    remove_dir(cluster_dir(name))
+
+
+def remove_dir(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        directory.parent.rmdir()
+
+
+def make_keys(directory: Path, name: str) -> tuple[str, str]:
+    """A key pair for this job only (ed25519, no passphrase) in ``directory``:
+    (public, private)."""
+    key = directory / KEY_FILE
+    done = subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"hpcvm-cluster-{name}",
+         "-f", str(key)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeFailure(f"ssh-keygen failed: {done.stderr.strip()}")
+    return key.with_suffix(".pub").read_text(), key.read_text()
