@@ -44,8 +44,28 @@ class GuestLink(Frozen):
     target: str
 
 
-NicKind = Literal["bridge", "macvtap", "vf"]
 NicModel = Literal["virtio", "e1000", "vfio"]  # vfio: a passed-through VF, no emulation
+
+
+class NicWiring(Frozen):
+    """How QEMU and libvirt connect a NIC to its host side, as its network kind decided
+    (runtime/network.py): the renderers read this, never the kind's name, so a kind a
+    plugin registers renders like hpcvm's own.
+
+    ``netdev``: QEMU's ``-netdev`` backend (``tap``, ``user``...) with its options
+    besides ``id``; None for a NIC that is no emulated device (a VF passed through,
+    which the plan renders as a passthrough device). ``fds_from_hpcvm``: the host side
+    is made and opened by hpcvm, which hands QEMU descriptors (``fd=``, and ``vhostfd=``
+    with vhost-net). ``libvirt_type`` and ``libvirt_source``: the ``<interface
+    type=...>`` and the attributes of its ``<source>``; None: no interface (a VF is a
+    ``<hostdev>``).
+    """
+
+    netdev: str | None = None
+    netdev_options: tuple[tuple[str, str], ...] = ()
+    fds_from_hpcvm: bool = False
+    libvirt_type: str | None = None
+    libvirt_source: tuple[tuple[str, str], ...] = ()
 
 
 class Nic(Frozen):
@@ -54,12 +74,14 @@ class Nic(Frozen):
     (``mac``, ``ifname``) or read from the host (``mtu``, ``vhost``), so the same
     ``up`` gives the same NIC and a test can predict it.
 
-    ``mac`` is the guest's MAC (locally administered); ``ifname`` the host-side tap
-    (at most 15 characters, never ``vir*``: Open MPI skips such names); ``address`` the
-    IPv4 interface the guest gives itself at boot (``hpcvm.net=`` on its command line).
+    ``kind`` names its network kind (runtime/network.py ``NETWORK_KINDS``), which also
+    made and will release its host side; ``mac`` is the guest's MAC (locally
+    administered); ``ifname`` the host-side link (at most 15 characters, never
+    ``vir*``: Open MPI skips such names); ``address`` the IPv4 interface the guest gives
+    itself at boot (``hpcvm.net=`` on its command line).
     """
 
-    kind: NicKind
+    kind: str
     source: str  # the bridge (bridge), parent device (macvtap) or VF's PCI address (vf)
     model: NicModel = "virtio"
     mac: str
@@ -67,6 +89,7 @@ class Nic(Frozen):
     address: str | None = None  # "10.77.0.101/24"
     mtu: int
     vhost: bool = False  # /dev/vhost-net exists: the datapath runs in the host kernel
+    wiring: NicWiring = NicWiring()
     # Descriptors hpcvm opened for QEMU (macvtap: the tap, then vhost-net's): valid only
     # in the process that starts QEMU, so never recorded (runtime/network.py with_fds).
     fds: tuple[int, ...] = Field(default=(), exclude=True)

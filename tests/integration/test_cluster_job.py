@@ -1,12 +1,16 @@
-"""MPI across tuned VMs on two Slurm nodes: the example batch script, submitted with
-``sbatch -N 2`` to the one-machine test cluster (scripts/test-cluster.sh), and the
-ways a job ends early.
+"""MPI across tuned VMs on two nodes: the example batch script, run under each batch
+system hpcvm has (tests/sites.py): submitted with ``sbatch -N 2`` to the one-machine
+Slurm test cluster (scripts/test-cluster.sh), and run on this machine with
+``--batch local`` in a network namespace of its own; and the ways a job ends early,
+the same cases under both.
 
-Real parts throughout: real slurmctld and slurmd (one per node namespace), real QEMU
-(TCG) guests attached by taps to each node's bridge, real Open MPI started over the
-guests' sshd. Oracles independent of hpcvm: the ranks' own report (hostname and a
-token passed between them), the kernel's list of links in each node's namespace,
-/proc for live QEMU processes, /proc/meminfo for huge pages, and Slurm's own job state.
+Real parts throughout: real slurmctld and slurmd (one per node namespace) or hpcvm's
+local steps, real QEMU (TCG) guests attached by taps to each node's bridge, real Open
+MPI started over the guests' sshd. Oracles independent of hpcvm: the ranks' own report
+(hostname and a token passed between them), the kernel's list of links in each node's
+namespace, /proc for live QEMU processes, /proc/meminfo for huge pages, the kernel's
+cpuset files and sysfs's core siblings for where VMs may run, and the batch system's own
+job state.
 """
 
 from __future__ import annotations
@@ -17,15 +21,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hpcvm.runtime import paths
-from tests import cluster_support
-from tests.cluster_support import LocalCluster
+from tests import cluster_support, sites
+from tests.sites import Job, LocalSite, Site, SlurmSite, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -35,23 +38,21 @@ REPO = Path(__file__).resolve().parents[2]
 JOB_SCRIPT = REPO / "docs" / "examples" / "hpcvm-job.sh"
 MPI_PING = REPO / "tests" / "cluster" / "mpi_ping.c"
 HPCVM = str(Path(sys.executable).parent / "hpcvm")
-JOB_TIMEOUT = 420.0  # two TCG guests on a loaded 2-core machine; a bound on a hang
 RANK_LINE = re.compile(r"^rank=(\d+) size=(\d+) host=(\S+) netns=\S+ token=(-?\d+)$")
-NODE_LINKS = {"lo", "up0", "br0"}  # what scripts/test-cluster.sh puts in a node
 
 
-def job_env(name: str, **extra: str) -> dict[str, str]:
-    """The example script's settings for the test cluster: 1 vCPU and 256 MiB per VM
-    (the CI budget), addresses from .101 on the nodes' /24, TCG (no VT-x here), and no
-    housekeeping core (each node of the cluster may have a single PU)."""
-    return {
-        "HPCVM": HPCVM,
-        "HPCVM_NAME": name,
-        "HPCVM_MEMORY": "256M",
-        "HPCVM_ADDRESS": "10.77.0.101/24",
-        "HPCVM_UP_OPTIONS": "--accel tcg --housekeeping 0",
-        **extra,
-    }
+@pytest.fixture(scope="module", params=["slurm", "local"])
+def site(request: pytest.FixtureRequest) -> Iterator[Site]:
+    """Each batch system in turn (module scope: the Slurm cluster is made once)."""
+    if request.param == "slurm":
+        yield SlurmSite(request.getfixturevalue("slurm_cluster"), HPCVM)
+        return
+    with sites.local_namespace():
+        local = LocalSite(HPCVM)
+        try:
+            yield local
+        finally:
+            local.close()
 
 
 def readable_dir() -> Path:
@@ -80,17 +81,6 @@ def mpi_ping() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def sbatch(
-    cluster: LocalCluster, workdir: Path, env: dict[str, str], *args: str, wait: bool = True
-) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """Submit the example script with ``sbatch -N 2``; its output file."""
-    out = workdir / "job.out"
-    argv = ["sbatch", "-N", "2", f"--chdir={workdir}", f"--output={out}"]
-    argv += ["--wait"] if wait else ["--parsable"]
-    proc = cluster.run([*argv, str(JOB_SCRIPT), *args], env=env, timeout=JOB_TIMEOUT, check=False)
-    return proc, out
-
-
 def qemu_of(name: str) -> list[str]:
     """Live QEMU processes of cluster ``name`` (its VMs are named ``name-<node>``)."""
     found = []
@@ -102,22 +92,9 @@ def qemu_of(name: str) -> list[str]:
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and "qemu-system" in cmd and f"{name}-node" in cmd:
+        if state != "Z" and "qemu-system" in cmd and f"guest={name}-" in cmd:
             found.append(f"{proc.name}: {cmd[:120]}")
     return found
-
-
-def extra_links(cluster: LocalCluster) -> dict[str, list[str]]:
-    """Links in each node's namespace beyond the test cluster's own (taps left over)."""
-    out = {}
-    for node in cluster.nodes:
-        text = subprocess.run(
-            ["ip", "-n", node.namespace, "-o", "link"], capture_output=True, text=True, check=True
-        ).stdout
-        names = {line.split(":")[1].strip().split("@")[0] for line in text.splitlines()}
-        if names - NODE_LINKS:
-            out[node.name] = sorted(names - NODE_LINKS)
-    return out
 
 
 def read(path: Path) -> str:
@@ -131,152 +108,135 @@ def hugepages_free() -> int:
     return 0
 
 
-def assert_nothing_left(cluster: LocalCluster, name: str, free_before: int) -> None:
+def assert_nothing_left(site: Site, name: str, free_before: int) -> None:
     root = paths.runtime_root()
     assert qemu_of(name) == []
-    assert extra_links(cluster) == {}
+    assert site.extra_links() == {}
     assert sorted(p.name for p in root.glob(f"{name}-*")) == []
     assert not (root / ".clusters" / name).exists()
     assert hugepages_free() == free_before
 
 
-def wait_until(what: str, predicate: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + JOB_TIMEOUT
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.5)
+def start(site: Site, job_dir: Path, name: str, *args: str) -> Job:
+    return site.submit(JOB_SCRIPT, job_dir, site.job_env(name), *args)
 
 
-def submit_detached(
-    cluster: LocalCluster, job_dir: Path, name: str, *args: str
-) -> tuple[str, Path]:
-    """Submit the example script without waiting: the job id and its output file."""
-    proc, out = sbatch(cluster, job_dir, job_env(name), *args, wait=False)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip().split(";")[0], out
+def cores() -> int:
+    """This machine's cores among the PUs this process may use (sysfs siblings)."""
+    groups = set()
+    for pu in os.sched_getaffinity(0):
+        path = Path(f"/sys/devices/system/cpu/cpu{pu}/topology/thread_siblings_list")
+        groups.add(path.read_text().strip() if path.exists() else str(pu))
+    return len(groups)
 
 
-def wait_job_gone(cluster: LocalCluster, job: str) -> None:
-    wait_until(
-        "Slurm to end the job",
-        lambda: not cluster.run(["squeue", "-h", "-j", job], check=False).stdout.strip(),
-    )
-
-
-def test_the_example_job_runs_mpi_ranks_in_a_vm_on_each_node(
-    slurm_cluster: LocalCluster, mpi_ping: Path
-) -> None:
+def test_the_example_job_runs_mpi_ranks_in_a_vm_on_each_node(site: Site, mpi_ping: Path) -> None:
     free = hugepages_free()
     name = f"t{os.getpid()}"
-    proc, out = sbatch(slurm_cluster, mpi_ping.parent, job_env(name), str(mpi_ping))
-    text = out.read_text() if out.exists() else "(no output file)"
-    assert proc.returncode == 0, f"{proc.stderr}\n{text}\n{slurm_cluster.log_tails()}"
+    job = start(site, mpi_ping.parent, name, str(mpi_ping))
+    code = site.wait(job)
+    text = read(job.out) or "(no output file)"
+    assert code == 0, f"{text}\n{site.diagnostics()}"
     ranks = [m.groups() for m in map(RANK_LINE.match, text.splitlines()) if m]
+    node1, node2 = f"{site.node_prefix}1", f"{site.node_prefix}2"
     # One rank in each node's VM (hostnames are the VMs' names), and the token made the
     # round trip between them over the VM network.
     assert sorted((host, int(size), int(token)) for _, size, host, token in ranks) == [
-        (f"{name}-node1", 2, 43),
-        (f"{name}-node2", 2, 43),
+        (f"{name}-{node1}", 2, 43),
+        (f"{name}-{node2}", 2, 43),
     ], text
     # cluster ps: each node's VM ready at its deterministic address, pinned (hpc), and
-    # planned on its own node: its vCPU on the PU that node's cpuset holds.
-    for k, node in enumerate(("node1", "node2")):
+    # planned on its own node: its vCPU on a PU of that node's own.
+    pins = []
+    for k, node in enumerate((node1, node2)):
         row = re.search(rf"{node}\s*│\s*{name}-{node}\s*│\s*ready\s*│\s*(\S+)\s*│\s*0->(\d+)", text)
         assert row is not None, text
-        assert row.group(1) == f"10.77.0.{101 + k}/24"
-        cpuset = cluster_support.node_cpuset(node)
+        assert row.group(1) == f"{site.subnet_prefix}.{101 + k}/24"
+        pins.append(int(row.group(2)))
+        cpuset = cluster_support.node_cpuset(node) if site.batch == "slurm" else None
         if cpuset is not None:
-            assert int(row.group(2)) in cpuset[0], (node, cpuset, text)
+            assert pins[-1] in cpuset[0], (node, cpuset, text)
+    if site.batch == "local" and cores() >= 2:
+        assert pins[0] != pins[1], f"both local nodes' VMs on PU {pins[0]}:\n{text}"
     assert f"{name}: down" in text
-    assert_nothing_left(slurm_cluster, name, free)
+    assert_nothing_left(site, name, free)
 
 
-def test_scancel_takes_every_vm_down_on_every_node(
-    slurm_cluster: LocalCluster, job_dir: Path
-) -> None:
+def test_cancelling_the_job_takes_every_vm_down_on_every_node(site: Site, job_dir: Path) -> None:
     free = hugepages_free()
     name = f"c{os.getpid()}"
-    job, out = submit_detached(slurm_cluster, job_dir, name, "sleep", "3600")
+    job = start(site, job_dir, name, "sleep", "3600")
     root = paths.runtime_root()
     try:
         wait_until("both VMs to run", lambda: len(qemu_of(name)) == 2)
-        wait_until(
-            "the job to start its MPI run",
-            lambda: "2 VM(s) up" in read(out),
-        )
+        wait_until("the job to start its MPI run", lambda: "2 VM(s) up" in read(job.out))
     finally:
-        slurm_cluster.run(["scancel", job])
+        site.cancel(job)
     wait_until("the VMs to go", lambda: not qemu_of(name))
     wait_until("the run directories to go", lambda: not list(root.glob(f"{name}-*")))
-    wait_job_gone(slurm_cluster, job)
-    assert_nothing_left(slurm_cluster, name, free)
+    site.wait(job)
+    wait_until("the state to go", lambda: not (root / ".clusters" / name).exists())
+    assert_nothing_left(site, name, free)
 
 
 def test_a_node_whose_vm_cannot_start_takes_the_whole_cluster_down(
-    slurm_cluster: LocalCluster, job_dir: Path
+    site: Site, job_dir: Path
 ) -> None:
-    """A bridge that exists on node1 only: node2's VM is refused before it starts, and
-    node1's VM, already up, is taken down; the error names node2."""
+    """A bridge that only node 1 has (on one machine: that no node has): a node's VM is
+    refused before it starts, every VM already up is taken down, and the error names
+    the node."""
     free = hugepages_free()
     name = f"f{os.getpid()}"
-    ns1 = slurm_cluster.nodes[0].namespace
-    subprocess.run(["ip", "-n", ns1, "link", "add", "brt", "type", "bridge"], check=True)
-    try:
-        env = job_env(name, HPCVM_NETWORK="bridge=brt")
-        proc, out = sbatch(slurm_cluster, job_dir, env)
-        text = out.read_text() if out.exists() else ""
-    finally:
-        subprocess.run(["ip", "-n", ns1, "link", "del", "brt"], check=False)
-    assert proc.returncode != 0, text
-    assert re.search(r"error: node node2: .*brt", text), text
-    assert_nothing_left(slurm_cluster, name, free)
+    with site.bridge_on_first_node_only("brt") as failing:
+        env = site.job_env(name, HPCVM_NETWORK="bridge=brt")
+        job = site.submit(JOB_SCRIPT, job_dir, env)
+        code = site.wait(job)
+    text = read(job.out)
+    assert code != 0, text
+    assert re.search(rf"error: node {failing}: .*brt", text), text
+    assert_nothing_left(site, name, free)
 
 
-def test_a_vm_that_dies_during_the_job_takes_the_others_down(
-    slurm_cluster: LocalCluster, job_dir: Path
-) -> None:
-    """node2's QEMU is killed while the job's MPI program runs: node2 reports it,
-    srun's --kill-on-bad-exit ends node1's task, whose VM goes down too, and the job
-    fails instead of hanging on a rank that will never answer."""
+def test_a_vm_that_dies_during_the_job_takes_the_others_down(site: Site, job_dir: Path) -> None:
+    """node 2's QEMU is killed while the job's MPI program runs: node 2 reports it, the
+    step ends node 1's task (Slurm's --kill-on-bad-exit), whose VM goes down too, and the
+    job fails instead of hanging on a rank that will never answer."""
     free = hugepages_free()
     name = f"d{os.getpid()}"
-    job, out = submit_detached(slurm_cluster, job_dir, name, "sleep", "3600")
+    job = start(site, job_dir, name, "sleep", "3600")
     try:
-        wait_until("the job to start its MPI run", lambda: "2 VM(s) up" in read(out))
-        [victim] = [line for line in qemu_of(name) if f"{name}-node2" in line]
+        wait_until("the job to start its MPI run", lambda: "2 VM(s) up" in read(job.out))
+        [victim] = [line for line in qemu_of(name) if f"{name}-{site.node_prefix}2" in line]
         os.kill(int(victim.split(":")[0]), 9)
         wait_until("the VMs to go", lambda: not qemu_of(name))
-        wait_job_gone(slurm_cluster, job)
+        site.wait(job)
     finally:
-        slurm_cluster.run(["scancel", job], check=False)
-    state = slurm_cluster.run(["scontrol", "show", "job", job], check=False).stdout
-    # Slurm keeps an ended job's record for MinJobAge (30 s here): it says how it ended.
-    assert re.search(r"JobState=(FAILED|CANCELLED)", state), state
-    assert_nothing_left(slurm_cluster, name, free)
+        site.cancel(job)
+    assert site.ended_badly(job), read(job.out)
+    assert_nothing_left(site, name, free)
 
 
 def test_interrupting_cluster_up_takes_the_vms_already_started_down(
-    slurm_cluster: LocalCluster, job_dir: Path
+    site: Site, job_dir: Path
 ) -> None:
-    """Ctrl-C (SIGINT to the batch step's processes) while `cluster up` waits for the
-    nodes: it ends the holder step itself, so no VM outlives the interrupted command."""
+    """Ctrl-C (SIGINT to the job's processes) while `cluster up` waits for the nodes: it
+    ends the holder step itself, so no VM outlives the interrupted command."""
     free = hugepages_free()
     name = f"i{os.getpid()}"
-    job, out = submit_detached(slurm_cluster, job_dir, name)
+    job = start(site, job_dir, name)
     try:
         wait_until("a VM to start", lambda: len(qemu_of(name)) >= 1)
-        slurm_cluster.run(["scancel", "--batch", "--full", "--signal=INT", job])
+        site.interrupt(job)
         wait_until("the VMs to go", lambda: not qemu_of(name))
-        wait_job_gone(slurm_cluster, job)
+        site.wait(job)
     finally:
-        slurm_cluster.run(["scancel", job], check=False)
-    assert "interrupted" in read(out), read(out)
-    assert_nothing_left(slurm_cluster, name, free)
+        site.cancel(job)
+    assert "interrupted" in read(job.out), read(job.out)
+    assert_nothing_left(site, name, free)
 
 
 def node_tasks(name: str) -> list[int]:
-    """Pids of the holder step's tasks (``hpcvm cluster node``) of cluster ``name``."""
+    """Pids of the holder step's tasks (a node's VM) of cluster ``name``."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -286,29 +246,27 @@ def node_tasks(name: str) -> list[int]:
             environ = (proc / "environ").read_bytes()
         except OSError:
             continue
-        # exactly `python -m hpcvm.cli.main cluster node`: srun and the holder's launcher
-        # carry that line as their last words, and the same spec in their environment
-        task = cmd[1:] == [b"-m", b"hpcvm.cli.main", b"cluster", b"node", b""]
+        # exactly `python -m hpcvm.cluster.internal node`: srun and the holder carry
+        # that line as their last words, and the same spec in their environment
+        task = cmd[1:] == [b"-m", b"hpcvm.cluster.internal", b"node", b""]
         if task and f'"name":"{name}"'.encode() in environ:
             found.append(int(proc.name))
     return found
 
 
-def test_a_node_task_killed_outright_still_leaves_no_vm(
-    slurm_cluster: LocalCluster, job_dir: Path
-) -> None:
-    """SIGKILL of node2's task (as Slurm's KillWait or the OOM killer would): its reaper
-    takes its VM down, srun ends the other task, whose VM goes down too."""
+def test_a_node_task_killed_outright_still_leaves_no_vm(site: Site, job_dir: Path) -> None:
+    """SIGKILL of node 2's task (as Slurm's KillWait or the OOM killer would): its reaper
+    takes its VM down, the step ends the other task, whose VM goes down too."""
     free = hugepages_free()
     name = f"k{os.getpid()}"
-    job, out = submit_detached(slurm_cluster, job_dir, name, "sleep", "3600")
+    job = start(site, job_dir, name, "sleep", "3600")
     try:
-        wait_until("the job to start its MPI run", lambda: "2 VM(s) up" in read(out))
+        wait_until("the job to start its MPI run", lambda: "2 VM(s) up" in read(job.out))
         tasks = node_tasks(name)
         assert len(tasks) == 2, tasks
-        os.kill(tasks[1], 9)
+        os.kill(sorted(tasks)[1], 9)
         wait_until("the VMs to go", lambda: not qemu_of(name))
-        wait_job_gone(slurm_cluster, job)
+        site.wait(job)
     finally:
-        slurm_cluster.run(["scancel", job], check=False)
-    assert_nothing_left(slurm_cluster, name, free)
+        site.cancel(job)
+    assert_nothing_left(site, name, free)

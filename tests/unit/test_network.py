@@ -27,14 +27,15 @@ from hpcvm.runtime.network import (
     parse_network,
     tap_mac,
 )
-from hpcvm.runtime.verify import nic_checks
+from hpcvm.runtime.verify_nics import nic_checks
 from tests import render_plans as plans
 
 IFNAMSIZ = 16  # the kernel's limit, with the terminating NUL
 
 
 def _nic(model: str = "virtio", vhost: bool = False, mtu: int = 1500) -> Nic:
-    return Nic(
+    """A bridge NIC as the bridge kind resolves one, wiring included."""
+    nic = Nic(
         kind="bridge",
         source="br0",
         model=model,  # type: ignore[arg-type]
@@ -44,6 +45,7 @@ def _nic(model: str = "virtio", vhost: bool = False, mtu: int = 1500) -> Nic:
         mtu=mtu,
         vhost=vhost,
     )
+    return nic.model_copy(update={"wiring": network.BridgeKind().wiring(nic)})
 
 
 # -- parsing ----------------------------------------------------------------------------
@@ -231,6 +233,7 @@ def test_libvirt_macvtap_is_a_direct_interface_that_validates(tmp_path: Path) ->
     if tool is None:
         pytest.fail("virt-xml-validate not found: run scripts/setup.sh (libvirt-clients)")
     nic = _nic(vhost=True).model_copy(update={"kind": "macvtap", "source": "eth0"})
+    nic = nic.model_copy(update={"wiring": network.MacvtapKind().wiring(nic)})
     text = libvirt_xml(plans.numa(), BootSpec(nics=(nic,)))
     (iface,) = ET.fromstring(text).findall("devices/interface")
     assert iface.get("type") == "direct"
@@ -415,7 +418,7 @@ def test_vf_joins_the_plan_request_as_passthrough(tmp_path: Path) -> None:
 
 def test_libvirt_attaches_bridge_taps_itself_not_vf_macs() -> None:
     nic = _nic()  # its tap does not exist: attaching it for real must fail
-    network.attach_nics([nic], by_libvirt=True)  # libvirt's job: nothing is run
+    network.attach_nics([nic], by_daemon=True)  # libvirt's job: nothing is run
     with pytest.raises(RuntimeFailure, match=f"ip link set dev {nic.ifname}"):
         network.attach_nics([nic])
     assert NETWORK_KINDS["bridge"].libvirt_attaches

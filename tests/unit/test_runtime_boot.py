@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hpcvm.bootspec import BootSpec
 from hpcvm.guest.image import CMDLINE
+from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.boot import confined, with_guest_kernel_args
 from hpcvm.runtime.confine import QemuUser
 
@@ -14,14 +15,15 @@ BUILTIN = BootSpec(kernel="/k", initrd="/i", cmdline=CMDLINE, share_table=True)
 
 
 def test_qemu_backend_drops_to_its_user_and_sandboxes() -> None:
-    assert confined(BUILTIN, "qemu", DROP).run_as == "hpcvm-qemu"
-    assert confined(BUILTIN, "qemu", DROP).sandbox
-    as_caller = confined(BUILTIN, "qemu", SAME)
+    qemu = get_backend("qemu").confines_itself
+    assert confined(BUILTIN, qemu, DROP).run_as == "hpcvm-qemu"
+    assert confined(BUILTIN, qemu, DROP).sandbox
+    as_caller = confined(BUILTIN, qemu, SAME)
     assert as_caller.run_as is None and as_caller.sandbox  # already unprivileged
 
 
 def test_libvirt_confines_qemu_itself() -> None:
-    spec = confined(BUILTIN, "libvirt", DROP)
+    spec = confined(BUILTIN, get_backend("libvirt").confines_itself, DROP)
     assert spec.run_as is None and not spec.sandbox
 
 

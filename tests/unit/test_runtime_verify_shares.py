@@ -3,10 +3,11 @@ on a real directory tree standing for the host's root."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from hpcvm.bootspec import Share
-from hpcvm.runtime.verify_shares import absent_probes, hidden_probes
+from hpcvm.runtime.verify_shares import absent_probes, hidden_probes, leaked
 
 
 def _tree(root: Path) -> None:
@@ -39,4 +40,23 @@ def test_hidden_probes_name_secrets_that_exist(tmp_path: Path) -> None:
     share = Share(
         host_path=str(tmp_path), guest_path="/etc", tag="t", hide=(".lock", "gone", "shadow")
     )
-    assert hidden_probes([share]) == ["/etc/shadow", "/etc/.lock"]  # named secrets first
+    probes = hidden_probes([share])
+    assert list(probes) == ["/etc/shadow", "/etc/.lock"]  # named secrets first
+    assert probes["/etc/shadow"] == str(tmp_path / "shadow")
+
+
+def test_a_hidden_file_is_a_leak_only_with_the_hosts_bytes(tmp_path: Path) -> None:
+    """The guest reports each path it has with its SHA-256 (hashlib is the oracle for
+    the host's side): the host's bytes are a leak, a guest's own file of that name
+    (a cluster guest's /etc/shadow for sshd) is not, and a probe outside /etc that is
+    present at all is."""
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$host-hash:19000:0:99999:7:::\n")
+    hosts = hashlib.sha256(secret.read_bytes()).hexdigest()
+    own = hashlib.sha256(b"root:*:1::::::\n").hexdigest()
+    hidden = {"/etc/shadow": str(secret)}
+    probes = ["/home", "/etc/shadow"]
+    assert leaked({"/etc/shadow": own}, probes, hidden) == []
+    assert leaked({"/etc/shadow": hosts}, probes, hidden) == ["/etc/shadow"]
+    assert leaked({"/etc/shadow": "-"}, probes, hidden) == ["/etc/shadow"]
+    assert leaked({"/home": "-"}, probes, hidden) == ["/home"]

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import click
+from rich.console import Console
 from rich.table import Table
 
 from hpcvm.cli.common import console, err_console
@@ -25,6 +26,7 @@ from hpcvm.signals import interrupting
 
 DEFAULT_UP_TIMEOUT = 300.0
 DEFAULT_NETWORK = "bridge=br0"
+WIDE = 240  # columns of `cluster ps` when not on a terminal
 
 
 def _say(text: str) -> None:
@@ -121,7 +123,8 @@ def ps_cmd(name: str, as_json: bool) -> int:
         pins = " ".join(f"{v}->{'-' if pu is None else pu}" for v, pu in enumerate(e.vcpu_pus))
         state = e.event if alive or e.event != "ready" else "gone"
         table.add_row(node, e.vm, state, e.address or "", pins, e.profile or "", e.accel or "")
-    console.print(table)
+    # Not cut to 80 columns when piped into a batch job's output: every cell whole.
+    (console if console.is_terminal else Console(width=WIDE)).print(table)
     return 0
 
 

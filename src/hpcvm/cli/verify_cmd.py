@@ -11,7 +11,7 @@ from rich.table import Table
 
 from hpcvm.cli.common import console
 from hpcvm.errors import VerificationFailed
-from hpcvm.runtime.verify import VerifyReport
+from hpcvm.runtime.checks import VerifyReport
 
 AGENT_TIMEOUT = 30.0
 

@@ -105,7 +105,7 @@ def check_workdir(workdir: str, backend_name: str) -> None:
 
     backend = get_backend(backend_name)
     user = backend.qemu_user()
-    by_root = bool(getattr(backend, "opens_shares_as_root", False)) and user.switch
+    by_root = backend.opens_shares_as_root and user.switch
     if not can_access(workdir, user, write=False, opened_by_root=by_root):
         raise UsageError(
             f"the job's directory {workdir} is not readable by {user.name}, the user QEMU "

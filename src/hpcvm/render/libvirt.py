@@ -252,24 +252,20 @@ def _agent(devices: ET.Element, boot: BootSpec) -> None:
     ET.SubElement(channel, "target", type="virtio", name=boot.agent_port_name)
 
 
-_INTERFACE_TYPES = {"bridge": "bridge", "macvtap": "direct"}  # NIC kind -> libvirt's
-
-
 def _interfaces(devices: ET.Element, boot: BootSpec) -> None:
-    """Each NIC as ``<interface type='bridge'>`` (or ``'direct'``, a macvtap in bridge
-    mode on the parent): libvirt creates the tap or macvtap under the planned name, puts
-    it into the bridge with the MTU and removes it with the domain, as the QEMU backend
-    does (runtime/network.py). ``driver`` says
-    vhost or QEMU's userspace datapath for virtio, as ``vhost=on`` does on the QEMU line."""
+    """Each NIC as the ``<interface>`` its network kind chose (``Nic.wiring``): a
+    bridge's is ``type='bridge'`` with ``<source bridge=...>``, a macvtap's ``'direct'``
+    on its parent in bridge mode. libvirt creates the tap or macvtap under the planned
+    name, puts it into the bridge with the MTU and removes it with the domain, as the
+    QEMU backend does (runtime/network.py). ``driver`` says vhost or QEMU's userspace
+    datapath for virtio, as ``vhost=on`` does on the QEMU line."""
     for nic in boot.nics:
-        if nic.model == "vfio":
-            continue  # a passthrough device of the plan: a ``<hostdev>`` below
-        iface = ET.SubElement(devices, "interface", type=_INTERFACE_TYPES[nic.kind])
+        if nic.wiring.libvirt_type is None:
+            continue  # no interface: a passthrough device of the plan (a <hostdev> below)
+        iface = ET.SubElement(devices, "interface", type=nic.wiring.libvirt_type)
         ET.SubElement(iface, "mac", address=nic.mac)
-        if nic.kind == "macvtap":
-            ET.SubElement(iface, "source", dev=nic.source, mode="bridge")
-        else:
-            ET.SubElement(iface, "source", bridge=nic.source)
+        if nic.wiring.libvirt_source:
+            ET.SubElement(iface, "source", dict(nic.wiring.libvirt_source))
         ET.SubElement(iface, "target", dev=nic.ifname)
         ET.SubElement(iface, "model", type=nic.model)
         if nic.model == "virtio":

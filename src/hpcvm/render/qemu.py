@@ -380,41 +380,39 @@ NIC_DEVICES = {"virtio": "virtio-net-pci", "e1000": "e1000"}  # QEMU device per 
 
 
 def _nics(plan: VMPlan, boot: BootSpec) -> Args:
-    """Each NIC as a tap netdev and its device (nothing without NICs, so every other
-    line is unchanged). ``ifname=``: QEMU opens (creates) the tap hpcvm named and later
-    puts in the bridge (runtime/network.py); ``script=no,downscript=no``: no helper
-    script runs (the sandbox denies spawning anyway); ``vhost=on`` moves the virtio
-    datapath into the host kernel. ``host_mtu`` tells a virtio guest the network's MTU
-    (VIRTIO_NET_F_MTU); e1000, the emulated NIC of the studies' comparison, has no such
-    field and gets its MTU from the guest's command line like every NIC."""
+    """Each NIC as the netdev its network kind chose (``Nic.wiring``) and its device
+    (nothing without NICs, so every other line is unchanged). A bridge's tap, for
+    example, is ``tap,ifname=...,script=no,downscript=no[,vhost=on]``: QEMU opens
+    (creates) the tap hpcvm named and later puts in the bridge, no helper script runs
+    (the sandbox denies spawning anyway), and vhost moves the virtio datapath into the
+    host kernel. ``host_mtu`` tells a virtio guest the network's MTU (VIRTIO_NET_F_MTU);
+    e1000, the emulated NIC of the studies' comparison, has no such field and gets its
+    MTU from the guest's command line like every NIC."""
     argv: Args = []
     for index, nic in enumerate(boot.nics):
-        if nic.model == "vfio":
-            continue  # a passthrough device of the plan: ``-device vfio-pci`` above
-        argv += ["-netdev", tap_netdev(nic, index), "-device", nic_device(nic, index)]
+        if nic.wiring.netdev is None:
+            continue  # no emulated NIC: a passthrough device of the plan (vfio-pci above)
+        argv += ["-netdev", netdev(nic, index), "-device", nic_device(nic, index)]
     return argv
 
 
-def tap_netdev(nic: Nic, index: int) -> str:
-    """A bridge NIC's tap QEMU creates by name; a macvtap's tap hpcvm made and opened
-    (``fd=``, ``vhostfd=``): QEMU cannot open a macvtap by name."""
-    pairs: list[tuple[str, str | int]] = [("id", f"net{index}")]
-    if nic.kind == "bridge":
-        pairs += [("ifname", nic.ifname), ("script", "no"), ("downscript", "no")]
-        if nic.vhost:
-            pairs.append(("vhost", "on"))
-    elif nic.kind == "macvtap":
+def netdev(nic: Nic, index: int) -> str:
+    """The NIC's ``-netdev``: its kind's backend and options, plus the descriptors hpcvm
+    opened where the kind has hpcvm open the host side (a macvtap: QEMU cannot open one
+    by name)."""
+    wiring = nic.wiring
+    assert wiring.netdev is not None
+    pairs: list[tuple[str, str | int]] = [("id", f"net{index}"), *wiring.netdev_options]
+    if wiring.fds_from_hpcvm:
         if not nic.fds:
             raise UsageError(
-                f"a macvtap NIC ({nic.ifname} on {nic.source}) is opened by `hpcvm up`, which "
-                "passes its descriptor to QEMU: start it with hpcvm up, or use bridge="
+                f"a {nic.kind} NIC ({nic.ifname} on {nic.source}) is opened by `hpcvm up`, "
+                "which passes its descriptor to QEMU: start it with hpcvm up, or use bridge="
             )
         pairs.append(("fd", nic.fds[0]))
         if len(nic.fds) > 1:
             pairs += [("vhost", "on"), ("vhostfd", nic.fds[1])]
-    else:
-        raise UsageError(f"a {nic.kind} NIC has no tap to render for QEMU: use bridge or macvtap")
-    return opts("tap", *pairs)
+    return opts(wiring.netdev, *pairs)
 
 
 def nic_device(nic: Nic, index: int) -> str:

@@ -118,11 +118,11 @@ def with_shares(
     return replace(media, boot=boot)
 
 
-def confined(boot: BootSpec, backend: str, user: QemuUser) -> BootSpec:
-    """The QEMU backend's QEMU drops to ``user`` (``-runas``) when hpcvm is root, and
-    always runs under its seccomp sandbox; libvirt does both itself (its DAC label,
-    qemu.conf's ``seccomp_sandbox``)."""
-    if backend != "qemu":
+def confined(boot: BootSpec, confines_itself: bool, user: QemuUser) -> BootSpec:
+    """Without a backend that confines its QEMU itself (libvirt: its DAC label,
+    qemu.conf's ``seccomp_sandbox``), QEMU drops to ``user`` (``-runas``) when hpcvm is
+    root, and always runs under its seccomp sandbox."""
+    if confines_itself:
         return boot
     return boot.model_copy(update={"run_as": user.name if user.switch else None, "sandbox": True})
 

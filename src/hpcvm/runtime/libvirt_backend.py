@@ -256,6 +256,10 @@ class LibvirtBackend:
 
     name: str = "libvirt"
     pins_itself = True  # cputune: libvirt pins; the runtime only reads affinities back
+    opens_shares_as_root = False  # libvirt's QEMU opens shares as its DAC user
+    confines_itself = True  # its DAC label and qemu.conf's seccomp_sandbox
+    private_hugetlbfs = False  # libvirt makes (and removes) QEMU's hugetlbfs files itself
+    nics_by_daemon = True  # libvirtd makes, enslaves and removes taps and macvtaps
 
     def __init__(self, uri: str | None = None) -> None:
         self.uri = uri or DEFAULT_URI
@@ -330,7 +334,7 @@ class LibvirtBackend:
             pid = self._pid(machine, dom)
             # libvirt makes and enslaves a bridge NIC's tap; what it does not (a VF's
             # MAC) is done here, while the guest is still paused.
-            network.attach_nics(machine.boot.nics, by_libvirt=True)
+            network.attach_nics(machine.boot.nics, by_daemon=True)
         except BaseException:
             self._remove(dom)
             raise
@@ -403,6 +407,9 @@ class LibvirtBackend:
         dom = self._domain(machine)
         current, _reason = self._call("read the domain state", dom.state)
         return "paused" if current == libvirt.VIR_DOMAIN_PAUSED else "running"
+
+    def exit_code(self, machine: Machine) -> int | None:
+        return None  # libvirtd reaps its QEMU: the code is in its log, not here
 
     def death_message(self, machine: Machine) -> str:
         """One line for a QEMU that died under libvirt: its log's tail."""

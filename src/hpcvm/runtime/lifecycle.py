@@ -119,7 +119,7 @@ def up(
         options.network,
         options.address,
         vm=name,
-        privileged=network.is_root() or options.backend == "libvirt",
+        privileged=network.is_root() or get_backend(options.backend).nics_by_daemon,
         warn=warn,
     )
     if isinstance(target, PlanRequest):
@@ -134,7 +134,7 @@ def up(
         requests,
         workdir=options.workdir or os.getcwd(),
         user=user,
-        opened_by_root=getattr(backend, "opens_shares_as_root", False) and user.switch,
+        opened_by_root=backend.opens_shares_as_root and user.switch,
         warn=warn,
     )
     media = _with_nics(media, nics, warn)
@@ -254,7 +254,7 @@ def _new_machine(
     sandbox, and for an hpc plan its guest kernel arguments."""
     media_boot = in_run_dir(media, run_dir, name)  # first: it may fail, leaving only run_dir
     vm_dirs: list[str] = []
-    if backend.name == "qemu":
+    if backend.private_hugetlbfs:
         plan, vm_dirs = _private_hugetlbfs(plan, name)
     boot = media_boot.model_copy(
         update={
@@ -265,7 +265,9 @@ def _new_machine(
             "paused": True,  # pin before any vCPU runs, then resume
         }
     )
-    boot = with_guest_kernel_args(confined(boot, backend.name, user), plan.guest_kernel_args)
+    boot = with_guest_kernel_args(
+        confined(boot, backend.confines_itself, user), plan.guest_kernel_args
+    )
     machine = Machine(
         name=name,
         backend=backend.name,
@@ -321,7 +323,7 @@ def _start(machine: Machine, backend: Backend, ready_timeout: float) -> Machine:
         state.save_machine(started)  # from here on `down` can clean up after us
     assert started.pid is not None
     threads = backend.vcpu_threads(started)
-    if getattr(backend, "pins_itself", True):
+    if backend.pins_itself:
         pinning.check(started.plan, started.pid, threads)
     else:
         pinning.pin(started.plan, started.pid, threads)
@@ -337,7 +339,7 @@ def _check_guest_nics(machine: Machine) -> None:
     that it did: a VM that is up without its network would fail only later, in the
     middle of an MPI job on several hosts. One agent call, only for VMs with NICs."""
     from hpcvm.runtime.agent import GuestAgent
-    from hpcvm.runtime.verify import check_nics
+    from hpcvm.runtime.verify_nics import check_nics
 
     if not machine.boot.nics or not machine.boot.share_table:
         return
@@ -376,10 +378,7 @@ def _wait_for_agent(machine: Machine, backend: Backend, deadline: float, budget:
 
 
 def _death(machine: Machine, backend: Backend) -> str:
-    describe = getattr(backend, "death_message", None)
-    if callable(describe):
-        return str(describe(machine))
-    return f"QEMU (pid {machine.pid}) of VM {machine.name} exited; see {machine.run_dir}"
+    return backend.death_message(machine)
 
 
 def _as_failure(exc: BaseException, machine: Machine, backend: Backend) -> BaseException:
@@ -388,8 +387,7 @@ def _as_failure(exc: BaseException, machine: Machine, backend: Backend) -> BaseE
         return exc
     if isinstance(exc, HpcvmError) and exc.cause == "qemu":
         return exc  # already QEMU's own account of what happened
-    code = getattr(backend, "exit_code", None)
-    if callable(code) and code(machine) is not None:
+    if backend.exit_code(machine) is not None:
         return RuntimeFailure(_death(machine, backend))
     if isinstance(exc, HpcvmError):
         return exc
@@ -494,7 +492,8 @@ def teardown(machine: Machine, backend: Backend | None = None) -> None:
 
 def _release_nics(machine: Machine) -> None:
     """What hpcvm made for the NICs and QEMU does not take with it (a macvtap link)."""
-    network.release_nics(machine.boot.nics, by_libvirt=machine.backend == "libvirt")
+    backend = get_backend(machine.backend, machine.connect_uri)
+    network.release_nics(machine.boot.nics, by_daemon=backend.nics_by_daemon)
 
 
 # -- ps -----------------------------------------------------------------------------------
@@ -580,11 +579,8 @@ def _kill_unrecorded_qemu(entry: state.Entry) -> None:
 
 def _live_status(machine: Machine) -> str:
     backend = get_backend(machine.backend, machine.connect_uri)
-    query = getattr(backend, "status", None)
-    if not callable(query):
-        return "running"
     try:
-        return str(query(machine))
+        return backend.status(machine)
     except HpcvmError:
         return "running"
 

@@ -48,10 +48,17 @@ class Backend(Protocol):
     """Starts and stops VMs; QEMU (QMP) and libvirt implement it.
 
     The runtime (runtime/lifecycle.py) drives a backend; a backend knows nothing about
-    the guest agent, state files or the CLI.
+    the guest agent, state files or the CLI. What differs between backends is said by
+    its traits, read as attributes, never by its name.
     """
 
     name: str
+    pins_itself: bool  # it pins vCPU and emulator threads (libvirt's cputune); else hpcvm
+    opens_shares_as_root: bool  # QEMU opens shares before dropping to its user (-runas)
+    confines_itself: bool  # it drops QEMU's privileges and sandboxes it (libvirt); else
+    #                        hpcvm adds -runas and -sandbox to QEMU's command line
+    private_hugetlbfs: bool  # hpcvm gives each VM its own hugetlbfs directory (cleanup)
+    nics_by_daemon: bool  # a privileged daemon makes and removes the host-side NICs
 
     def qemu_user(self) -> QemuUser:
         """Who this backend's QEMU runs as (never root; runtime/confine.py)."""
@@ -69,6 +76,18 @@ class Backend(Protocol):
         ...
 
     def alive(self, machine: Machine) -> bool: ...
+
+    def status(self, machine: Machine) -> str:
+        """``running`` or ``paused``, as the backend sees it."""
+        ...
+
+    def exit_code(self, machine: Machine) -> int | None:
+        """QEMU's exit code once it exited, where the backend knows it (None otherwise)."""
+        ...
+
+    def death_message(self, machine: Machine) -> str:
+        """One line for a QEMU that died: how, and the tail of its log."""
+        ...
 
     def pause(self, machine: Machine) -> None: ...
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from hpcvm.bootspec import Nic, NicKind, NicModel
+from hpcvm.bootspec import Nic, NicModel, NicWiring
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.registry import Registry
 
@@ -73,9 +73,12 @@ class NetworkRequest:
 
 
 class NetworkKind(Protocol):
-    """One way to connect a VM to the host network."""
+    """One way to connect a VM to the host network. ``resolve`` decides everything about
+    the NIC, how QEMU and libvirt wire it (``Nic.wiring``) included, so a kind is one
+    class and one ``NETWORK_KINDS.register`` call, hpcvm's own as a plugin's."""
 
     libvirt_attaches: bool  # libvirt connects the host side itself (attach is skipped)
+    privileged: bool  # its host side needs CAP_NET_ADMIN: root with the QEMU backend
 
     def resolve(
         self, request: NetworkRequest, *, vm: str, index: int, address: str | None, warn: Warn
@@ -276,6 +279,7 @@ class BridgeKind:
     """A tap in an existing Linux bridge (the host's NIC is in the bridge too)."""
 
     libvirt_attaches = True  # <interface type='bridge'>: libvirt makes and enslaves the tap
+    privileged = True
 
     def resolve(
         self, request: NetworkRequest, *, vm: str, index: int, address: str | None, warn: Warn
@@ -295,8 +299,22 @@ class BridgeKind:
             )
         if not TUN.exists():
             raise UsageError(f"{TUN} does not exist: load the tun module (`modprobe tun`)")
-        return _virtio_or_emulated_nic("bridge", request, info, vm=vm, index=index,
-                                       address=address, warn=warn)  # fmt: skip
+        nic = _virtio_or_emulated_nic("bridge", request, info, vm=vm, index=index,
+                                      address=address, warn=warn)  # fmt: skip
+        return nic.model_copy(update={"wiring": self.wiring(nic)})
+
+    def wiring(self, nic: Nic) -> NicWiring:
+        """QEMU creates the tap by name (no helper script; vhost-net when there is
+        one); libvirt's ``<interface type='bridge'>`` does the same."""
+        options = [("ifname", nic.ifname), ("script", "no"), ("downscript", "no")]
+        if nic.vhost:
+            options.append(("vhost", "on"))
+        return NicWiring(
+            netdev="tap",
+            netdev_options=tuple(options),
+            libvirt_type="bridge",
+            libvirt_source=(("bridge", nic.source),),
+        )
 
     def attach(self, nic: Nic) -> None:
         """Into the bridge with the NIC's MTU and the tap's own MAC, then up."""
@@ -311,7 +329,7 @@ class BridgeKind:
 
 
 def _virtio_or_emulated_nic(
-    kind: NicKind,
+    kind: str,
     request: NetworkRequest,
     info: dict[str, Any],
     *,
@@ -392,6 +410,7 @@ class VfKind:
     """
 
     libvirt_attaches = False  # the VF is a <hostdev> of the plan; its MAC is set by hpcvm
+    privileged = True
 
     def __init__(self, sysfs: Path = Path("/sys")) -> None:
         self.sysfs = sysfs
@@ -517,6 +536,7 @@ class MacvtapKind:
     parent itself; other hosts and the parent's other macvtaps can."""
 
     libvirt_attaches = True  # <interface type='direct'>: libvirt makes and removes it
+    privileged = True
 
     def resolve(
         self, request: NetworkRequest, *, vm: str, index: int, address: str | None, warn: Warn
@@ -544,8 +564,19 @@ class MacvtapKind:
                 f"--network macvtap={parent}: {parent} is a port of {info['master']}, which "
                 f"owns its frames: use --network bridge={info['master']}"
             )
-        return _virtio_or_emulated_nic("macvtap", request, info, vm=vm, index=index,
-                                       address=address, warn=warn)  # fmt: skip
+        nic = _virtio_or_emulated_nic("macvtap", request, info, vm=vm, index=index,
+                                      address=address, warn=warn)  # fmt: skip
+        return nic.model_copy(update={"wiring": self.wiring(nic)})
+
+    def wiring(self, nic: Nic) -> NicWiring:
+        """A tap QEMU gets as descriptors hpcvm opened (QEMU cannot open a macvtap by
+        name); libvirt's ``<interface type='direct'>`` in bridge mode on the parent."""
+        return NicWiring(
+            netdev="tap",
+            fds_from_hpcvm=True,
+            libvirt_type="direct",
+            libvirt_source=(("dev", nic.source), ("mode", MACVTAP_MODE)),
+        )
 
     def open(self, nic: Nic, run_dir: Path) -> NicFds:
         """Create the link (the guest's MAC, the NIC's MTU, up) and open its character
@@ -658,14 +689,14 @@ def with_fds(nics: Sequence[Nic], opened: dict[int, NicFds]) -> tuple[Nic, ...]:
     )
 
 
-def release_nics(nics: Sequence[Nic], *, by_libvirt: bool = False) -> None:
-    """After QEMU is gone: remove what hpcvm made for each NIC; with ``by_libvirt``,
-    nothing libvirt removes itself."""
+def release_nics(nics: Sequence[Nic], *, by_daemon: bool = False) -> None:
+    """After QEMU is gone: remove what hpcvm made for each NIC; with ``by_daemon``
+    (libvirt), nothing the daemon removes itself."""
     for nic in nics:
         if nic.kind not in NETWORK_KINDS:
             continue
         kind = NETWORK_KINDS[nic.kind]
-        if not (by_libvirt and kind.libvirt_attaches):
+        if not (by_daemon and kind.libvirt_attaches):
             kind.release(nic)
 
 
@@ -696,21 +727,21 @@ def resolve_nics(
             raise UsageError("--address needs --network (e.g. --network bridge=br0)")
         return ()
     request = parse_network(network)
-    if not privileged:
-        raise UsageError(
-            "--network needs root with the QEMU backend: creating a tap and adding it to a "
-            "bridge needs CAP_NET_ADMIN; run hpcvm as root or use --backend libvirt"
-        )
     kind = NETWORK_KINDS.get_or_refuse(request.kind)
+    if kind.privileged and not privileged:
+        raise UsageError(
+            f"--network {request.kind}=... needs root with the QEMU backend: creating its "
+            "host side needs CAP_NET_ADMIN; run hpcvm as root or use --backend libvirt"
+        )
     return (kind.resolve(request, vm=vm, index=0, address=address, warn=warn or _ignore),)
 
 
-def attach_nics(nics: Sequence[Nic], *, by_libvirt: bool = False) -> None:
-    """Connect each NIC's host side once QEMU runs paused; with ``by_libvirt``, only
-    what libvirt does not do itself."""
+def attach_nics(nics: Sequence[Nic], *, by_daemon: bool = False) -> None:
+    """Connect each NIC's host side once QEMU runs paused; with ``by_daemon``
+    (libvirt), only what the daemon does not do itself."""
     for nic in nics:
         kind = NETWORK_KINDS.get_or_refuse(nic.kind)
-        if not (by_libvirt and kind.libvirt_attaches):
+        if not (by_daemon and kind.libvirt_attaches):
             kind.attach(nic)
 
 

@@ -55,6 +55,9 @@ class QemuBackend:
     name: str = "qemu"
     pins_itself = False  # the runtime pins vCPU and emulator threads (runtime/pinning.py)
     opens_shares_as_root = True  # -runas: QEMU opens its shares before dropping to its user
+    confines_itself = False  # hpcvm adds -runas and -sandbox (runtime/boot.py confined)
+    private_hugetlbfs = True  # hpcvm's per-VM hugetlbfs directories (hugetlbfs.py)
+    nics_by_daemon = False  # hpcvm (root) makes the host side; QEMU opens taps by name
 
     def __init__(self, connect_uri: str | None = None) -> None:
         # connect_uri is a libvirt notion; accepted so every backend is built alike.

@@ -5,8 +5,8 @@ nodes with their CPUs, memory and distances, the clocksource. Outside (runtime/
 observe.py): each vCPU thread's and QEMU's other threads' affinity, the huge pages the
 QEMU process holds per host node, and on which host nodes its bound memory lies.
 
-With NICs (runtime/network.py), the guest's own ``ip -j addr`` says whether an
-interface with each planned MAC is up with the planned MTU and address.
+With NICs, verify_nics.py checks them from inside; for the built-in guest,
+verify_shares.py checks what it sees of the host. What a check is: checks.py.
 
 The checks are a list of small pure functions ``(plan, observed) -> list[Check]`` over
 an ``Observed`` snapshot; ``gather`` does all the I/O first. So each check is testable on
@@ -23,54 +23,24 @@ node 1. A fixed percentage (e.g. 85%) would fail small nodes for no fault of the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-from hpcvm.bootspec import Nic
-from hpcvm.model import Frozen
+from hpcvm.errors import HpcvmError, RuntimeFailure
 from hpcvm.plan.model import MemoryRegion, VMPlan
 from hpcvm.runtime import guest_sysfs, observe
+from hpcvm.runtime.backends import get_backend
+from hpcvm.runtime.checks import Check, GuestExec, VerifyReport
+from hpcvm.runtime.checks import check as _check
 from hpcvm.runtime.guest_sysfs import GuestFacts
-from hpcvm.runtime.model import Backend, ExecResult, Machine
+from hpcvm.runtime.model import Backend, Machine
+from hpcvm.runtime.verify_nics import check_nics
+from hpcvm.runtime.verify_shares import check_shares
 from hpcvm.units import MIB, format_cpu_list, format_size, human_size
 
 GUEST_TIMEOUT = 120.0  # one guest-exec under TCG on a busy 2-core host
 MEMMAP_FRACTION = 0.02  # struct page: 64 B per 4 KiB page = 1.56%, rounded up
 KERNEL_RESERVE = 64 * MIB  # kernel image + early allocations: 48-51 MiB measured
-
-
-class Check(Frozen):
-    """One comparison: what the plan says, what was observed, and whether they agree."""
-
-    name: str
-    expected: str
-    actual: str
-    ok: bool
-    detail: str = ""
-
-
-class VerifyReport(Frozen):
-    """Every check for one VM; ``ok`` only when all of them are."""
-
-    vm: str
-    checks: tuple[Check, ...]
-    ok: bool
-
-    @classmethod
-    def of(cls, vm: str, checks: Sequence[Check]) -> VerifyReport:
-        return cls(vm=vm, checks=tuple(checks), ok=all(c.ok for c in checks))
-
-    @property
-    def failures(self) -> tuple[Check, ...]:
-        return tuple(c for c in self.checks if not c.ok)
-
-
-class GuestExec(Protocol):
-    """What verify needs of the guest agent (runtime.agent.GuestAgent has it)."""
-
-    def exec(self, argv: list[str], timeout: float | None = None) -> ExecResult: ...
 
 
 @dataclass(frozen=True)
@@ -85,13 +55,6 @@ class Observed:
 
 
 CheckFn = Callable[[VMPlan, Observed], list[Check]]
-
-
-def _check(name: str, expected: object, actual: object, ok: bool, detail: str = "") -> Check:
-    return Check(name=name, expected=str(expected), actual=str(actual), ok=ok, detail=detail)
-
-
-# -- guest-side checks --------------------------------------------------------------------
 
 
 def check_guest_read(plan: VMPlan, seen: Observed) -> list[Check]:
@@ -403,8 +366,6 @@ def run_checks(plan: VMPlan, seen: Observed) -> list[Check]:
 
 def read_guest(agent: GuestExec) -> tuple[GuestFacts | None, str]:
     """The guest's sysfs facts through the agent, or None and why not."""
-    from hpcvm.errors import HpcvmError
-
     try:
         result = agent.exec(list(guest_sysfs.ARGV), timeout=GUEST_TIMEOUT)
     except HpcvmError as exc:
@@ -418,8 +379,6 @@ def read_guest(agent: GuestExec) -> tuple[GuestFacts | None, str]:
 
 def gather(machine: Machine, agent: GuestExec, backend: Backend) -> Observed:
     """Observe the guest, then QEMU's threads and memory on the host."""
-    from hpcvm.errors import RuntimeFailure
-
     if machine.pid is None or not backend.alive(machine):
         raise RuntimeFailure(f"VM {machine.name} is not running (QEMU pid {machine.pid} gone)")
     guest, error = read_guest(agent)
@@ -435,11 +394,7 @@ def gather(machine: Machine, agent: GuestExec, backend: Backend) -> Observed:
 def verify(machine: Machine, agent: GuestExec, backend: Backend | None = None) -> VerifyReport:
     """Compare the running VM with its plan; the report says what matched and what not."""
     if backend is None:
-        from hpcvm.runtime.backends import get_backend
-
         backend = get_backend(machine.backend, machine.connect_uri)
-    from hpcvm.runtime.verify_shares import check_shares  # it imports Check from here
-
     seen = gather(machine, agent, backend)
     checks = [
         *run_checks(machine.plan, seen),
@@ -447,57 +402,3 @@ def verify(machine: Machine, agent: GuestExec, backend: Backend | None = None) -
         *check_nics(machine.boot.nics, agent),
     ]
     return VerifyReport.of(machine.name, checks)
-
-
-# -- NICs (runtime/network.py) -----------------------------------------------------------
-
-GUEST_IP_ARGV = ("ip", "-j", "addr", "show")  # the host's iproute2, run in the guest
-
-
-def nic_checks(nics: Sequence[Nic], ip_json: str) -> list[Check]:
-    """For each planned NIC: an interface with its MAC is there, with its MTU, up, and
-    with its address (when one was planned). Pure: ``ip_json`` is the guest's
-    ``ip -j addr show``, the guest kernel's own view (netlink), not hpcvm's."""
-    try:
-        links: list[dict[str, Any]] = json.loads(ip_json or "[]")
-    except json.JSONDecodeError as exc:
-        return [_check("guest NICs", "ip -j addr output", "unreadable", False, str(exc))]
-    by_mac = {str(link.get("address", "")).lower(): link for link in links}
-    checks: list[Check] = []
-    for nic in nics:
-        link = by_mac.get(nic.mac)
-        if link is None:
-            checks.append(_check(f"NIC {nic.mac}", "present", "no interface", False))
-            continue
-        name = str(link.get("ifname", "?"))
-        mtu = link.get("mtu")
-        checks.append(_check(f"NIC {nic.mac} MTU", nic.mtu, mtu, mtu == nic.mtu, name))
-        up = "UP" in link.get("flags", [])
-        checks.append(_check(f"NIC {nic.mac} up", "UP", "UP" if up else "down", up, name))
-        if nic.address is not None:
-            have = [
-                f"{a['local']}/{a['prefixlen']}"
-                for a in link.get("addr_info", [])
-                if a.get("family") == "inet"
-            ]
-            ok = nic.address in have
-            got = ", ".join(have) or "none"
-            checks.append(_check(f"NIC {nic.mac} address", nic.address, got, ok, name))
-    return checks
-
-
-def check_nics(nics: Sequence[Nic], agent: GuestExec) -> list[Check]:
-    """``nic_checks`` on what the guest reports (one agent call; none without NICs)."""
-    from hpcvm.errors import HpcvmError
-
-    if not nics:
-        return []
-    try:
-        result = agent.exec(list(GUEST_IP_ARGV), timeout=GUEST_TIMEOUT)
-    except HpcvmError as exc:
-        return [_check("guest NICs", "ip -j addr in the guest", "failed", False, exc.message)]
-    if result.exit_code != 0:
-        why = result.stderr.strip().splitlines()
-        detail = why[-1] if why else f"exit {result.exit_code}"
-        return [_check("guest NICs", "ip -j addr in the guest", "failed", False, detail)]
-    return nic_checks(nics, result.stdout)

@@ -1,0 +1,258 @@
+"""Where a cluster job's tests submit it: the Slurm test cluster or this machine under
+hpcvm's ``local`` batch system, behind one small interface, so that the same test cases
+run under both (``site`` fixture, parametrised).
+
+- ``SlurmSite``: the one-machine Slurm cluster of network namespaces
+  (scripts/test-cluster.sh, tests/cluster_support.py): ``sbatch -N 2``, ``scancel``,
+  Slurm's own job state.
+- ``LocalSite``: a network namespace made here with a bridge ``br0`` (the only place
+  its VMs' traffic goes), the example script run in it as a plain process with
+  ``HPCVM_BATCH=local``: the script's shell is the job's leader, so killing it is this
+  site's ``scancel``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+
+from tests import cluster_support
+from tests.cluster_support import LocalCluster
+
+REPO = Path(__file__).resolve().parent.parent
+JOB_TIMEOUT = 420.0  # two TCG guests on a loaded 2-core machine; a bound on a hang
+
+
+@dataclass
+class Job:
+    """A submitted job: its id, its output file, and (local) its process."""
+
+    id: str
+    out: Path
+    proc: subprocess.Popen[bytes] | None = None
+    returncode: int | None = None
+
+
+class Site(Protocol):
+    batch: str
+    node_prefix: str  # node names are this and 1, 2...
+    subnet_prefix: str  # the nodes' /24, e.g. "10.77.0"
+
+    def job_env(self, name: str, **extra: str) -> dict[str, str]: ...
+
+    def submit(self, script: Path, workdir: Path, env: Mapping[str, str], *args: str) -> Job: ...
+
+    def wait(self, job: Job) -> int: ...
+
+    def cancel(self, job: Job) -> None: ...
+
+    def interrupt(self, job: Job) -> None: ...
+
+    def ended_badly(self, job: Job) -> bool: ...
+
+    def extra_links(self) -> dict[str, list[str]]: ...
+
+    @contextlib.contextmanager
+    def bridge_on_first_node_only(self, bridge: str) -> Iterator[str]: ...
+
+    def diagnostics(self) -> str: ...
+
+
+def base_env(hpcvm: str, name: str, subnet_prefix: str) -> dict[str, str]:
+    """The example scripts' settings for a test job: 1 vCPU and 256 MiB per VM (the CI
+    budget), addresses from .101 on the nodes' /24, TCG (no VT-x here), and no
+    housekeeping core (each node may have a single PU)."""
+    return {
+        "HPCVM": hpcvm,
+        "HPCVM_NAME": name,
+        "HPCVM_MEMORY": "256M",
+        "HPCVM_ADDRESS": f"{subnet_prefix}.101/24",
+        "HPCVM_UP_OPTIONS": "--accel tcg --housekeeping 0",
+    }
+
+
+def links_in(namespace: str, known: set[str]) -> list[str]:
+    text = subprocess.run(
+        ["ip", "-n", namespace, "-o", "link"], capture_output=True, text=True, check=True
+    ).stdout
+    names = {line.split(":")[1].strip().split("@")[0] for line in text.splitlines()}
+    return sorted(names - known)
+
+
+@dataclass
+class SlurmSite:
+    """The Slurm test cluster."""
+
+    cluster: LocalCluster
+    hpcvm: str
+    batch: str = "slurm"
+    node_prefix: str = "node"
+    subnet_prefix: str = cluster_support.NET_PREFIX
+
+    def job_env(self, name: str, **extra: str) -> dict[str, str]:
+        return {**base_env(self.hpcvm, name, self.subnet_prefix), **extra}
+
+    def submit(self, script: Path, workdir: Path, env: Mapping[str, str], *args: str) -> Job:
+        out = workdir / "job.out"
+        argv = ["sbatch", "-N", "2", f"--chdir={workdir}", f"--output={out}", "--parsable"]
+        proc = self.cluster.run([*argv, str(script), *args], env=dict(env), check=False)
+        assert proc.returncode == 0, proc.stderr
+        return Job(id=proc.stdout.strip().split(";")[0], out=out)
+
+    def wait(self, job: Job) -> int:
+        wait_until("Slurm to end the job", lambda: not self._queued(job))
+        state = self.cluster.run(["scontrol", "show", "job", job.id], check=False).stdout
+        job.returncode = 0 if "JobState=COMPLETED" in state else 1
+        return job.returncode
+
+    def _queued(self, job: Job) -> bool:
+        return bool(self.cluster.run(["squeue", "-h", "-j", job.id], check=False).stdout.strip())
+
+    def cancel(self, job: Job) -> None:
+        self.cluster.run(["scancel", job.id], check=False)
+
+    def interrupt(self, job: Job) -> None:
+        self.cluster.run(["scancel", "--batch", "--full", "--signal=INT", job.id])
+
+    def ended_badly(self, job: Job) -> bool:
+        # Slurm keeps an ended job's record for MinJobAge (30 s here): it says how it ended.
+        state = self.cluster.run(["scontrol", "show", "job", job.id], check=False).stdout
+        return any(f"JobState={s}" in state for s in ("FAILED", "CANCELLED"))
+
+    def extra_links(self) -> dict[str, list[str]]:
+        out = {}
+        for node in self.cluster.nodes:
+            extra = links_in(node.namespace, {"lo", "up0", "br0"})
+            if extra:
+                out[node.name] = extra
+        return out
+
+    @contextlib.contextmanager
+    def bridge_on_first_node_only(self, bridge: str) -> Iterator[str]:
+        ns1 = self.cluster.nodes[0].namespace
+        subprocess.run(["ip", "-n", ns1, "link", "add", bridge, "type", "bridge"], check=True)
+        try:
+            yield f"{self.node_prefix}2"
+        finally:
+            subprocess.run(["ip", "-n", ns1, "link", "del", bridge], check=False)
+
+    def diagnostics(self) -> str:
+        return self.cluster.log_tails()
+
+
+LOCAL_NAMESPACE = "hpcvm-lb"
+LOCAL_PREFIX = os.environ.get("HPCVM_TEST_LOCAL_NET", "10.79.0")
+
+
+@dataclass
+class LocalSite:
+    """This machine under ``--batch local`` in a namespace of its own."""
+
+    hpcvm: str
+    namespace: str = LOCAL_NAMESPACE
+    batch: str = "local"
+    node_prefix: str = "local"
+    subnet_prefix: str = LOCAL_PREFIX
+    jobs: list[Job] = field(default_factory=list)
+
+    def job_env(self, name: str, **extra: str) -> dict[str, str]:
+        return {
+            **base_env(self.hpcvm, name, self.subnet_prefix),
+            "HPCVM_BATCH": "local",
+            "HPCVM_NODES": "2",
+            **extra,
+        }
+
+    def submit(self, script: Path, workdir: Path, env: Mapping[str, str], *args: str) -> Job:
+        out = workdir / "job.out"
+        with out.open("wb") as log:
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", self.namespace, "bash", str(script), *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+                cwd=workdir,
+                start_new_session=True,
+            )
+        job = Job(id=str(proc.pid), out=out, proc=proc)
+        self.jobs.append(job)
+        return job
+
+    def wait(self, job: Job) -> int:
+        assert job.proc is not None
+        job.returncode = job.proc.wait(timeout=JOB_TIMEOUT)
+        return job.returncode
+
+    def _signal(self, job: Job, signum: int) -> None:
+        assert job.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.proc.pid, signum)
+
+    def cancel(self, job: Job) -> None:
+        self._signal(job, signal.SIGKILL)  # the leader and every process of the job
+
+    def interrupt(self, job: Job) -> None:
+        self._signal(job, signal.SIGINT)
+
+    def ended_badly(self, job: Job) -> bool:
+        assert job.proc is not None
+        return job.proc.wait(timeout=JOB_TIMEOUT) != 0
+
+    def extra_links(self) -> dict[str, list[str]]:
+        extra = links_in(self.namespace, {"lo", "br0"})
+        return {self.namespace: extra} if extra else {}
+
+    @contextlib.contextmanager
+    def bridge_on_first_node_only(self, bridge: str) -> Iterator[str]:
+        # One host: a bridge no node has (each node's failure names that node).
+        yield rf"{self.node_prefix}\d"
+
+    def diagnostics(self) -> str:
+        return ""
+
+    def close(self) -> None:
+        for job in self.jobs:
+            if job.proc is not None and job.proc.poll() is None:
+                self._signal(job, signal.SIGKILL)
+                job.proc.wait(timeout=60)
+
+
+@contextlib.contextmanager
+def local_namespace() -> Iterator[str]:
+    """A network namespace with a bridge ``br0`` at .1 of the local site's /24, removed
+    afterwards with everything in it."""
+    if os.geteuid() != 0:
+        pytest.skip("the local site needs root (a network namespace and a bridge)")
+    ns = LOCAL_NAMESPACE
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+    steps = [
+        ["ip", "netns", "add", ns],
+        ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ["ip", "-n", ns, "link", "add", "br0", "type", "bridge"],
+        ["ip", "-n", ns, "addr", "add", f"{LOCAL_PREFIX}.1/24", "dev", "br0"],
+        ["ip", "-n", ns, "link", "set", "br0", "up"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+def wait_until(what: str, predicate: Callable[[], bool], timeout: float = JOB_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.5)
