@@ -17,16 +17,9 @@ from hpcvm.bootspec import BootSpec, Nic, nic_kernel_arg
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.render import libvirt_xml
 from hpcvm.render.qemu import qemu_argv
-from hpcvm.runtime import network
-from hpcvm.runtime.network import (
-    NETWORK_KINDS,
-    check_address,
-    ifname_for,
-    mac_for,
-    parse_address,
-    parse_network,
-    tap_mac,
-)
+from hpcvm.runtime import net_bridge, net_macvtap, net_vf, netlink, network
+from hpcvm.runtime.netlink import check_address, ifname_for, mac_for, parse_address, tap_mac
+from hpcvm.runtime.network import NETWORK_KINDS, parse_network
 from hpcvm.runtime.verify_nics import nic_checks
 from tests import render_plans as plans
 
@@ -45,7 +38,7 @@ def _nic(model: str = "virtio", vhost: bool = False, mtu: int = 1500) -> Nic:
         mtu=mtu,
         vhost=vhost,
     )
-    return nic.model_copy(update={"wiring": network.BridgeKind().wiring(nic)})
+    return nic.model_copy(update={"wiring": net_bridge.BridgeKind().wiring(nic)})
 
 
 # -- parsing ----------------------------------------------------------------------------
@@ -233,7 +226,7 @@ def test_libvirt_macvtap_is_a_direct_interface_that_validates(tmp_path: Path) ->
     if tool is None:
         pytest.fail("virt-xml-validate not found: run scripts/setup.sh (libvirt-clients)")
     nic = _nic(vhost=True).model_copy(update={"kind": "macvtap", "source": "eth0"})
-    nic = nic.model_copy(update={"wiring": network.MacvtapKind().wiring(nic)})
+    nic = nic.model_copy(update={"wiring": net_macvtap.MacvtapKind().wiring(nic)})
     text = libvirt_xml(plans.numa(), BootSpec(nics=(nic,)))
     (iface,) = ET.fromstring(text).findall("devices/interface")
     assert iface.get("type") == "direct"
@@ -356,7 +349,7 @@ def _fake_sysfs(root: Path, pf_netdev: str = "lo") -> Path:
 
 
 def test_vf_found_through_its_physical_function(tmp_path: Path) -> None:
-    kind = network.VfKind(_fake_sysfs(tmp_path))
+    kind = net_vf.VfKind(_fake_sysfs(tmp_path))
     vf = kind.virtual_function("0000:01:00.3")
     assert (vf.pf_bdf, vf.index, vf.pf_netdev, vf.driver) == ("0000:01:00.0", 1, "lo", "iavf")
     with pytest.raises(UsageError, match="not an SR-IOV virtual function"):
@@ -366,7 +359,7 @@ def test_vf_found_through_its_physical_function(tmp_path: Path) -> None:
 
 
 def test_vf_auto_takes_a_free_vfio_bound_vf(tmp_path: Path) -> None:
-    kind = network.VfKind(_fake_sysfs(tmp_path))
+    kind = net_vf.VfKind(_fake_sysfs(tmp_path))
     assert kind.free_vf([]) == "0000:01:00.2"  # 01:00.3 is bound to iavf, not vfio-pci
     with pytest.raises(UsageError, match="no free SR-IOV VF bound to vfio-pci"):
         kind.free_vf(["0000:01:00.2"])
@@ -378,12 +371,12 @@ def test_vf_nic_resolves_against_the_pf_interface(
     # The fake PF's interface is "lo", which every network namespace has: its MTU and
     # address are read over netlink for real.
     monkeypatch.setenv("HPCVM_RUNTIME_DIR", str(tmp_path / "rt"))
-    kind = network.VfKind(_fake_sysfs(tmp_path / "sys"))
+    kind = net_vf.VfKind(_fake_sysfs(tmp_path / "sys"))
     req = parse_network("vf=01:00.2")
     nic = kind.resolve(req, vm="job1", index=0, address="127.0.0.5/8", warn=print)
     assert (nic.kind, nic.source, nic.model, nic.ifname) == ("vf", "0000:01:00.2", "vfio", "lo")
     assert nic.mac == mac_for("job1", 0, "127.0.0.5/8")
-    assert nic.mtu == network.link("lo")["mtu"]  # type: ignore[index]
+    assert nic.mtu == netlink.link("lo")["mtu"]  # type: ignore[index]
     auto = kind.resolve(parse_network("vf=auto"), vm="job1", index=0, address=None, warn=print)
     assert auto.source == "0000:01:00.2"
     with pytest.raises(UsageError, match="outside lo's subnet"):
@@ -397,7 +390,7 @@ def test_vf_nic_resolves_against_the_pf_interface(
 
 
 def test_vf_pf_outside_this_namespace_is_refused(tmp_path: Path) -> None:
-    kind = network.VfKind(_fake_sysfs(tmp_path, pf_netdev="hvnosuchpf0"))
+    kind = net_vf.VfKind(_fake_sysfs(tmp_path, pf_netdev="hvnosuchpf0"))
     with pytest.raises(UsageError, match="hvnosuchpf0 is not in this network namespace"):
         kind.resolve(parse_network("vf=01:00.2"), vm="j", index=0, address=None, warn=print)
 
