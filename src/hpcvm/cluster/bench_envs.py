@@ -139,6 +139,7 @@ class ClusterVmEnvironment(VmEnvironment):
             nodes=len(self.allocation.nodes),
             first_address=self.first_address,
             workdir=os.getcwd(),
+            housekeeping_fallback=True,
         )
         ready = control.up(request, UP_TIMEOUT, self.say)
         self._pins = [

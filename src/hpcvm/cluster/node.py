@@ -26,7 +26,8 @@ from hpcvm.cluster import guest_mpi, reaper
 from hpcvm.cluster.batch import TaskPlace
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.spec import SPEC_ENV, ClusterSpec, EventKind, NodeEvent
-from hpcvm.errors import HpcvmError, UsageError
+from hpcvm.errors import HpcvmError, InfeasiblePlanError, UsageError
+from hpcvm.plan.model import PlanRequest
 from hpcvm.runtime import lifecycle
 from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.model import Machine
@@ -82,7 +83,7 @@ def _boot(spec: ClusterSpec, place: TaskPlace) -> Machine:
         workdir=spec.workdir,
         address=str(address),
     )
-    machine = lifecycle.up(spec.plan.model_copy(update={"name": name}), options, warn=_warn)
+    machine = _up(spec, spec.plan.model_copy(update={"name": name}), options)
     try:
         guest_mpi.run_script(
             machine, guest_mpi.sshd_script(name, address), spec.public_key, "starting sshd"
@@ -96,6 +97,24 @@ def _boot(spec: ClusterSpec, place: TaskPlace) -> Machine:
         lifecycle.teardown(machine)
         raise
     return machine
+
+
+def _up(spec: ClusterSpec, request: PlanRequest, options: UpOptions) -> Machine:
+    """``lifecycle.up``; where the job allows it (``bench --nodes``), a node too small
+    for the hpc profile's housekeeping core plus the vCPUs plans with none, as one-node
+    ``bench`` does, and says so in its warnings."""
+    try:
+        return lifecycle.up(request, options, warn=_warn)
+    except InfeasiblePlanError as exc:
+        fallback = spec.housekeeping_fallback and request.housekeeping is None
+        if not fallback or exc.cause != "housekeeping":
+            raise
+    _warn(
+        f"{request.profile}: this node has too few PUs for {request.vcpus} vCPUs plus a "
+        "housekeeping core; planned with housekeeping 0 (QEMU's own threads share the "
+        "vCPUs' cores)"
+    )
+    return lifecycle.up(request.model_copy(update={"housekeeping": 0}), options, warn=_warn)
 
 
 def _hold(machine: Machine) -> bool:

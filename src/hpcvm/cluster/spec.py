@@ -38,6 +38,9 @@ class ClusterRequest(VmRequest):
     nodes: int | None = None  # --nodes: how many (the batch system may decide)
     first_address: str  # IPv4 interface of the first node's VM, e.g. 10.0.0.101/24
     workdir: str  # shared with every guest at the same path (the job's directory)
+    # A node too small for the hpc profile's housekeeping core plans with none and warns
+    # (bench --nodes, as one-node bench does); cluster up refuses instead.
+    housekeeping_fallback: bool = False
 
 
 class ClusterSpec(ClusterRequest):
