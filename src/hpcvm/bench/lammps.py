@@ -116,7 +116,6 @@ def atoms(scale: float) -> int:
 class LammpsRun(Frozen):
     """What hpcvm reads from one LAMMPS run's screen output."""
 
-    version: str | None
     loop_time: float
     procs: int
     steps: int
@@ -128,7 +127,6 @@ class LammpsRun(Frozen):
 _LOOP = re.compile(
     r"^Loop time of (\S+) on (\d+) procs for (\d+) steps with (\d+) atoms$", re.MULTILINE
 )
-_VERSION = re.compile(r"^LAMMPS \((.+)\)$", re.MULTILINE)
 
 
 def error_line(stdout: str, stderr: str) -> str:
@@ -166,13 +164,11 @@ def parse_output(stdout: str) -> LammpsRun:
         raise ParseError(f"LAMMPS printed no 'Loop time' line: {tail(stdout, 2) or 'no output'}")
     loop = loops[-1]
     step, energy = _thermo_row(stdout[: loop.start()].splitlines())
-    version = _VERSION.search(stdout)
     try:
         seconds = float(loop[1])
     except ValueError:
         raise ParseError(f"LAMMPS's loop time {loop[1]!r} is not a number") from None
     return LammpsRun(
-        version=version[1] if version else None,
         loop_time=seconds,
         procs=int(loop[2]),
         steps=int(loop[3]),
@@ -288,18 +284,11 @@ class LammpsSuite:
     def sample_facts(
         self, workdir: Path, stdout: str, stderr: str, exit_code: int
     ) -> dict[str, str]:
-        """Atoms, procs, LAMMPS's version and the energy beside native's."""
+        """Atoms, processes and the final energy (a passing sample's is native's)."""
         facts: dict[str, str] = {"atoms": str(self.atoms)}
-        try:
+        with contextlib.suppress(ParseError):
             run = parse_output(stdout)
-        except ParseError:
-            return facts
-        facts |= {"processes": str(run.procs), "total_energy": f"{run.total_energy:.8g}"}
-        if run.version:
-            facts["lammps"] = run.version
-        with contextlib.suppress(ParseError, KeyError, TypeError, ValueError):
-            reference = float(read_run_file(workdir, self.name)["reference"])
-            facts["native_total_energy"] = f"{reference:.8g}"
+            facts |= {"processes": str(run.procs), "total_energy": f"{run.total_energy:.8g}"}
         return facts
 
     def label(self, metric: str, np: int) -> str:
