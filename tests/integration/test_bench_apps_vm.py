@@ -83,10 +83,10 @@ def test_every_sample_in_the_guest_gives_natives_answer(out: Path) -> None:
     energy = _reference_energy(out)
     for s in samples:
         facts = s["evidence"]["facts"]  # type: ignore[index]
-        if s["suite"] == "openfoam":
-            assert facts["residuals"] == residuals
-        else:
-            assert float(facts["total_energy"]) == energy
+        if s["suite"] == "openfoam":  # --size quick: the tutorial's 20 x 20 mesh
+            assert (facts["residuals"], facts["mesh"]) == (residuals, "20x20")
+        else:  # --size quick: 5 x 5 x 5 fcc cells
+            assert (float(facts["total_energy"]), facts["atoms"]) == (energy, "500")
     vm = [s for s in samples if s["env"] == "vm:naive"]
     assert len(vm) == 6  # 2 suites x (warm-up + 2)
     assert all(s["guest_seconds"] for s in vm)
