@@ -12,9 +12,9 @@ the time step shrinks with the cells so that the Courant number stays the tutori
 ======  ============  =====  ===================================================
 size    mesh          steps  natively, np 2, a shared 2-core host
 ======  ============  =====  ===================================================
-quick   20 x 20       20     0.5 s (a TCG guest: seconds)
-small   50 x 50       100    about 3 s of solver CPU time
-medium  100 x 100     200    about 8 s of solver CPU time
+quick   20 x 20       20     0.5 s a sample (a TCG guest: 4 to 30 s, with load)
+small   50 x 50       100    2.7 s of solver CPU time
+medium  100 x 100     200    7.9 s of solver CPU time
 ======  ============  =====  ===================================================
 
 Prepared once per run (``prepare_inputs``, outside every sample): the tutorial copied,
@@ -38,10 +38,12 @@ The answer: the initial residual of every equation solved in the last time step 
 Uy and the pressure of each PISO corrector), OpenFOAM's own measure of where the
 solution stands, compared with the native reference run's (bench/reference.py). The
 same binary on the same decomposition does the same arithmetic, so native and a guest
-print the same residuals; the tolerance, 1e-4 relative (two of the six digits OpenFOAM
-prints), leaves room for the last bits of a libm that picks another code path on
-another CPU model, while a changed input field or another decomposition moves them by
-percents. A mismatch, a wrong process count or step count is a failed sample.
+print the same residuals (a TCG guest does). The tolerance, 1e-4 relative (two of the
+six digits OpenFOAM prints), leaves room for the last bits of a libm that picks another
+code path on another CPU model; what changes the problem moves them further (measured
+at np 2: the lid 0.1% faster in one processor's initial field, 3e-4 at quick; the mesh
+cut along y instead of x, 5e-3 at quick and 2e-2 at small). A mismatch, a wrong process
+count or step count is a failed sample.
 """
 
 from __future__ import annotations
