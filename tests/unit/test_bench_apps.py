@@ -6,6 +6,7 @@ short logs here follow the layout of those real runs (trailing blanks dropped)."
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ from hpcvm.bench.openfoam import (
     parse_log,
     step_metrics,
 )
-from hpcvm.bench.reference import reference_mpirun, relative_difference
+from hpcvm.bench.reference import reference_mpirun, relative_difference, run_step
 from hpcvm.bench.session import INPUTS, _guest_shares
 from hpcvm.bench.suite import DescribesSamples, PreparesInputs, Suite
 from hpcvm.bench.suites import REGISTRY, SuiteOptions, build_suites, suite_packages
@@ -237,3 +238,24 @@ def test_lammps_input_and_sizes_are_the_benchmarks() -> None:
     assert [atoms(s) for s in (0.25, 0.5, 1.0)] == [500, 4000, 32000]
     assert "velocity      all create 1.44 87287 loop geom" in INPUT
     assert INPUT.rstrip().endswith("run           100")
+
+
+def test_a_failed_preparation_step_names_itself_and_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "log.step"
+    argv = ["/bin/sh", "-c", "echo meshing; echo 'no such patch' >&2; exit 3"]
+    with pytest.raises(BenchmarkError, match=r"blockMesh exited with code 3: no such patch"):
+        run_step(argv, log=log, what="blockMesh")
+    assert "meshing" in log.read_text() and "no such patch" in log.read_text()
+    assert run_step(["/bin/echo", "ok"], log=log, what="echo") == "ok\n"
+
+
+def test_a_preparation_step_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    argv = ["/bin/sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"]
+    with pytest.raises(BenchmarkError, match=r"did not finish within 0\.5 s"):
+        run_step(argv, log=tmp_path / "log", what="decomposePar", timeout=0.5)
+    status = Path(f"/proc/{pidfile.read_text().strip()}/status")
+    deadline = time.monotonic() + 10
+    while status.exists() and "State:\tZ" not in status.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not status.exists() or "State:\tZ" in status.read_text()  # gone, or a reaped-late zombie

@@ -25,7 +25,10 @@ directory, and the directory keeps what it was judged against.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,24 +46,36 @@ PREPARE_TIMEOUT = 3600.0  # a medium reference run natively, with a shared machi
 def run_step(argv: Sequence[str], *, log: Path, what: str, timeout: float = PREPARE_TIMEOUT) -> str:
     """Run one preparation step natively, with the clean environment every sample gets,
     its output kept in ``log``; its stdout, or a BenchmarkError naming the step, what
-    it said last and the log."""
+    it said last and the log. The step runs in a session of its own, killed with all
+    it started (mpirun's ranks) on a timeout or an interruption, so none outlives it."""
+    proc = subprocess.Popen(
+        [*CLEAN_ENV, *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            [*CLEAN_ENV, *argv],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _kill_group(proc)
         raise BenchmarkError(f"{what} did not finish within {timeout:g} s") from None
-    out, err = decode_output(proc.stdout), decode_output(proc.stderr)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    out, err = decode_output(stdout), decode_output(stderr)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"argv: {' '.join(argv)}\n--- stdout ---\n{out}\n--- stderr ---\n{err}\n")
     if proc.returncode != 0:
         detail = tail(err, 3) or tail(out, 3) or "no output"
         raise BenchmarkError(f"{what} exited with code {proc.returncode}: {detail} (log: {log})")
     return out
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
 
 
 def reference_mpirun(np: int, argv: Sequence[str]) -> list[str]:
