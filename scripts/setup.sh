@@ -18,6 +18,7 @@ APT_PACKAGES=(
   mmdebstrap syslinux syslinux-common mtools dosfstools fdisk e2fsprogs  # tests: build a Debian disk image
   numactl
   hpcc openmpi-bin libopenmpi-dev netpipe-openmpi  # benchmarks
+  openfoam openfoam-examples lammps       # application suites (the cavity tutorial, the LJ benchmark)
   chromium qemu-user                      # report tests: headless browser; TCG-emulated samples
 )
 

@@ -18,7 +18,7 @@ from hpcvm.errors import UsageError
 
 
 def test_registry_names() -> None:
-    assert set(suite_names()) == {"hpcc", "noise", "npb", "netpipe", "cmd"}
+    assert set(suite_names()) == {"hpcc", "noise", "npb", "netpipe", "cmd", "openfoam", "lammps"}
 
 
 def test_build_hpcc_and_noise_in_order_without_duplicates() -> None:

@@ -106,8 +106,14 @@ def mpirun_program() -> str:
     return find_program("mpirun", MPI_PACKAGE)
 
 
-def mpirun_argv(np: int, argv: Sequence[str], *, bind: Bind = "core") -> list[str]:
-    """``argv`` started as ``np`` MPI ranks on this node (see the module docstring)."""
+def mpirun_argv(
+    np: int, argv: Sequence[str], *, bind: Bind = "core", oversubscribe: bool = False
+) -> list[str]:
+    """``argv`` started as ``np`` MPI ranks on this node (see the module docstring).
+
+    ``oversubscribe`` (with ``bind="none"``) lets ``np`` exceed this node's cores: only
+    for runs whose answer matters and whose time does not (an application's native
+    reference run, bench/reference.py), never for a sample."""
     if np < 1:
         raise UsageError(f"process count must be at least 1, got {np}")
     if bind not in _BIND_OPTIONS:
@@ -126,6 +132,10 @@ def mpirun_argv(np: int, argv: Sequence[str], *, bind: Bind = "core") -> list[st
         ]
         placement = list(_BIND_OPTIONS[bind])
         placement[placement.index("--map-by") + 1] = "node"
+    if oversubscribe:
+        if bind != "none":
+            raise UsageError("an oversubscribed run cannot bind ranks: use bind none")
+        placement.append("--oversubscribe")
     return [
         mpirun_program(),
         "--allow-run-as-root",

@@ -26,8 +26,8 @@ from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.noise import calibrate_iterations
 from hpcvm.bench.placement import NativePlacement, native_placement
 from hpcvm.bench.results import outlier_marks
-from hpcvm.bench.runner import Outcome, ProgressSink, Runner
-from hpcvm.bench.suite import DescribesSamples, Suite
+from hpcvm.bench.runner import Outcome, ProgressSink, Runner, slug
+from hpcvm.bench.suite import DescribesSamples, PreparesInputs, Suite
 from hpcvm.bench.suites import build_suites, validate_suites
 from hpcvm.bench.vm import VmEnvironment, plan_vm
 from hpcvm.errors import HpcvmError, UsageError
@@ -217,7 +217,7 @@ def prepare(
     config = _fixed_noise_work(config, previous, native)
     suites = build_suites(config.suites, config.suite_options)
     envs: dict[str, Environment] = {}
-    extra = _guest_shares(config)
+    extra = _guest_shares(config, suites, out_dir)
     make = environments or OneNode()
     for name in profiles:
         if name in plans:
@@ -269,14 +269,25 @@ def native_on(config: BenchConfig, host: HostTopology) -> NativePlacement:
 
 # What a built-in guest shares anyway (runtime/shares.py): programs there need nothing.
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/opt", "/etc")
+INPUTS = "inputs"  # under the results directory: the inputs suites prepare once per run
 
 
-def _guest_shares(config: BenchConfig) -> tuple[str, ...]:
+def inputs_dir(out_dir: Path, suite: Suite) -> Path:
+    """Where ``suite`` prepares its inputs (bench/suite.py, step 2)."""
+    return out_dir / INPUTS / slug(suite.name)
+
+
+def _guest_shares(
+    config: BenchConfig, suites: Sequence[Suite] = (), out_dir: Path | None = None
+) -> tuple[str, ...]:
     """Directories the suites run from that a guest would not otherwise see: the NPB
-    bin directory and a --cmd program's directory outside the working directory and
-    the system directories (both shared read-only, at their host paths)."""
+    bin directory, a --cmd program's directory and the inputs prepared once per run
+    (``out_dir``/inputs), each outside the working directory and the system directories
+    (shared read-only, at their host paths)."""
     options = config.suite_options
     dirs: list[Path] = []
+    if out_dir is not None and any(isinstance(s, PreparesInputs) for s in suites):
+        dirs.append(out_dir / INPUTS)
     if "npb" in config.suites and options.npb_dir is not None:
         dirs.append(options.npb_dir)
     if "cmd" in config.suites and options.cmd:
@@ -345,6 +356,17 @@ def _check_np(config: BenchConfig, suites: list[Suite], envs: dict[str, Environm
                 f"--np {wanted} is impossible in {name}: it has {env.vcpus} {where}; "
                 f"use --np {env.vcpus} or fewer"
             )
+
+
+def _prepare_inputs(prep: Prepared, notify: Warn | None) -> None:
+    """Each suite's inputs made once, natively, before any environment starts (a
+    resumed run makes them again: the same inputs, the same native answers)."""
+    for suite in prep.suites:
+        if isinstance(suite, PreparesInputs):
+            directory = inputs_dir(prep.out_dir, suite)
+            suite.prepare_inputs(directory, prep.config.np)
+            if notify is not None:
+                notify(f"{suite.name}: inputs and native reference ready in {directory}")
 
 
 def _start_and_record(prep: Prepared, store: Store, run_id: int, notify: Warn | None) -> None:
@@ -431,6 +453,7 @@ def _measure(
 ) -> Outcome:
     try:
         with interrupting():
+            _prepare_inputs(prep, notify)
             _start_and_record(prep, store, run_id, notify)
             runner = Runner(
                 store=store,

@@ -7,15 +7,23 @@ read-only root with a writable tmpfs overlay:
 
 1. ``suite.validate(np_values)`` once, before anything starts: a missing binary, NPB
    directory or an impossible request is a UsageError/BenchmarkError right there.
-2. Per run, in a fresh empty host directory ``workdir``:
+2. A suite whose runs need inputs made once (``PreparesInputs``: a meshed and decomposed
+   OpenFOAM case, the native reference answer) gets
+   ``suite.prepare_inputs(directory, np_values)`` once per run, natively, after every
+   suite is validated and before any environment starts, so outside every sample and
+   its timing. ``directory`` is the suite's own, under the results directory; every
+   guest sees it read-only at the same path (a share where the working directory does
+   not cover it), and so does every node of ``bench --nodes`` that sees the results
+   directory. Samples must only read it, so that each starts from the same input.
+3. Per run, in a fresh empty host directory ``workdir``:
    ``argv = suite.prepare(workdir, np, memory_bytes)``. ``prepare`` writes its input
    files into ``workdir`` only, and returns a self-contained argv: absolute program
    paths, and it changes into ``workdir`` itself (``env -C``), because the guest agent's
    ``guest-exec`` has no working-directory parameter and a minimal PATH.
-3. Natively: run ``argv``. In a guest: ``mkdir -p workdir`` (creatable on the overlay),
+4. Natively: run ``argv``. In a guest: ``mkdir -p workdir`` (creatable on the overlay),
    copy every file ``prepare`` left in ``workdir`` into it, run ``argv``, then copy the
    files named in ``suite.output_files`` back into the host ``workdir``.
-4. ``suite.parse(workdir, stdout, stderr, exit_code)`` -> list of MetricValue, or
+5. ``suite.parse(workdir, stdout, stderr, exit_code)`` -> list of MetricValue, or
    ParseError for a failed run (the orchestrator records a failed sample and goes on).
 """
 
@@ -81,6 +89,16 @@ class WarmsUpSmaller(Protocol):
         ...
 
     def prepare_warmup(self, workdir: Path, np: int, memory_bytes: int) -> list[str]: ...
+
+
+@runtime_checkable
+class PreparesInputs(Protocol):
+    """What a suite whose samples share inputs made once per run may add (openfoam,
+    lammps): step 2 of the module docstring. ``prepare_inputs`` also computes the
+    native reference each sample's answer must match (bench/reference.py); it raises
+    BenchmarkError when a step fails, and the run fails before anything is measured."""
+
+    def prepare_inputs(self, directory: Path, np_values: Sequence[int]) -> None: ...
 
 
 @runtime_checkable

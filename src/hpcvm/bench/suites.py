@@ -15,6 +15,9 @@ from pathlib import Path
 from hpcvm.bench.cmd import CmdSuite
 from hpcvm.bench.hpcc import COMMUNICATION_METRICS, HpccSize, HpccSuite
 from hpcvm.bench.hpcc import METRICS as HPCC_METRICS
+from hpcvm.bench.lammps import METRICS as LAMMPS_METRICS
+from hpcvm.bench.lammps import PACKAGES as LAMMPS_PACKAGES
+from hpcvm.bench.lammps import LammpsSize, LammpsSuite
 from hpcvm.bench.launch import Bind
 from hpcvm.bench.metrics import Metric
 from hpcvm.bench.netpipe import METRICS as NETPIPE_METRICS
@@ -24,6 +27,9 @@ from hpcvm.bench.noise import NoiseSuite
 from hpcvm.bench.npb import LABELS as NPB_LABELS
 from hpcvm.bench.npb import METRICS as NPB_METRICS
 from hpcvm.bench.npb import discover
+from hpcvm.bench.openfoam import METRICS as OPENFOAM_METRICS
+from hpcvm.bench.openfoam import PACKAGES as OPENFOAM_PACKAGES
+from hpcvm.bench.openfoam import OpenfoamSize, OpenfoamSuite
 from hpcvm.bench.suite import Suite
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
@@ -42,6 +48,8 @@ class SuiteOptions(Frozen):
     npb_kernels: tuple[str, ...] = ()
     npb_size: str | float = "small"  # --size as given: picks one NPB class per kernel
     netpipe_size: NetpipeSize = "small"  # --size quick/small/medium: repetitions per size
+    openfoam_size: OpenfoamSize = "small"  # --size quick/small/medium: mesh and time steps
+    lammps_size: LammpsSize = "small"  # --size quick/small/medium: atoms
     cmd: str | None = None
     metric: str | None = None  # regex with one group
     higher_is_better: bool | None = None  # None: the user has not said
@@ -67,6 +75,14 @@ def _noise(options: SuiteOptions) -> list[Suite]:
 
 def _netpipe(options: SuiteOptions) -> list[Suite]:
     return [NetpipeSuite(options.netpipe_size, bind=options.bind)]
+
+
+def _openfoam(options: SuiteOptions) -> list[Suite]:
+    return [OpenfoamSuite(options.openfoam_size, bind=options.bind)]
+
+
+def _lammps(options: SuiteOptions) -> list[Suite]:
+    return [LammpsSuite(options.lammps_size, bind=options.bind)]
 
 
 def _npb(options: SuiteOptions) -> list[Suite]:
@@ -183,6 +199,26 @@ for _kind in (
     SuiteKind("cmd", _cmd, "any command and a regex (--cmd, --metric)"),
 ):
     register(_kind)
+
+register(
+    SuiteKind(
+        "openfoam",
+        _openfoam,
+        "OpenFOAM's icoFoam on the cavity tutorial, decomposed over --np ranks, checked "
+        "against native's residuals",
+        metrics=OPENFOAM_METRICS,
+        packages=OPENFOAM_PACKAGES,
+    )
+)
+register(
+    SuiteKind(
+        "lammps",
+        _lammps,
+        "LAMMPS's Lennard-Jones benchmark, checked against native's final energy",
+        metrics=LAMMPS_METRICS,
+        packages=LAMMPS_PACKAGES,
+    )
+)
 
 
 def suite_names() -> tuple[str, ...]:

@@ -27,8 +27,10 @@ from hpcvm.bench.config import DEFAULT_MAX_REPS, DEFAULT_VM_MEMORY, BenchConfig
 from hpcvm.bench.environments import valid_env_names
 from hpcvm.bench.export import rows_csv, rows_json, write_atomic, write_exports
 from hpcvm.bench.failures import CellFailures, cell_failures, failure_line, without_valid_sample
+from hpcvm.bench.lammps import LammpsSize
 from hpcvm.bench.launch import Bind, Spread, across
 from hpcvm.bench.netpipe import NetpipeSize
+from hpcvm.bench.openfoam import OpenfoamSize
 from hpcvm.bench.placement import parse_native_cpus
 from hpcvm.bench.results import summaries
 from hpcvm.bench.runner import LOGS
@@ -165,6 +167,8 @@ def _suite_options(o: BenchOptions) -> SuiteOptions:
         npb_kernels=tuple(k for k in (o.npb_kernels or "").split(",") if k),
         npb_size=o.size if o.size in _SIZES else hpcc_size,
         netpipe_size=cast("NetpipeSize", o.size) if o.size in _SIZES else "small",
+        openfoam_size=cast("OpenfoamSize", o.size) if o.size in _SIZES else "small",
+        lammps_size=cast("LammpsSize", o.size) if o.size in _SIZES else "small",
         cmd=o.cmd,
         metric=o.metric,
         higher_is_better=o.higher_is_better,
