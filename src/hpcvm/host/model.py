@@ -115,13 +115,14 @@ class PciDevice(Frozen):
 class KvmInfo(Frozen):
     """Whether this host can run an ordinary KVM guest.
 
-    ``device`` None means the source cannot tell (a snapshot has no /dev). ``pvm`` is
-    set when the paravirtual kvm_pvm module is loaded: /dev/kvm works but only PVM
-    guest kernels boot on it, so an ordinary guest would hang.
+    ``device`` None means the source cannot tell (a snapshot has no /dev); ``hw_virt``
+    None that it records no CPU flags (an hwloc XML file). ``pvm`` is set when the
+    paravirtual kvm_pvm module is loaded: /dev/kvm works but only PVM guest kernels boot
+    on it, so an ordinary guest would hang.
     """
 
     device: bool | None
-    hw_virt: bool  # vmx or svm in the CPU flags
+    hw_virt: bool | None  # vmx or svm in the CPU flags; None: no flags recorded
     pvm: bool = False
     usable: bool
     reason: str  # one sentence a person can act on
