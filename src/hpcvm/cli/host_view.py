@@ -105,9 +105,7 @@ def _kvm(host: HostTopology) -> str:
     if kvm.device is None and kvm.hw_virt is not False:
         status = "unknown"  # a description of another machine: neither fact is recorded
     device = {True: "present", False: "absent", None: "unknown"}[kvm.device]
-    flags = {True: "VT-x/AMD-V", False: "no VT-x/AMD-V", None: "VT-x/AMD-V unknown"}[
-        kvm.hw_virt
-    ]
+    flags = {True: "VT-x/AMD-V", False: "no VT-x/AMD-V", None: "VT-x/AMD-V unknown"}[kvm.hw_virt]
     pvm = ", PVM" if kvm.pvm else ""
     return f"{status} (/dev/kvm {device}, {flags}{pvm}): {kvm.reason}"
 
