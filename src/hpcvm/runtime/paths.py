@@ -10,11 +10,10 @@ sockets give full control of the guest, so no other user may reach them.
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from pathlib import Path
 
-from hpcvm.errors import UsageError
+from hpcvm.plan.validate import check_vm_name
 
 ENV_RUNTIME_DIR = "HPCVM_RUNTIME_DIR"
 
@@ -25,8 +24,6 @@ AGENT_SOCKET = "agent.sock"
 CONSOLE_LOG = "console.log"
 QEMU_LOG = "qemu.log"
 PID_FILE = "qemu.pid"
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
 def runtime_root() -> Path:
@@ -52,13 +49,9 @@ def ensure_root() -> Path:
 
 
 def check_name(name: str) -> str:
-    """Refuse names that would not make a safe directory or socket name."""
-    if not _NAME_RE.match(name):
-        raise UsageError(
-            f"invalid VM name {name!r}: use 1-63 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return name
+    """Refuse names that would not make a safe directory or socket name (the planner's
+    rule, so a plan and an ``up`` accept the same names)."""
+    return check_vm_name(name)
 
 
 def run_dir(name: str) -> Path:
