@@ -13,7 +13,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from hpcvm.cli.common import console, err_console
+from hpcvm.cli.common import console, err_console, seconds
 from hpcvm.cli.vm_cmd import _request, _vm_options
 from hpcvm.cluster import control
 from hpcvm.errors import UsageError
@@ -44,7 +44,9 @@ def cluster() -> None:
 @_vm_options
 @click.option(
     "--timeout",
-    type=float,
+    type=str,
+    callback=seconds,
+    metavar="SECONDS",
     default=DEFAULT_UP_TIMEOUT,
     show_default=True,
     help="Seconds for every VM to come up before all are taken down.",
@@ -110,7 +112,13 @@ def ps_cmd(name: str, as_json: bool) -> int:
 
 @cluster.command("exec", context_settings={"ignore_unknown_options": True})
 @click.argument("name")
-@click.option("--timeout", type=float, default=None, help="Seconds before giving up (exit 124).")
+@click.option(
+    "--timeout",
+    callback=seconds,
+    metavar="SECONDS",
+    default=None,
+    help="Seconds before giving up (exit 124).",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
     """Run a command in the first VM; mpirun there starts ranks on every VM of the job."""
