@@ -24,6 +24,11 @@ AGENT_SOCKET = "agent.sock"
 CONSOLE_LOG = "console.log"
 QEMU_LOG = "qemu.log"
 PID_FILE = "qemu.pid"
+# A failed ``up`` removes the VM but keeps these logs in <root>/.failed/<name>/ (hidden:
+# not a VM), for the error that names them; only the newest KEPT_FAILURES VMs' are kept.
+FAILED_DIR = ".failed"
+KEPT_LOGS = (CONSOLE_LOG, QEMU_LOG)
+KEPT_FAILURES = 8
 
 
 def runtime_root() -> Path:
@@ -57,6 +62,19 @@ def check_name(name: str) -> str:
 def run_dir(name: str) -> Path:
     """The directory of VM ``name`` (it may not exist)."""
     return runtime_root() / check_name(name)
+
+
+def kept_log(name: str, log: str) -> Path:
+    """Where a failed ``up`` of VM ``name`` keeps ``log`` (one of KEPT_LOGS) once its
+    run directory is gone: the path its error message names."""
+    return runtime_root() / FAILED_DIR / check_name(name) / log
+
+
+def log_now(run: Path, name: str, log: str) -> Path:
+    """``log`` of a VM where it is now: in its run directory while that exists, else
+    where a failed ``up`` kept it."""
+    here = run / log
+    return here if here.exists() else kept_log(name, log)
 
 
 def make_private(path: Path) -> None:
