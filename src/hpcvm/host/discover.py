@@ -155,6 +155,7 @@ def _build(text: str, source: _Source) -> HostTopology:
         caches=tuple(_caches(view)),
         distances=_distances(view, order, source, draft),
         thp=sysfs.thp_mode(source.root) if source.root is not None else None,
+        nohz_full=_nohz_full(source),
         kvm=_kvm(source, cpu),
         iommu=_iommu_on(groups, source),
         iommu_groups=groups or {},
@@ -469,6 +470,16 @@ def _kvm(source: _Source, cpu: sysfs.CpuInfo | None) -> KvmInfo:
     if source.label.startswith("synthetic:"):
         what = "a synthetic topology"
     return snapshot_kvm(cpu.flags if cpu else None, source=what)
+
+
+def _nohz_full(source: _Source) -> bool | None:
+    """Live: the kernel's own answer. A snapshot records the file when it has it, but
+    hwloc-gather-topology does not copy it, so its absence there says nothing."""
+    if source.root is None:
+        return None
+    if source.live:
+        return sysfs.has_nohz_full(source.root)
+    return True if sysfs.has_nohz_full(source.root) else None
 
 
 def _hostname(view: hwloc.HwlocView, source: _Source) -> str:

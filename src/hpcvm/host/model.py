@@ -143,6 +143,9 @@ class HostTopology(Frozen):
     caches: tuple[Cache, ...] = ()
     distances: tuple[tuple[int, ...], ...]  # rows/cols in the order of ``nodes``
     thp: str | None = None  # "always", "madvise", "never"; None when unknown
+    # The kernel was built with CONFIG_NO_HZ_FULL (it has sys/devices/system/cpu/nohz_full),
+    # so a nohz_full= argument would take effect; None when the source does not say.
+    nohz_full: bool | None = None
     kvm: KvmInfo
     iommu: bool | None = None  # None when unknown
     # IOMMU group number -> member BDFs

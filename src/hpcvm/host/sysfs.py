@@ -142,6 +142,12 @@ def thp_mode(root: Path) -> str | None:
     return match.group(1) if match else None
 
 
+def has_nohz_full(root: Path) -> bool:
+    """Whether the kernel under ``root`` was built with CONFIG_NO_HZ_FULL: only then
+    does it have sys/devices/system/cpu/nohz_full (and honour ``nohz_full=``)."""
+    return (root / "sys" / "devices" / "system" / "cpu" / "nohz_full").exists()
+
+
 def meminfo(root: Path) -> dict[str, int]:
     """proc/meminfo as bytes (values in kB are converted; counts kept as they are)."""
     out: dict[str, int] = {}
