@@ -29,10 +29,12 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from pydantic import ValidationError
+
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.placement import NativePlacement
 from hpcvm.cluster import slurm
-from hpcvm.errors import RuntimeFailure
+from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.model import Frozen
 from hpcvm.units import format_cpu_list
 
@@ -53,7 +55,15 @@ def this_node(config_json: str) -> str:
     from hpcvm.cluster.control import this_node as node_name
     from hpcvm.host import discover
 
-    config = BenchConfig.model_validate_json(config_json)
+    try:
+        config = BenchConfig.model_validate_json(config_json)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "top level"
+        raise UsageError(
+            f"cluster placement: not a bench configuration ({where}: {first['msg']}); it is "
+            "given by hpcvm bench --nodes, not typed"
+        ) from None
     native = NodeNative(
         placement=native_on(config, discover()), allowed=tuple(sorted(os.sched_getaffinity(0)))
     )
