@@ -74,8 +74,10 @@ class NumaNode(Frozen):
     # False when outside this process's memory set (cgroup cpuset.mems): the kernel
     # refuses memory bound there, so plans never bind to it.
     allowed: bool = True
-    # What the kernel can give now without swapping: MemFree + Inactive(file) of the
-    # node's meminfo. None when the source does not say (hwloc XML, synthetic).
+    # What the kernel can give now without swapping: MemAvailable on a host of one node,
+    # else MemFree + Inactive(file) of the node's meminfo; memory the kernel has not yet
+    # initialised (deferred_init=lazy) is counted here and in memory_bytes on the node
+    # holding it (host/discover.py). None when the source does not say (XML, synthetic).
     available_bytes: int | None = None
 
     def pool(self, size_bytes: int) -> HugePagePool | None:

@@ -161,6 +161,26 @@ def meminfo(root: Path) -> dict[str, int]:
     return out
 
 
+def uninitialised_pages(root: Path) -> dict[int, int]:
+    """Node -> pages its zones have but the buddy allocator does not manage yet, from
+    proc/zoneinfo (``present`` - ``managed``, summed over the node's zones): under
+    ``deferred_init=lazy`` the memory the kernel initialises only when asked (plus a
+    little reserved memory). Empty when the root has no zoneinfo."""
+    gaps: dict[int, int] = {}
+    node: int | None = None
+    present = 0
+    for line in (read_text(root / "proc" / "zoneinfo") or "").splitlines():
+        fields = line.replace(",", " ").split()
+        if len(fields) >= 2 and fields[0] == "Node" and fields[1].isdigit():
+            node, present = int(fields[1]), 0
+        elif node is not None and len(fields) == 2 and fields[1].isdigit():
+            if fields[0] == "present":
+                present = int(fields[1])
+            elif fields[0] == "managed":
+                gaps[node] = gaps.get(node, 0) + max(0, present - int(fields[1]))
+    return gaps
+
+
 def hugetlbfs_mounts(root: Path) -> dict[int, str]:
     """Page size in bytes -> first hugetlbfs mount point, from proc/mounts; a mount
     without pagesize= uses the default huge page size (meminfo Hugepagesize)."""
