@@ -18,6 +18,7 @@ from hpcvm.cli.vm_cmd import _request, _vm_options
 from hpcvm.cluster import control
 from hpcvm.errors import UsageError
 from hpcvm.runtime.network import parse_address
+from hpcvm.runtime.shares import check_job_dir
 from hpcvm.signals import interrupting
 
 DEFAULT_UP_TIMEOUT = 300.0
@@ -64,6 +65,7 @@ def up_cmd(name: str, timeout: float, **kw: Any) -> int:
             "network (the k-th node's VM gets the k-th next one)"
         )
     parse_address(first_address)
+    check_job_dir(os.getcwd(), kw["shares"])
     fields: dict[str, object] = {
         "request": _request(kw),
         "backend": kw["backend"],
