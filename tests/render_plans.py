@@ -302,7 +302,7 @@ def plans_for(host: HostTopology, name: str) -> list[VMPlan]:
     for (profile, page, nodes), accel in [(s, a) for s in SHAPES for a in ACCELS]:
         for vcpus in VCPUS:
             request = PlanRequest(
-                name=f"{name}-{profile}",
+                name=f"{name}-{profile}".replace("+", "-"),  # a name `up` takes
                 profile=profile,
                 vcpus=vcpus,
                 memory_bytes=512 * MIB,

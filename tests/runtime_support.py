@@ -137,6 +137,10 @@ class Residue:
     @classmethod
     def take(cls, runtime_dir: Path) -> Residue:
         runs = sorted(p.name for p in runtime_dir.iterdir()) if runtime_dir.is_dir() else []
+        if paths.FAILED_DIR in runs:  # a failed up's logs, kept on purpose: logs only
+            runs.remove(paths.FAILED_DIR)
+            kept = [p for p in (runtime_dir / paths.FAILED_DIR).rglob("*") if not p.is_dir()]
+            runs += [str(p) for p in kept if p.name not in paths.KEPT_LOGS or not p.is_file()]
         return cls(
             runtime_dir=runtime_dir,
             qemu_pids=frozenset(qemu_pids_using(runtime_dir)),

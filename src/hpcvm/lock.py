@@ -83,27 +83,57 @@ def is_held(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def exclusive(path: Path, what: str, advice: str) -> Iterator[Holder]:
+def exclusive(path: Path, what: str, advice: str, *, remove: bool = False) -> Iterator[Holder]:
     """Hold the lock in ``path`` for the block, or raise BusyError at once.
 
     ``what`` names the thing written ("results directory r/"), ``advice`` what the
     refused user should do ("wait for it, or stop it and run again with --resume").
-    The file is left in place after release: removing it would race with a process
-    that opened it a moment earlier and would then lock an unlinked file.
+    The lock taken is always on the file at ``path`` now: a writer that opened a file
+    another writer removed before it could lock it opens the path again. So a holder may
+    remove the file while it still holds it (``remove``, for things that come and go,
+    like a cluster job, whose lock files would otherwise pile up); a holder of a lasting
+    thing leaves it in place.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = _open_locked(path, what, advice)
     try:
-        if not _lock_soon(fd):
-            holder = read_holder(path)
-            who = holder.describe() if holder else "another process"
-            raise BusyError(f"{what} is in use by {who}: {advice}")
         me = _me()
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me.__dict__).encode() + b"\n", 0)
         yield me
     finally:
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # still held: whoever opens the path next makes a new file
         os.close(fd)  # closing the only descriptor releases the flock
+
+
+def _open_locked(path: Path, what: str, advice: str) -> int:
+    """A descriptor of the file at ``path``, exclusively locked; BusyError when a live
+    writer holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if not _lock_soon(fd):
+                holder = read_holder(path)
+                who = holder.describe() if holder else "another process"
+                raise BusyError(f"{what} is in use by {who}: {advice}")
+            if _is_at(fd, path):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # locked a file its holder removed meanwhile: take the new one
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is the file at ``path`` now (not one removed since it was opened)."""
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (here.st_dev, here.st_ino)
 
 
 def _lock_soon(fd: int) -> bool:

@@ -7,6 +7,7 @@ libvirt's KiB all are binary.
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from hpcvm.errors import UsageError
 
@@ -16,13 +17,17 @@ GIB = 1024 * MIB
 TIB = 1024 * GIB
 
 _FACTORS = {"": 1, "B": 1, "K": KIB, "M": MIB, "G": GIB, "T": TIB}
+# No machine addresses more: x86-64 and arm64 have at most 52-bit physical addresses.
+# Larger sizes are typos, refused before any arithmetic turns them into nonsense.
+MAX_SIZE = 2**52
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str, *, what: str = "size") -> int:
     """Parse a positive size like ``2G``, ``512M``, ``1.5G``, ``4096`` into bytes.
 
-    Raises UsageError naming ``what`` when the text is malformed or not positive.
+    Exact (a fraction, not a float). Raises UsageError naming ``what`` when the text is
+    malformed, not positive, not whole bytes, or more than ``MAX_SIZE``.
     """
     match = _SIZE_RE.match(text)
     if not match:
@@ -31,12 +36,23 @@ def parse_size(text: str, *, what: str = "size") -> int:
             "(binary), e.g. 2G or 512M"
         )
     number, unit = match.groups()
-    value = float(number) * _FACTORS[unit.upper()]
+    if len(number) > 40:
+        raise _too_large(what, text)
+    value = Fraction(number) * _FACTORS[unit.upper()]
     if value <= 0:
         raise UsageError(f"{what} must be positive, got {text!r}")
-    if value != int(value):
+    if value > MAX_SIZE:
+        raise _too_large(what, text)
+    if value.denominator != 1:
         raise UsageError(f"{what} {text!r} is not a whole number of bytes")
     return int(value)
+
+
+def _too_large(what: str, text: str) -> UsageError:
+    return UsageError(
+        f"{what} {text.strip()!r} is more than {format_size(MAX_SIZE)}, the most any machine "
+        "can address (52-bit physical addresses): give the size you mean, e.g. 2G or 512M"
+    )
 
 
 def format_size(nbytes: int) -> str:

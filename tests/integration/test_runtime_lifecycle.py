@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -201,6 +202,10 @@ def test_qemu_exiting_during_boot_reports_code_and_log(runtime: Path, tmp_path: 
     assert done.returncode == 5
     line = one_line_error(done)
     assert "exited with code 1" in line and "qemu.log" in line
+    named = Path(re.search(r"\(log: (\S+qemu\.log)\)", line).group(1))  # type: ignore[union-attr]
+    assert named.is_file() and not (runtime / "bad").exists()  # kept after teardown
+    kept = named.read_text().strip().splitlines()
+    assert kept and kept[-1] in line  # QEMU's own last words, quoted in the message
 
 
 def test_agent_never_answering_names_the_console_log(
@@ -227,6 +232,11 @@ def test_agent_never_answering_names_the_console_log(
     assert done.returncode == 5
     line = one_line_error(done)
     assert "did not answer within 20 s" in line and "console.log" in line
+    named = Path(re.search(r"console log (\S+console\.log)", line).group(1))  # type: ignore[union-attr]
+    assert not (runtime / "mute").exists()  # the VM is gone, its console log is not
+    assert named.is_file() and named.parent == runtime / paths.FAILED_DIR / "mute"
+    assert "Kernel panic" in named.read_text(errors="replace")  # the guest kernel's own words
+    assert sorted(p.name for p in named.parent.iterdir()) == ["console.log", "qemu.log"]
 
 
 def test_ctrl_c_during_up_tears_the_vm_down(runtime: Path) -> None:

@@ -156,7 +156,7 @@ def test_resume_with_more_reps_continues_the_same_run(
 def test_results_of_a_missing_directory_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["results", str(tmp_path / "none")]) == 7
+    assert main(["results", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err.strip()
     assert "no results database" in err and len(err.splitlines()) == 1
     assert not os.path.exists(tmp_path / "none")

@@ -126,3 +126,35 @@ def test_a_readers_probe_does_not_refuse_a_writer(
     reader.wait()
     writer.join()
     assert len(got) == 1 and not isinstance(got[0], BusyError), got
+
+
+def test_a_removed_lock_file_is_never_left_behind(tmp_path: Path) -> None:
+    lock = tmp_path / "x.lock"
+    with exclusive(lock, "thing", "wait", remove=True):
+        assert is_held(lock)
+    assert not lock.exists()
+
+
+def test_a_writer_that_opened_a_since_removed_file_locks_the_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between our open and our flock another writer takes the lock, finishes and
+    removes the file: the lock we then get is on a file nobody else will ever open.
+    ``exclusive`` must notice and lock the file that is at the path now."""
+    import hpcvm.lock as lock_module
+
+    lock = tmp_path / "x.lock"
+    real = lock_module._lock_soon
+    raced: list[int] = []
+
+    def racing(fd: int) -> bool:
+        if not raced:
+            raced.append(fd)
+            with exclusive(lock, "thing", "wait", remove=True):  # the other writer
+                pass
+        return real(fd)
+
+    monkeypatch.setattr(lock_module, "_lock_soon", racing)
+    with exclusive(lock, "thing", "wait", remove=True):
+        assert raced and lock.exists() and is_held(lock)  # held, and at the path
+    assert not lock.exists()

@@ -69,10 +69,14 @@ def test_malformed_requests_are_usage_errors(
     assert "\n" not in str(info.value)
 
 
-def test_page_size_the_host_does_not_offer_is_a_usage_error(snap: Load) -> None:
-    """2amd64-2n records neither pools nor CPU flags: no huge page size is known."""
+def test_page_size_the_host_does_not_offer_is_the_hosts_limit(snap: Load) -> None:
+    """2amd64-2n records neither pools nor CPU flags: no huge page size is known. That
+    is what the host cannot give (exit 3, as README's table says), not a malformed
+    request."""
     host = snap("2amd64-2n")
-    with pytest.raises(UsageError, match=r"host offers no 2M huge pages.*use --page-size 4K"):
+    with pytest.raises(
+        InfeasiblePlanError, match=r"host offers no 2M huge pages.*use --page-size 4K"
+    ):
         plan(host, _req(profile="numa", vcpus=1))
     check_plan(
         host,

@@ -88,7 +88,7 @@ def test_missing_results_directory_is_a_usage_error(
 def test_directory_without_a_database_is_refused_untouched(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["report", str(tmp_path)]) == 7
+    assert main(["report", str(tmp_path)]) == 2
     assert "no results database" in _one_line_error(capsys)
     assert list(tmp_path.iterdir()) == []
 
@@ -142,3 +142,18 @@ def test_report_files_get_the_umask_mode_like_the_results(
     assert written and all(stat.S_IMODE(p.stat().st_mode) == want for p in written), [
         (p.name, oct(stat.S_IMODE(p.stat().st_mode))) for p in written
     ]
+
+
+@pytest.mark.parametrize("command", ["results", "report"])
+@pytest.mark.parametrize("made", [False, True])
+def test_a_directory_without_results_is_a_usage_error_for_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, made: bool
+) -> None:
+    """`results` and `report` name the same wrong directory the same way: README's exit
+    code table lists it as a usage error (2), whether the directory exists or not."""
+    given = tmp_path / "none"
+    if made:
+        given.mkdir()
+    assert main([command, str(given)]) == 2
+    _one_line_error(capsys)
+    assert list(tmp_path.iterdir()) == ([given] if made else [])

@@ -8,6 +8,8 @@ import os
 import pwd
 import stat
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -247,3 +249,86 @@ def test_preview_lists_what_up_would_share(tmp_path: Path) -> None:
     assert "/usr (ro)" in lines
     with pytest.raises(UsageError):
         sh.preview(["relative"])
+
+
+# -- the working directory: a job's directory, never a whole tree of the host ----------
+
+
+def _home_of_someone() -> str:
+    """A home directory from the password database that exists (root's, at least)."""
+    homes = [
+        e.pw_dir for e in pwd.getpwall() if e.pw_dir not in ("/", "") and os.path.isdir(e.pw_dir)
+    ]
+    return sorted(homes, key=lambda h: (h != "/root", h))[0]
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [
+        ("/tmp", "world-writable"),
+        ("/var/tmp", "world-writable"),
+        ("/dev/shm", "the guest's own"),
+        ("/var", "a top-level directory"),
+        ("/home", "a top-level directory"),
+        ("/srv", "a top-level directory"),
+        ("/proc/self", "the guest's own"),
+        ("{home}", "a home directory"),
+        ("{sticky}", "world-writable"),
+    ],
+)
+def test_workdir_that_is_a_whole_tree_or_shared_scratch_is_not_shared(
+    where: str, why: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the README promises a guest does not see (/var, /home, /tmp, /srv, /root)
+    stays out even when hpcvm runs from there; the warning says why and how to share
+    it anyway."""
+    monkeypatch.setenv(paths.ENV_RUNTIME_DIR, "/run/hpcvm-unit-test")  # not under /tmp
+    sticky = tmp_path / "scratch"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # a shared scratch directory, like /tmp
+    workdir = where.format(home=_home_of_someone(), sticky=sticky)
+    if not os.path.isdir(workdir):
+        pytest.skip(f"{workdir} does not exist here")
+    real = os.path.realpath(workdir)
+    warnings: list[str] = []
+    requests, _ = sh.builtin_requests((), workdir, warn=warnings.append)
+    assert all(r.origin != "working directory" for r in requests)
+    assert real not in [r.host_path for r in requests]
+    assert len(warnings) == 1, warnings
+    assert why in warnings[0] and f"--share {real}" in warnings[0]
+
+
+def test_a_job_directory_below_them_is_shared(tmp_path: Path) -> None:
+    """The rule is about whole trees: a directory of one's own inside /tmp or a home
+    directory is the job's directory and is shared as before."""
+    job = Path(tempfile.mkdtemp(prefix="hpcvm-job-", dir="/tmp"))
+    try:
+        job.chmod(0o755)
+        requests, _ = sh.builtin_requests((), str(job), warn=None)
+        assert any(r.host_path == str(job) and r.origin == "working directory" for r in requests)
+    finally:
+        job.rmdir()
+
+
+def test_an_explicit_share_of_tmp_is_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(paths.ENV_RUNTIME_DIR, "/run/hpcvm-unit-test")  # not under /tmp
+    (request,) = sh.parse_shares(["/tmp"])
+    requests, _ = sh.builtin_requests((request,), "/tmp", warn=None)
+    assert [r.origin for r in requests if r.host_path == "/tmp"] == ["--share"]
+
+
+def test_cluster_up_refuses_a_job_directory_the_guests_would_not_see(tmp_path: Path) -> None:
+    """cluster exec runs in the job's directory inside the guests: from /tmp it would
+    not be there, so cluster up refuses before Slurm is asked (no allocation here)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env[paths.ENV_RUNTIME_DIR] = str(tmp_path / "rt")
+    args = ["cluster", "up", "--name", "c", "--profile", "naive", "--vcpus", "1",
+            "--memory", "256M", "--address", "10.9.0.1/24"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcvm.cli.main", *args],
+        cwd="/tmp", env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "/tmp" in line and "--share /tmp" in line
+    assert not (tmp_path / "rt").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -116,3 +117,32 @@ def test_locked_dir_is_starting_not_stale(root: Path) -> None:
 def test_hidden_dirs_are_not_listed(root: Path) -> None:
     (root / ".job1.abc").mkdir()
     assert state.list_entries() == []
+
+
+def test_a_failed_ups_logs_are_kept_outside_ps_and_bounded(root: Path) -> None:
+    """keep_failed_logs moves the two logs to where the error names them, replaces an
+    earlier failure of the same name, keeps the newest KEPT_FAILURES, and `ps` (the
+    runtime root's listing) never sees them as a VM."""
+    names = [f"vm{i}" for i in range(paths.KEPT_FAILURES + 2)]
+    for i, name in enumerate(names):
+        run = root / name
+        run.mkdir()
+        (run / paths.CONSOLE_LOG).write_text(f"console of {name}\n")
+        (run / paths.QEMU_LOG).write_text(f"qemu of {name}\n")
+        (run / paths.QMP_SOCKET).write_text("")  # not a log: goes with the run dir
+        state.keep_failed_logs(run, name)
+        state.remove_run_dir(run)
+        kept = paths.kept_log(name, paths.CONSOLE_LOG).parent
+        os.utime(kept, (i, i))  # ages in the order of failure
+    left = sorted(p.name for p in (root / paths.FAILED_DIR).iterdir())
+    assert left == sorted(names[2:])
+    for name in left:
+        assert paths.kept_log(name, paths.CONSOLE_LOG).read_text() == f"console of {name}\n"
+        assert sorted(p.name for p in paths.kept_log(name, "").iterdir()) == sorted(paths.KEPT_LOGS)
+    assert state.list_entries() == []
+    again = root / "vm9"
+    again.mkdir()
+    (again / paths.CONSOLE_LOG).write_text("second failure\n")
+    state.keep_failed_logs(again, "vm9")
+    assert paths.kept_log("vm9", paths.CONSOLE_LOG).read_text() == "second failure\n"
+    assert not paths.kept_log("vm9", paths.QEMU_LOG).exists()  # only this failure's

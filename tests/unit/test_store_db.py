@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.errors import BenchmarkError
+from hpcvm.errors import BenchmarkError, UsageError
 from hpcvm.store import (
     SCHEMA_VERSION,
     MetricRecord,
@@ -72,7 +72,7 @@ def test_new_database_records_its_schema_version(tmp_path: Path) -> None:
 
 
 def test_missing_database_is_refused_unless_created(tmp_path: Path) -> None:
-    with pytest.raises(BenchmarkError, match="no results database"):
+    with pytest.raises(UsageError, match="no results database"):
         Store.open(tmp_path)
     assert not (tmp_path / "hpcvm.db").exists()
 

@@ -4,6 +4,7 @@ nothing behind; --check reads the live host and writes nothing."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,9 @@ def _last() -> str:
         (["--revert", "--vcpu-pus", "1"], 2, "takes no target"),
         (["--check"], 2, "say what to tune for"),
         (["--apply"], 2, "say what to tune for"),
-        (["--vcpu-pus", "x-y"], 2, "bad CPU list"),
+        (["--vcpu-pus", "x-y"], 2, "--vcpu-pus 'x-y' is not a CPU list"),
+        (["--vcpu-pus", "3-1"], 2, "--vcpu-pus '3-1' is not a CPU list"),
+        (["--vcpu-pus", "1", "--housekeeping-pus", "0-x"], 2, "--housekeeping-pus '0-x'"),
         (["--vcpu-pus", "4096"], 2, "not online"),
         (["--plan", "/nonexistent/plan.json"], 2, "cannot read plan"),
         (["--for", "no-such-vm"], 2, "no VM named"),
@@ -121,3 +124,27 @@ def test_an_unwritable_state_dir_is_a_one_line_error() -> None:
     assert done.returncode == 10, done.stderr
     assert "cannot lock" in done.stderr and "--state-dir" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_bad_cpu_list_names_its_option_and_nothing_else(tmp_path: Path) -> None:
+    done = tune("--vcpu-pus", "x-y", state_dir=tmp_path / "s")
+    assert done.returncode == 2
+    assert "None" not in done.stderr and "--housekeeping-pus" not in done.stderr
+
+
+def test_masks_are_shown_decoded_in_both_columns(tmp_path: Path) -> None:
+    """The kernel's hex masks (default_smp_affinity, the workqueue cpumask): what is
+    wanted reads like what the host has, the mask and its PU list, and that list is the
+    housekeeping PUs (every online PU but the vCPU's, from /sys)."""
+    vcpu = _last()
+    house = format_cpu_list(sorted(online_pus() - {int(vcpu)}))
+    done = tune("--check", "--json", "--vcpu-pus", vcpu, state_dir=tmp_path / "s")
+    rows = {r["name"]: r for r in json.loads(done.stdout)}
+    shape = re.compile(r"^[0-9a-f,]+ \((.+)\)$")
+    for name in ("irq_default_affinity", "workqueue_cpumask"):
+        row = rows[name]
+        if row["ok"] is None:
+            continue  # the host lacks it
+        wanted, has = shape.match(row["wanted"]), shape.match(row["has"])
+        assert wanted and has, row
+        assert wanted.group(1) == house

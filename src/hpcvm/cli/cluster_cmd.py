@@ -15,7 +15,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from hpcvm.cli.common import console, err_console
+from hpcvm.cli.common import console, err_console, seconds
 from hpcvm.cli.vm_options import VmOptionValues, vm_options
 from hpcvm.cluster import control
 from hpcvm.cluster.batches import BATCH_SYSTEMS, DEFAULT_BATCH
@@ -63,7 +63,9 @@ def cluster() -> None:
 @vm_options
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=str,
+    callback=seconds,
+    metavar="SECONDS",
     default=DEFAULT_UP_TIMEOUT,
     show_default=True,
     help="Seconds for every VM to come up before all are taken down.",
@@ -130,7 +132,13 @@ def ps_cmd(name: str, as_json: bool) -> int:
 
 @cluster.command("exec", context_settings={"ignore_unknown_options": True})
 @click.argument("name")
-@click.option("--timeout", type=float, default=None, help="Seconds before giving up (exit 124).")
+@click.option(
+    "--timeout",
+    callback=seconds,
+    metavar="SECONDS",
+    default=None,
+    help="Seconds before giving up (exit 124).",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
     """Run a command in the first VM; mpirun there starts ranks on every VM of the job."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -9,10 +10,32 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
+from hpcvm.errors import UsageError
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
+
+
+def seconds(ctx: click.Context, param: click.Parameter, value: object) -> float | None:
+    """Option callback for a timeout in seconds: a finite number above zero. Click's
+    float would take -1, 0, nan and inf, and a VM would then start with a deadline
+    already past (or none); refused here, before anything starts, in one line naming
+    the option. Give the option ``type=str`` where its default is a number (so that
+    text reaches this as typed, not through click's float)."""
+    if value is None:
+        return None
+    option = param.opts[0] if param.opts else "timeout"
+    try:
+        number = float(str(value))
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise UsageError(
+            f"{option} {value!r} is not a positive number of seconds: give e.g. {option} 90"
+        )
+    return number
 
 
 def host_source_options(func: F) -> F:

@@ -102,8 +102,10 @@ def _has_online(host: HostTopology, pus: tuple[int, ...]) -> bool:
 def _kvm(host: HostTopology) -> str:
     kvm = host.kvm
     status = "usable" if kvm.usable else "not usable"
+    if kvm.device is None and kvm.hw_virt is not False:
+        status = "unknown"  # a description of another machine: neither fact is recorded
     device = {True: "present", False: "absent", None: "unknown"}[kvm.device]
-    flags = "VT-x/AMD-V" if kvm.hw_virt else "no VT-x/AMD-V"
+    flags = {True: "VT-x/AMD-V", False: "no VT-x/AMD-V", None: "VT-x/AMD-V unknown"}[kvm.hw_virt]
     pvm = ", PVM" if kvm.pvm else ""
     return f"{status} (/dev/kvm {device}, {flags}{pvm}): {kvm.reason}"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import NOVA_THREAD_POLICY, VMPlan
@@ -14,8 +15,9 @@ from hpcvm.units import format_cpu_list, format_size
 
 
 def render(plan: VMPlan, host: HostTopology | None = None) -> Group:
-    """All sections, in reading order; empty sections are left out."""
-    parts: list[Table] = [summary(plan), vcpus(plan, host)]
+    """All sections, in reading order; empty sections are left out. The recommendations
+    are lines of text, not a table: they are commands to copy (module doc)."""
+    parts: list[Table | Text] = [summary(plan), vcpus(plan, host)]
     if plan.guest_nodes:
         parts.append(guest_nodes(plan))
     parts.append(memory(plan))
@@ -32,7 +34,9 @@ def render(plan: VMPlan, host: HostTopology | None = None) -> Group:
 
 
 def print_plan(plan: VMPlan, console: Console, host: HostTopology | None = None) -> None:
-    console.print(render(plan, host))
+    """Every section; lines longer than the console (a recommended ``echo`` into a
+    sysfs path) run on instead of being cut or folded, so they can be copied whole."""
+    console.print(render(plan, host), soft_wrap=True)
 
 
 def summary(plan: VMPlan) -> Table:
@@ -183,15 +187,21 @@ def passthrough(plan: VMPlan) -> Table:
     return table
 
 
-def recommendations(plan: VMPlan) -> Table:
-    table = Table(title="Recommendations (not applied)", show_header=False, title_justify="left")
-    table.add_column("where", style="bold")
-    table.add_column("line")
+def recommendations(plan: VMPlan) -> Text:
+    """Commands and kernel arguments to apply, one per line (``host:`` or ``guest
+    kernel:`` first). A table would cut or fold a long path at the terminal's width
+    (80 columns when piped), breaking the very command a user pastes; printed with
+    ``soft_wrap``, each line stays whole and the terminal wraps it for the eye."""
+    text = Text("Recommendations (not applied)", style="italic")
     for line in plan.host_tuning:
-        table.add_row("host", line)
+        text.append("\n")
+        text.append("  host: ", style="bold")
+        text.append(line)
     if plan.guest_kernel_args:
-        table.add_row("guest kernel", " ".join(plan.guest_kernel_args))
-    return table
+        text.append("\n")
+        text.append("  guest kernel: ", style="bold")
+        text.append(" ".join(plan.guest_kernel_args))
+    return text
 
 
 def decisions(plan: VMPlan) -> Table:

@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from hpcvm.cli.common import console, err_console, warn
+from hpcvm.cli.common import console, err_console, seconds, warn
 from hpcvm.cli.vm_options import VmOptionValues, vm_options
 from hpcvm.runtime import lifecycle
 from hpcvm.runtime.model import ExecResult, Machine
@@ -119,7 +119,13 @@ def _duration(seconds: float | None) -> str:
 
 @click.command("exec", context_settings={"ignore_unknown_options": True})
 @click.argument("name")
-@click.option("--timeout", type=float, default=None, help="Seconds before giving up (exit 124).")
+@click.option(
+    "--timeout",
+    callback=seconds,
+    metavar="SECONDS",
+    default=None,
+    help="Seconds before giving up (exit 124).",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
     """Run a command in the guest (no shell) and exit with its exit code."""
@@ -134,7 +140,9 @@ def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
 @click.option("--all", "all_", is_flag=True, help="Stop every VM.")
 @click.option(
     "--timeout",
-    type=float,
+    type=str,
+    callback=seconds,
+    metavar="SECONDS",
     default=lifecycle.DOWN_TIMEOUT,
     show_default=True,
     help="Seconds for a clean shutdown before QEMU is killed.",
@@ -156,7 +164,13 @@ def down_cmd(name: str | None, all_: bool, timeout: float) -> int:
 
 @click.command("run", context_settings={"ignore_unknown_options": True})
 @click.option("--name", default=None, help="Name of the VM (default run-<pid>).")
-@click.option("--timeout", type=float, default=None, help="Seconds for the command (exit 124).")
+@click.option(
+    "--timeout",
+    callback=seconds,
+    metavar="SECONDS",
+    default=None,
+    help="Seconds for the command (exit 124).",
+)
 @vm_options
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(name: str | None, timeout: float | None, argv: tuple[str, ...], **kw: Any) -> int:

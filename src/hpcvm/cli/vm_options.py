@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
+from hpcvm.cli.common import seconds
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
 from hpcvm.plan.model import PROFILE_NAMES, AccelChoice, PlanRequest
@@ -65,7 +66,8 @@ def vm_options(func: F) -> F:
             metavar="HOST_DIR[:GUEST_DIR][:rw]",
             help="Share a host directory with the guest, read-only unless :rw "
             "(repeatable). The built-in guest also sees /usr, /bin, /sbin, /lib*, /opt, "
-            "/etc without secrets and the working directory, read-only.",
+            "/etc without secrets and, read-only, the working directory unless it is /, "
+            "a home, a top-level or a world-writable directory such as /tmp.",
         ),
         click.option(
             "--network",
@@ -85,7 +87,8 @@ def vm_options(func: F) -> F:
         ),
         click.option(
             "--ready-timeout",
-            type=float,
+            callback=seconds,
+            metavar="SECONDS",
             default=None,
             help="Seconds to wait for the guest agent (default 90 under TCG, 30 under KVM; "
             "or $HPCVM_READY_TIMEOUT).",

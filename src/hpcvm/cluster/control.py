@@ -37,6 +37,7 @@ from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.runtime import paths
 from hpcvm.runtime import state as vm_state
 from hpcvm.runtime.model import ExecResult
+from hpcvm.runtime.shares import check_job_dir
 from hpcvm.signals import signals_deferred
 
 DOWN_WAIT = 60.0  # seconds for every node to report its VM down
@@ -59,9 +60,10 @@ def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
     """Start the VMs of ``request.name`` on every node of this allocation; return their
     ready events, or raise after taking every VM down again."""
     batch = get_batch(request.batch)
-    allocation = batch.allocation(request.nodes, os.environ)
     guest_mpi.require_sshd()
+    check_job_dir(request.workdir, request.vm.shares)
     check_workdir(request.workdir, request.vm.backend)
+    allocation = batch.allocation(request.nodes, os.environ)
     check_addresses(request.first_address, len(allocation.nodes))
     name = request.name
     with state.one_writer(name), state.claimed(name) as directory:

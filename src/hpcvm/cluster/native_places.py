@@ -59,9 +59,11 @@ def this_node(config_json: str) -> str:
     try:
         config = BenchConfig.model_validate_json(config_json)
     except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "top level"
         raise UsageError(
-            f"placement: the bench configuration is not valid JSON of a bench run "
-            f"({exc.error_count()} error(s)): it is passed by hpcvm bench --nodes, not by hand"
+            f"placement: not a bench configuration ({where}: {first['msg']}); it is "
+            "given by hpcvm bench --nodes, not typed"
         ) from None
     native = NodeNative(
         placement=native_on(config, discover()), allowed=tuple(sorted(os.sched_getaffinity(0)))

@@ -62,16 +62,22 @@ def log_path(name: str) -> Path:
 def one_writer(name: str) -> Iterator[None]:
     """One ``cluster up`` or ``down`` of a name at a time (hpcvm.lock: dies with its
     holder). The lock file sits beside the state directory, which up and the holder
-    remove and remake, so that both processes lock the same file."""
+    remove and remake, so that both processes lock the same file; it goes when released
+    (``remove``), and the clusters' directory with it once that is empty."""
     directory = cluster_dir(name)
     paths.ensure_root()
     directory.parent.mkdir(mode=0o700, exist_ok=True)
-    with exclusive(
-        directory.parent / f"{directory.name}{LOCK_SUFFIX}",
-        f"cluster {name!r}",
-        f"wait for it to finish, or stop it and run hpcvm cluster down {name}",
-    ):
-        yield
+    try:
+        with exclusive(
+            directory.parent / f"{directory.name}{LOCK_SUFFIX}",
+            f"cluster {name!r}",
+            f"wait for it to finish, or stop it and run hpcvm cluster down {name}",
+            remove=True,
+        ):
+            yield
+    finally:
+        with contextlib.suppress(OSError):
+            directory.parent.rmdir()
 
 
 def has_record(name: str) -> bool:

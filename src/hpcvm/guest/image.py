@@ -136,10 +136,21 @@ def guest_inputs(
 # -- the cache --------------------------------------------------------------------------
 
 
+def readable_dir(path: Path) -> Path:
+    """``path`` made (with its parents) and 0755 whatever this process's umask is: QEMU
+    runs as another user (hpcvm-qemu, libvirt-qemu) that must read the kernel and
+    initramfs, and a process started with umask 077 (a batch system's task) would
+    otherwise make the cache unreadable to it for every later VM."""
+    path.mkdir(parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o777 != 0o755 and path.stat().st_uid == os.geteuid():
+        path.chmod(0o755)
+    return path
+
+
 @contextlib.contextmanager
 def _locked(cache: Path) -> Iterator[None]:
     """One builder at a time per cache (concurrent ``hpcvm up`` would race)."""
-    cache.mkdir(parents=True, exist_ok=True)
+    readable_dir(cache)
     fd = os.open(cache / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -220,12 +231,11 @@ def build_guest(
     inputs = guest_inputs(identity, busybox, qemu_ga, pvh=pvh)
     key = inputs.key()
     with _locked(cache):
+        images = readable_dir(cache / "images")
         if not force and (image := load_cached(cache, key)) is not None:
             os.utime(cache / "images" / key / IMAGE_FILE)
             return image
         begin = time.monotonic()
-        images = cache / "images"
-        images.mkdir(exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".build-", dir=cache) as scratch:
             work = Path(scratch)
             if package is not None:

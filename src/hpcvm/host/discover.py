@@ -142,7 +142,7 @@ def _build(text: str, source: _Source) -> HostTopology:
     groups = _iommu_groups(source)
     pci = _pci(view, source, order, memory_only, groups)
     _warn_cpus(pus, view, order, draft)
-    _warn_memory(nodes, source, draft)
+    nodes = _what_the_kernel_gives(nodes, source, draft)
     cpu_model = next((p.cpu_model for p in view.packages if p.cpu_model), "") or (
         cpu.model if cpu else ""
     )
@@ -158,6 +158,7 @@ def _build(text: str, source: _Source) -> HostTopology:
         caches=tuple(_caches(view)),
         distances=_distances(view, order, source, draft),
         thp=sysfs.thp_mode(source.root) if source.root is not None else None,
+        nohz_full=_nohz_full(source),
         kvm=_kvm(source, cpu),
         iommu=_iommu_on(groups, source),
         iommu_groups=groups or {},
@@ -403,18 +404,64 @@ def _warn_cpus(pus: list[PU], view: hwloc.HwlocView, order: list[int], draft: _D
             draft.warnings.append(text)
 
 
-def _warn_memory(nodes: list[NumaNode], source: _Source, draft: _Draft) -> None:
-    """Node totals far below MemTotal: the kernel initialises memory lazily
-    (deferred_init=lazy, as on this project's machine) and node sizes grow with use."""
+def _what_the_kernel_gives(nodes: list[NumaNode], source: _Source, draft: _Draft) -> list[NumaNode]:
+    """Node memory as the kernel can give it, which the node files can understate.
+
+    Under ``deferred_init=lazy`` (this project's machine) a node's meminfo counts only
+    the memory initialised so far, while /proc/meminfo's MemTotal counts it all and the
+    kernel initialises the rest when asked. The difference is added to the nodes that
+    hold it (one node: all of it; several: in proportion to their zones' uninitialised
+    pages in /proc/zoneinfo), to their size and to what they can give; where no file
+    says which node holds it, a warning says the sizes are what the kernel has so far.
+    A host of one node can give what the kernel estimates itself: MemAvailable (free
+    and reclaimable memory, uninitialised memory included, less its reserves).
+    """
     if source.root is None:
-        return
-    total = sysfs.meminfo(source.root).get("MemTotal")
+        return nodes
+    info = sysfs.meminfo(source.root)
+    total = info.get("MemTotal")
     in_nodes = sum(n.memory_bytes for n in nodes)
     if total and in_nodes < LAZY_MEMORY_RATIO * total:
-        draft.warnings.append(
+        shares = _lazy_shares(nodes, total - in_nodes, sysfs.uninitialised_pages(source.root))
+        nodes = [_grown(n, shares.get(n.os_index, 0)) for n in nodes]
+        text = (
             f"NUMA nodes report {human_size(in_nodes)} but MemTotal is {human_size(total)}: "
-            "the kernel initialises memory lazily; node sizes shown are what it has so far"
+            "the kernel initialises memory lazily"
         )
+        if shares:
+            where = ", ".join(f"node {k}: {human_size(v)}" for k, v in sorted(shares.items()))
+            text += (
+                f"; the {human_size(total - in_nodes)} not initialised yet, which it "
+                f"initialises when asked, is counted in node sizes and available memory "
+                f"({where})"
+            )
+        else:
+            text += "; node sizes shown are what it has so far"
+        draft.warnings.append(text)
+    available = info.get("MemAvailable")
+    if len(nodes) == 1 and available is not None:
+        nodes = [nodes[0].model_copy(update={"available_bytes": available})]
+    return nodes
+
+
+def _lazy_shares(nodes: list[NumaNode], missing: int, gaps: dict[int, int]) -> dict[int, int]:
+    """``missing`` bytes split over the nodes that hold them (see the caller)."""
+    if len(nodes) == 1:
+        return {nodes[0].os_index: missing}
+    weights = {n.os_index: gaps.get(n.os_index, 0) for n in nodes}
+    whole = sum(weights.values())
+    if whole <= 0:
+        return {}
+    return {k: missing * w // whole for k, w in weights.items() if w}
+
+
+def _grown(node: NumaNode, extra: int) -> NumaNode:
+    if not extra:
+        return node
+    available = None if node.available_bytes is None else node.available_bytes + extra
+    return node.model_copy(
+        update={"memory_bytes": node.memory_bytes + extra, "available_bytes": available}
+    )
 
 
 def _iommu_groups(source: _Source) -> dict[int, tuple[str, ...]] | None:
@@ -480,6 +527,16 @@ def _kvm(source: _Source, cpu: sysfs.CpuInfo | None) -> KvmInfo:
     if source.label.startswith("synthetic:"):
         what = "a synthetic topology"
     return snapshot_kvm(cpu.flags if cpu else None, source=what)
+
+
+def _nohz_full(source: _Source) -> bool | None:
+    """Live: the kernel's own answer. A snapshot records the file when it has it, but
+    hwloc-gather-topology does not copy it, so its absence there says nothing."""
+    if source.root is None:
+        return None
+    if source.live:
+        return sysfs.has_nohz_full(source.root)
+    return True if sysfs.has_nohz_full(source.root) else None
 
 
 def _hostname(view: hwloc.HwlocView, source: _Source) -> str:

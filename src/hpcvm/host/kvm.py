@@ -67,22 +67,24 @@ def _live_reason(*, device: bool, opens: bool, hw_virt: bool, pvm: bool, dev: Pa
 
 def snapshot_kvm(flags: frozenset[str] | None, *, source: str) -> KvmInfo:
     """A snapshot or XML file records no /dev and no loaded modules: KVM is never
-    positively known, so it is reported unusable and plans fall back to TCG unless the
-    user asks for KVM explicitly."""
-    hw_virt = bool(flags and flags & HW_VIRT_FLAGS)
+    positively known, so it is not ``usable`` (``--accel auto`` plans TCG), but a plan
+    for that machine may ask for KVM (``--accel kvm``) unless the recorded CPU flags
+    show no VT-x/AMD-V. An XML file records no flags at all: ``hw_virt`` is None."""
     if flags is None:
-        what = "no CPU flags are recorded"
-    elif hw_virt:
-        what = "the CPU flags show VT-x/AMD-V"
+        what, hw_virt = "no CPU flags are recorded", None
+    elif flags & HW_VIRT_FLAGS:
+        what, hw_virt = "the CPU flags show VT-x/AMD-V", True
     else:
-        what = "the CPU flags show no VT-x/AMD-V"
+        what, hw_virt = "the CPU flags show no VT-x/AMD-V", False
+    then = (
+        "--accel kvm is refused for it"
+        if hw_virt is False
+        else "--accel auto plans TCG; --accel kvm plans KVM for it"
+    )
     return KvmInfo(
         device=None,
         hw_virt=hw_virt,
         pvm=False,
         usable=False,
-        reason=(
-            f"cannot tell from {source} whether /dev/kvm exists or works ({what}); "
-            "plans use TCG unless --accel kvm is given"
-        ),
+        reason=f"cannot tell from {source} whether /dev/kvm exists or works ({what}); {then}",
     )

@@ -74,8 +74,10 @@ class NumaNode(Frozen):
     # False when outside this process's memory set (cgroup cpuset.mems): the kernel
     # refuses memory bound there, so plans never bind to it.
     allowed: bool = True
-    # What the kernel can give now without swapping: MemFree + Inactive(file) of the
-    # node's meminfo. None when the source does not say (hwloc XML, synthetic).
+    # What the kernel can give now without swapping: MemAvailable on a host of one node,
+    # else MemFree + Inactive(file) of the node's meminfo; memory the kernel has not yet
+    # initialised (deferred_init=lazy) is counted here and in memory_bytes on the node
+    # holding it (host/discover.py). None when the source does not say (XML, synthetic).
     available_bytes: int | None = None
 
     def pool(self, size_bytes: int) -> HugePagePool | None:
@@ -115,13 +117,14 @@ class PciDevice(Frozen):
 class KvmInfo(Frozen):
     """Whether this host can run an ordinary KVM guest.
 
-    ``device`` None means the source cannot tell (a snapshot has no /dev). ``pvm`` is
-    set when the paravirtual kvm_pvm module is loaded: /dev/kvm works but only PVM
-    guest kernels boot on it, so an ordinary guest would hang.
+    ``device`` None means the source cannot tell (a snapshot has no /dev); ``hw_virt``
+    None that it records no CPU flags (an hwloc XML file). ``pvm`` is set when the
+    paravirtual kvm_pvm module is loaded: /dev/kvm works but only PVM guest kernels boot
+    on it, so an ordinary guest would hang.
     """
 
     device: bool | None
-    hw_virt: bool  # vmx or svm in the CPU flags
+    hw_virt: bool | None  # vmx or svm in the CPU flags; None: no flags recorded
     pvm: bool = False
     usable: bool
     reason: str  # one sentence a person can act on
@@ -142,6 +145,9 @@ class HostTopology(Frozen):
     caches: tuple[Cache, ...] = ()
     distances: tuple[tuple[int, ...], ...]  # rows/cols in the order of ``nodes``
     thp: str | None = None  # "always", "madvise", "never"; None when unknown
+    # The kernel was built with CONFIG_NO_HZ_FULL (it has sys/devices/system/cpu/nohz_full),
+    # so a nohz_full= argument would take effect; None when the source does not say.
+    nohz_full: bool | None = None
     kvm: KvmInfo
     iommu: bool | None = None  # None when unknown
     # IOMMU group number -> member BDFs

@@ -142,6 +142,12 @@ def thp_mode(root: Path) -> str | None:
     return match.group(1) if match else None
 
 
+def has_nohz_full(root: Path) -> bool:
+    """Whether the kernel under ``root`` was built with CONFIG_NO_HZ_FULL: only then
+    does it have sys/devices/system/cpu/nohz_full (and honour ``nohz_full=``)."""
+    return (root / "sys" / "devices" / "system" / "cpu" / "nohz_full").exists()
+
+
 def meminfo(root: Path) -> dict[str, int]:
     """proc/meminfo as bytes (values in kB are converted; counts kept as they are)."""
     out: dict[str, int] = {}
@@ -153,6 +159,26 @@ def meminfo(root: Path) -> dict[str, int]:
         value = int(parts[0])
         out[key.strip()] = value * KIB if parts[1:2] == ["kB"] else value
     return out
+
+
+def uninitialised_pages(root: Path) -> dict[int, int]:
+    """Node -> pages its zones have but the buddy allocator does not manage yet, from
+    proc/zoneinfo (``present`` - ``managed``, summed over the node's zones): under
+    ``deferred_init=lazy`` the memory the kernel initialises only when asked (plus a
+    little reserved memory). Empty when the root has no zoneinfo."""
+    gaps: dict[int, int] = {}
+    node: int | None = None
+    present = 0
+    for line in (read_text(root / "proc" / "zoneinfo") or "").splitlines():
+        fields = line.replace(",", " ").split()
+        if len(fields) >= 2 and fields[0] == "Node" and fields[1].isdigit():
+            node, present = int(fields[1]), 0
+        elif node is not None and len(fields) == 2 and fields[1].isdigit():
+            if fields[0] == "present":
+                present = int(fields[1])
+            elif fields[0] == "managed":
+                gaps[node] = gaps.get(node, 0) + max(0, present - int(fields[1]))
+    return gaps
 
 
 def hugetlbfs_mounts(root: Path) -> dict[int, str]:

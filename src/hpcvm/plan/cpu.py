@@ -53,16 +53,23 @@ def _choose_accel(host: HostTopology, request: PlanRequest, notes: Notes) -> tup
         notes.decide("accel", f"accelerator KVM: {reason}")
         return "kvm", reason
     if request.accel == "kvm":
-        if _snapshot_with_vt(host):
-            # A snapshot has no /dev to look at; its CPU flags show VT-x/AMD-V and no
-            # PVM, so the host it was taken from can run KVM when /dev/kvm is there.
+        if _snapshot_may_have_vt(host):
+            # A snapshot has no /dev to look at; its CPU flags show VT-x/AMD-V (or, in an
+            # hwloc XML file, are not recorded at all), so the machine it describes can
+            # run KVM when /dev/kvm is there: a plan for another machine may ask for it.
+            cpu = (
+                "the CPU has VT-x/AMD-V"
+                if host.kvm.hw_virt
+                else "it records no CPU flags to tell whether the CPU has VT-x/AMD-V"
+            )
             reason = (
                 "KVM requested; the host description cannot tell whether /dev/kvm exists, "
-                "but the CPU has VT-x/AMD-V and no paravirtual KVM"
+                f"and {cpu}"
             )
             notes.warn(
-                "KVM assumed usable: the host description has no /dev/kvm information "
-                "(check that /dev/kvm exists on the real host)"
+                "KVM assumed usable: the host description has no /dev/kvm information"
+                + ("" if host.kvm.hw_virt else " and no CPU flags")
+                + " (check that /dev/kvm exists and the CPU has VT-x/AMD-V on the real host)"
             )
             notes.decide("accel", f"accelerator KVM: {reason}")
             return "kvm", reason
@@ -77,8 +84,8 @@ def _choose_accel(host: HostTopology, request: PlanRequest, notes: Notes) -> tup
     return "tcg", reason
 
 
-def _snapshot_with_vt(host: HostTopology) -> bool:
-    return host.kvm.device is None and host.kvm.hw_virt and not host.kvm.pvm
+def _snapshot_may_have_vt(host: HostTopology) -> bool:
+    return host.kvm.device is None and host.kvm.hw_virt is not False and not host.kvm.pvm
 
 
 def _cpu_and_clock(accel: Accel, profile: Profile, notes: Notes) -> tuple[CpuModel, str]:

@@ -104,8 +104,9 @@ def _explain_smt(
                 "a core with another vCPU as SMT siblings"
             )
             notes.warn(
-                "some vCPUs run on SMT siblings of other vCPUs' cores (more vCPUs than free "
-                "physical cores on this host): siblings share a core's execution units"
+                f"{vcpus - cores} vCPU(s) run on SMT siblings of other vCPUs' cores ({vcpus} "
+                f"vCPUs, {cores} free physical cores on this host): siblings share a core's "
+                f"execution units; --vcpus {cores} gives every vCPU a core of its own"
             )
         elif smt_host:
             text = (

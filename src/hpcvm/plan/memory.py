@@ -92,8 +92,9 @@ def flat_memory(
     """One unbound region: anonymous memory, or hugetlbfs for the hugepages profile."""
     overhead = qemu_overhead(total)
     normal = list(host.allowed_nodes())
-    check_host_total(host, total, overhead, page)
     limit = sum(_node_limit(n, page) for n in normal)
+    # the size a refusal names is one that plans: within what the nodes can give now
+    check_host_total(host, total, overhead, page, lambda c: c + qemu_overhead(c) <= limit)
     if total + overhead > limit:
         raise _too_big_flat(total, overhead, limit, normal, page)
     if page == SMALL_PAGE:
@@ -144,17 +145,17 @@ def numa_memory(
     """One region per guest node, bound to its host node. ``guest_nodes`` is a list of
     (host node, vCPU count). Returns the plan and each guest node's size."""
     overhead = qemu_overhead(total)
-    check_host_total(host, total, overhead, page)
-    sizes = split_memory(total, page, [v for _, v in guest_nodes])
-    per_host = _per_host(guest_nodes, sizes)
-    first = min(per_host)
     nodes = {n.os_index: n for n in host.nodes}
+    first = min(h for h, _ in guest_nodes)
 
     def fits(candidate: int) -> bool:
         load = _per_host(guest_nodes, split_parts(candidate, page, [v for _, v in guest_nodes]))
         oh = qemu_overhead(candidate)
         return all(load[h] + (oh if h == first else 0) <= _node_limit(nodes[h], page) for h in load)
 
+    check_host_total(host, total, overhead, page, fits)
+    sizes = split_memory(total, page, [v for _, v in guest_nodes])
+    per_host = _per_host(guest_nodes, sizes)
     for h, guest_bytes in per_host.items():
         oh = overhead if h == first else 0
         if guest_bytes + oh > _node_limit(nodes[h], page):

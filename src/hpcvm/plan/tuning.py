@@ -26,8 +26,14 @@ def host_tuning(
 ) -> tuple[str, ...]:
     cpus = format_cpu_list(list(vcpu_pus))
     lines = [
-        f"host kernel command line: isolcpus=managed_irq,domain,{cpus} nohz_full={cpus} "
-        f"rcu_nocbs={cpus} irqaffinity={format_cpu_list(list(housekeeping_pus))}",
+        f"host kernel command line: isolcpus=managed_irq,domain,{cpus}"
+        f"{_nohz_full(host, cpus, notes)} "
+        f"rcu_nocbs={cpus} irqaffinity={format_cpu_list(list(housekeeping_pus))}"
+        + (
+            ""
+            if host.nohz_full is not None
+            else "  # nohz_full needs a kernel with CONFIG_NO_HZ_FULL (not recorded here)"
+        ),
         "systemctl disable --now irqbalance  # it would move device interrupts back onto "
         "the vCPU PUs",
         f"cpupower -c {cpus} frequency-set -g performance  # no frequency ramp on vCPU PUs",
@@ -45,6 +51,20 @@ def host_tuning(
         f"{format_cpu_list(list(housekeeping_pus))}",
     )
     return tuple(lines)
+
+
+def _nohz_full(host: HostTopology, cpus: str, notes: Notes) -> str:
+    """`` nohz_full=CPUS`` unless the host's kernel is known to lack CONFIG_NO_HZ_FULL
+    (it would ignore the argument, and `hpcvm tune --check` reports it absent)."""
+    if host.nohz_full is False:
+        notes.decide(
+            "tuning",
+            "nohz_full left out of the host command line: this host's kernel has no "
+            "CONFIG_NO_HZ_FULL (no /sys/devices/system/cpu/nohz_full), so it would ignore "
+            "it; a kernel built with it stops the scheduler tick on the vCPU PUs",
+        )
+        return ""
+    return f" nohz_full={cpus}"
 
 
 def _reservations(host: HostTopology, page: int, needed: dict[int, int]) -> list[str]:

@@ -1,21 +1,40 @@
 """Checks of a request's form against its profile and the host, before any placement.
 
 These are the user's mistakes (a flag that the profile does not use, a size that is no
-multiple of the page size, a page size the host does not offer), so they raise
-UsageError (exit 2), each naming the flag to change.
+multiple of the page size, a name `up` would refuse), so they raise UsageError (exit 2),
+each naming the flag to change. One is the host's limit instead: a huge page size the
+host does not offer at all is an InfeasiblePlanError (exit 3), like too few free pages.
 """
 
 from __future__ import annotations
 
-from hpcvm.errors import UsageError
+import re
+
+from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import PlanRequest, Profile
 from hpcvm.plan.profiles import HUGEPAGE_PROFILES, PAGE_SIZES, SMALL_PAGE, default_page_size
 from hpcvm.units import GIB, MIB, format_size
 
+# What a VM may be called: it names its run directory, its sockets, a libvirt domain and
+# QEMU's ``-name``, so `hpcvm plan` refuses exactly what `hpcvm up` refuses.
+VM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def check_vm_name(name: str) -> str:
+    """``name`` if a VM may have it, else a UsageError saying what a name may be."""
+    if not VM_NAME_RE.fullmatch(name):
+        raise UsageError(
+            f"invalid VM name {name!r}: use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            option="name",
+        )
+    return name
+
 
 def validate_request(host: HostTopology, request: PlanRequest, profile: Profile) -> int:
     """Check the request; return the page size the plan uses (bytes)."""
+    check_vm_name(request.name)
     _check_counts(request)
     _check_flags_for_profile(request, profile)
     page = request.page_size_bytes or default_page_size(profile)
@@ -104,7 +123,7 @@ def _check_page_size(host: HostTopology, request: PlanRequest, profile: Profile,
         if page not in offered:
             have = ", ".join(format_size(s) for s in sorted(offered)) or "none"
             how = "--page-size" if request.page_size_bytes else "the default --page-size"
-            raise UsageError(
+            raise InfeasiblePlanError(
                 f"the host offers no {format_size(page)} huge pages ({how}; huge page sizes "
                 f"it reports: {have}): use --page-size "
                 + " or ".join(format_size(s) for s in [*sorted(offered), SMALL_PAGE]),

@@ -49,8 +49,9 @@ def _json(plan: VMPlan, _host: HostTopology) -> str:
 
 def _qemu(plan: VMPlan, _host: HostTopology) -> str:
     from hpcvm.render.qemu import qemu_command_line
+    from hpcvm.render.qemu_notes import left_out
 
-    return qemu_command_line(plan)
+    return "\n".join([*left_out(plan), qemu_command_line(plan)])
 
 
 def _libvirt(plan: VMPlan, _host: HostTopology) -> str:
@@ -73,7 +74,12 @@ def _kubevirt(plan: VMPlan, _host: HostTopology) -> str:
 
 for _target in (
     RenderTarget("json", _json, "the plan itself, versioned (docs/plan-schema.json)", False),
-    RenderTarget("qemu", _qemu, "one shell-quoted QEMU command line"),
+    RenderTarget(
+        "qemu",
+        _qemu,
+        "the planned machine as one shell-quoted QEMU line, after # comments naming what "
+        "to add (boot media, console, pinning)",
+    ),
     RenderTarget("libvirt", _libvirt, "a libvirt domain for virsh define"),
     RenderTarget("openstack", _openstack, "OpenStack flavor commands, notes as comments"),
     RenderTarget("kubevirt", _kubevirt, "a KubeVirt VirtualMachine manifest"),

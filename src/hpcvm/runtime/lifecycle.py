@@ -12,6 +12,7 @@ the VM down completely before the error propagates: a failed ``up`` leaves nothi
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import tempfile
@@ -148,7 +149,7 @@ def up(
             return _start(machine, backend, ready_timeout)
         except BaseException as exc:
             with signals_deferred():
-                teardown(machine, backend)
+                teardown(machine, backend, keep_logs=not _interrupted(exc))
             failure = _as_failure(exc, machine, backend)
             if failure is exc:
                 raise
@@ -306,13 +307,26 @@ def _private_hugetlbfs(plan: VMPlan, name: str) -> tuple[VMPlan, list[str]]:
 def _ready_timeout(options: UpOptions, plan: VMPlan, media: BootMedia) -> float:
     if options.ready_timeout is not None:
         return options.ready_timeout
-    env = os.environ.get(ENV_READY_TIMEOUT)
-    if env:
-        try:
-            return float(env)
-        except ValueError:
-            raise UsageError(f"{ENV_READY_TIMEOUT}={env!r} is not a number of seconds") from None
+    from_env = env_ready_timeout()
+    if from_env is not None:
+        return from_env
     return (media.ready_timeouts or READY_TIMEOUT)[plan.accel]
+
+
+def env_ready_timeout() -> float | None:
+    """``$HPCVM_READY_TIMEOUT`` in seconds, None when unset; a value that is not a
+    finite number above zero is refused before anything starts (a deadline already past
+    would start QEMU only to tear it down)."""
+    env = os.environ.get(ENV_READY_TIMEOUT)
+    if not env:
+        return None
+    try:
+        seconds = float(env)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UsageError(f"{ENV_READY_TIMEOUT}={env!r} is not a positive number of seconds")
+    return seconds
 
 
 def _start(machine: Machine, backend: Backend, ready_timeout: float) -> Machine:
@@ -353,8 +367,15 @@ def _check_guest_nics(machine: Machine) -> None:
         what = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in failed)
         raise RuntimeFailure(
             f"the guest did not configure its network ({what}); see the console log "
-            f"{machine.boot.serial_log}"
+            f"{_kept_console(machine)}"
         )
+
+
+def _kept_console(machine: Machine) -> Path:
+    """The console log as a failed ``up`` keeps it: ``up`` tears the VM down before its
+    error is printed, so the message names where the log will be (teardown's
+    ``keep_logs``), not the run directory that is about to go."""
+    return paths.kept_log(machine.name, paths.CONSOLE_LOG)
 
 
 def _wait_for_agent(machine: Machine, backend: Backend, deadline: float, budget: float) -> None:
@@ -371,7 +392,7 @@ def _wait_for_agent(machine: Machine, backend: Backend, deadline: float, budget:
             raise RuntimeFailure(_death(machine, backend), cause="qemu") from exc
         raise RuntimeFailure(
             f"the guest agent did not answer within {budget:.0f} s; see the console log "
-            f"{machine.boot.serial_log}"
+            f"{_kept_console(machine)}"
         ) from exc
     finally:
         agent.close()
@@ -477,8 +498,14 @@ def _guest_shutdown(machine: Machine, backend: Backend, timeout: float) -> None:
     wait_gone(machine, timeout, backend.alive)
 
 
-def teardown(machine: Machine, backend: Backend | None = None) -> None:
-    """Remove a VM at once, whatever state it is in (used when ``up`` fails)."""
+def _interrupted(exc: BaseException) -> bool:
+    return isinstance(exc, KeyboardInterrupt | SystemExit)
+
+
+def teardown(machine: Machine, backend: Backend | None = None, *, keep_logs: bool = False) -> None:
+    """Remove a VM at once, whatever state it is in (used when ``up`` fails). With
+    ``keep_logs`` its console and QEMU logs survive (paths.kept_log), because the error
+    that made ``up`` fail names them."""
     backend = backend or get_backend(machine.backend, machine.connect_uri)
     # The record on disk may know the pid when ``machine`` (an earlier copy) does not.
     on_disk = state.read_machine(Path(machine.run_dir))
@@ -487,6 +514,8 @@ def teardown(machine: Machine, backend: Backend | None = None) -> None:
         backend.stop(current, timeout=2.0)
     with contextlib.suppress(HpcvmError):
         _release_nics(machine)
+    if keep_logs:
+        state.keep_failed_logs(Path(machine.run_dir), machine.name)
     state.remove_run_dir(Path(machine.run_dir), machine.hugetlbfs_dirs)
 
 

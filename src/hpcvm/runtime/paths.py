@@ -10,11 +10,10 @@ sockets give full control of the guest, so no other user may reach them.
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from pathlib import Path
 
-from hpcvm.errors import UsageError
+from hpcvm.plan.validate import check_vm_name
 
 ENV_RUNTIME_DIR = "HPCVM_RUNTIME_DIR"
 
@@ -25,8 +24,11 @@ AGENT_SOCKET = "agent.sock"
 CONSOLE_LOG = "console.log"
 QEMU_LOG = "qemu.log"
 PID_FILE = "qemu.pid"
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# A failed ``up`` removes the VM but keeps these logs in <root>/.failed/<name>/ (hidden:
+# not a VM), for the error that names them; only the newest KEPT_FAILURES VMs' are kept.
+FAILED_DIR = ".failed"
+KEPT_LOGS = (CONSOLE_LOG, QEMU_LOG)
+KEPT_FAILURES = 8
 
 
 def runtime_root() -> Path:
@@ -52,18 +54,27 @@ def ensure_root() -> Path:
 
 
 def check_name(name: str) -> str:
-    """Refuse names that would not make a safe directory or socket name."""
-    if not _NAME_RE.match(name):
-        raise UsageError(
-            f"invalid VM name {name!r}: use 1-63 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return name
+    """Refuse names that would not make a safe directory or socket name (the planner's
+    rule, so a plan and an ``up`` accept the same names)."""
+    return check_vm_name(name)
 
 
 def run_dir(name: str) -> Path:
     """The directory of VM ``name`` (it may not exist)."""
     return runtime_root() / check_name(name)
+
+
+def kept_log(name: str, log: str) -> Path:
+    """Where a failed ``up`` of VM ``name`` keeps ``log`` (one of KEPT_LOGS) once its
+    run directory is gone: the path its error message names."""
+    return runtime_root() / FAILED_DIR / check_name(name) / log
+
+
+def log_now(run: Path, name: str, log: str) -> Path:
+    """``log`` of a VM where it is now: in its run directory while that exists, else
+    where a failed ``up`` kept it."""
+    here = run / log
+    return here if here.exists() else kept_log(name, log)
 
 
 def make_private(path: Path) -> None:

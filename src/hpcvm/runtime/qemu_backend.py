@@ -135,7 +135,7 @@ class QemuBackend:
             if time.monotonic() > deadline:
                 raise RuntimeFailure(
                     f"QEMU did not open its QMP socket within {STARTUP_TIMEOUT:.0f} s; "
-                    f"see {Path(machine.run_dir) / paths.QEMU_LOG}",
+                    f"see {paths.kept_log(machine.name, paths.QEMU_LOG)}",
                     cause="qemu",
                 )
             time.sleep(_POLL)
@@ -146,13 +146,16 @@ class QemuBackend:
         return None if proc is None else proc.poll()
 
     def death_message(self, machine: Machine) -> str:
-        """One line for a QEMU that died: exit code (when known) and its log's tail."""
+        """One line for a QEMU that died while ``up`` started it: exit code (when known)
+        and its log's tail, read where the log is now; the path named is where the
+        failed ``up`` keeps the log after tearing the VM down (paths.kept_log)."""
         code = self.exit_code(machine)
         how = f"exited with code {code}" if code is not None else "exited"
         if code is not None and code < 0:
             how = f"was killed by signal {-code}"
-        log = Path(machine.run_dir) / paths.QEMU_LOG
-        return f"QEMU (pid {machine.pid}) {how}: {log_tail(log)} (log: {log})"
+        tail = log_tail(paths.log_now(Path(machine.run_dir), machine.name, paths.QEMU_LOG))
+        kept = paths.kept_log(machine.name, paths.QEMU_LOG)
+        return f"QEMU (pid {machine.pid}) {how}: {tail} (log: {kept})"
 
     # -- queries ----------------------------------------------------------------------
 

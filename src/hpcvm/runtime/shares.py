@@ -3,8 +3,9 @@
 The built-in guest gets, read-only: the system directories programs need to run as
 they do natively (``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/opt``; on a merged-/usr
 host the ``/bin``-style ones are the same symlinks as on the host), ``/etc`` with its
-secrets hidden, hpcvm's own helper programs, the working directory of the command, and
-every ``--share HOST_DIR[:GUEST_DIR][:rw]``. All at the same paths as on the host, so
+secrets hidden, hpcvm's own helper programs, the working directory of the command when
+it is a job's directory (``workdir_refusal``), and every
+``--share HOST_DIR[:GUEST_DIR][:rw]``. All at the same paths as on the host, so
 the guest runs the very binaries and libraries of a native run. Read-only shares get a
 tmpfs overlay in the guest (writes stay in the guest); ``:rw`` shares write through to
 the host. ``/root``, ``/home``, ``/var``, ``/run``, ``/srv`` and the host's ``/proc``
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import pwd
 import re
 import stat
 from collections.abc import Callable, Iterable, Sequence
@@ -196,21 +198,77 @@ def _covered(path: str, shares: Sequence[ShareRequest]) -> bool:
 def _workdir_request(
     workdir: str, taken: Sequence[ShareRequest], warn: Warn | None
 ) -> list[ShareRequest]:
-    """The working directory, read-only, unless it is already visible or would expose
-    too much (``/``, or a directory holding the runtime directory)."""
+    """The working directory, read-only, unless it is already visible or is not a job's
+    directory but a whole tree of the host (``workdir_refusal``)."""
     real = os.path.realpath(workdir)
     if _covered(real, taken):
         return []
-    try:
-        _refuse_host_path("", real)
-    except UsageError:
+    why = workdir_refusal(real)
+    if why is not None:
         if warn:
             warn(
-                f"the working directory {real} is not shared with the guest (it is / or "
-                "holds hpcvm's runtime directory); use --share for what the guest needs"
+                f"the working directory {real} is not shared with the guest ({why}): run "
+                f"from a directory of the job's own, or share it with --share {real}"
             )
         return []
     return [ShareRequest(real, real, origin="working directory")]
+
+
+def workdir_refusal(real: str) -> str | None:
+    """Why the working directory ``real`` (absolute, symlinks resolved) is not shared
+    on its own, or None when it is. The README's "what a guest sees" promises that the
+    host's ``/root``, ``/home``, ``/var``, ``/srv``, ``/tmp`` stay out; running hpcvm
+    from one of them must not bring it in. So the working directory is shared only when
+    it is a job's directory, not:
+
+    - ``/`` or a directory holding hpcvm's runtime directory (the VMs' control sockets);
+    - at or below ``/proc``, ``/sys``, ``/dev``, ``/run``: the guest's own there;
+    - world-writable (``/tmp``, ``/var/tmp``, a scratch directory): other users' files;
+    - a user's home directory (the password database's, ``/root`` too): keys, history;
+    - a top-level directory (``/var``, ``/home``, ``/srv``...), a whole tree.
+
+    A directory of one's own below them (``/tmp/job1``, ``~/project``) is shared; any
+    directory can still be shared explicitly with ``--share``.
+    """
+    runtime = os.path.realpath(paths.runtime_root())
+    if real == "/":
+        return "it is the host's whole root"
+    if _within(runtime, real):
+        return f"it holds hpcvm's runtime directory {runtime}, the VMs' control sockets"
+    if any(_within(real, own) for own in GUEST_RESERVED if own != "/"):
+        return "the guest's own /proc, /sys, /dev and /run are there"
+    try:
+        world_writable = bool(os.stat(real).st_mode & stat.S_IWOTH)
+    except OSError:
+        world_writable = False
+    if world_writable:
+        return "it is world-writable: other users' files are there"
+    if real in _home_directories():
+        return "it is a home directory, with its owner's keys and history"
+    if os.path.dirname(real) == "/":
+        return "it is a top-level directory: a whole tree of the host, not a job's directory"
+    return None
+
+
+def check_job_dir(workdir: str, specs: Sequence[str]) -> None:
+    """Refuse a cluster job run from a directory the guests will not see (commands run
+    there inside them), unless a ``--share`` shows it at its own path."""
+    real = os.path.realpath(workdir)
+    why = workdir_refusal(real)
+    if why is None or _covered(real, parse_shares(specs)):
+        return
+    raise UsageError(
+        f"the job's directory {real} is not shared with the guests ({why}), and the job's "
+        f"commands run there: run the job from a directory of its own, or --share {real}"
+    )
+
+
+def _home_directories() -> set[str]:
+    homes = set()
+    for entry in pwd.getpwall():
+        if entry.pw_dir:
+            homes.add(os.path.realpath(entry.pw_dir))
+    return homes
 
 
 def etc_hidden(etc: str = ETC) -> tuple[str, ...]:

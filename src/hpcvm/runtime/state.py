@@ -194,6 +194,31 @@ def remove_run_dir(run_dir: Path, hugetlbfs_dirs: tuple[str, ...] = ()) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def keep_failed_logs(run_dir: Path, name: str) -> None:
+    """Move a VM's logs (paths.KEPT_LOGS) out of its run directory into
+    ``paths.kept_log``'s directory before the run directory goes, replacing an earlier
+    failure's of the same name; keep the newest ``paths.KEPT_FAILURES`` such
+    directories. Best effort: a failed ``up`` must still be torn down if this fails."""
+    logs = [run_dir / log for log in paths.KEPT_LOGS if (run_dir / log).is_file()]
+    if not logs:
+        return
+    kept = paths.kept_log(name, paths.CONSOLE_LOG).parent
+    with contextlib.suppress(OSError):
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir(mode=0o700, parents=True)
+        for log in logs:
+            shutil.move(log, kept / log.name)
+        _prune_failed(kept.parent)
+
+
+def _prune_failed(directory: Path) -> None:
+    entries = sorted(
+        (p for p in directory.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime
+    )
+    for old in entries[: -paths.KEPT_FAILURES]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def clean_stale(entry: Entry) -> None:
     """Remove what a dead VM left behind."""
     dirs = entry.machine.hugetlbfs_dirs if entry.machine else ()

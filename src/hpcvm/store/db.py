@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from hpcvm import __version__
-from hpcvm.errors import BenchmarkError
+from hpcvm.errors import BenchmarkError, UsageError
 from hpcvm.lock import is_held, read_holder
 from hpcvm.store.migrate import WARNING_ENVS_SINCE, adopt_warning_envs
 from hpcvm.store.records import (
@@ -65,13 +65,15 @@ class Store:
         """Open the database of a results directory (or a ``.db`` file).
 
         ``create``: make the directory and an empty database if missing. Otherwise a
-        missing database is a BenchmarkError naming the directory. A database from a
-        newer hpcvm (higher schema version) or a file that is not one is refused.
+        missing database is a UsageError naming the directory (the user named a
+        directory that holds no results: exit 2, as README's exit-code table says). A
+        database from a newer hpcvm (higher schema version) or a file that is not one is
+        refused.
         """
         file = db_path(Path(path))
         if not file.exists():
             if not create:
-                raise BenchmarkError(
+                raise UsageError(
                     f"no results database {file}: run `hpcvm bench --out {file.parent}` first"
                 )
             file.parent.mkdir(parents=True, exist_ok=True)

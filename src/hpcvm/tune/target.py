@@ -6,6 +6,7 @@ Reads the host's online CPUs and the VM records; the choice itself (``from_plan`
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -110,13 +111,27 @@ def from_vm(name: str) -> TuneTarget:
     return from_plan(load_machine(name).plan, online_pus(), f"VM {name}")
 
 
+# The kernel's list form as a person types it: numbers and low-high ranges, commas.
+_CPU_LIST_RE = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+
+
 def from_lists(vcpu_pus: str, housekeeping_pus: str | None) -> TuneTarget:
     """--vcpu-pus / --housekeeping-pus as typed."""
-    try:
-        vcpus = tuple(cpumask.parse_list(vcpu_pus))
-        house = None if housekeeping_pus is None else tuple(cpumask.parse_list(housekeeping_pus))
-    except ValueError:
-        raise UsageError(
-            f"bad CPU list {vcpu_pus!r} / {housekeeping_pus!r}: write it as 2-5,8"
-        ) from None
+    vcpus = _typed_list("--vcpu-pus", vcpu_pus)
+    house = (
+        None if housekeeping_pus is None else _typed_list("--housekeeping-pus", housekeeping_pus)
+    )
     return validated(vcpus, house, online_pus(), hugetlbfs=False, source="--vcpu-pus")
+
+
+def _typed_list(option: str, text: str) -> tuple[int, ...]:
+    """One option's CPU list; a one-line error naming that option and its text alone
+    (a range running down, like 5-2, is a typo, not an empty set)."""
+    ok = _CPU_LIST_RE.fullmatch(text.strip()) is not None and all(
+        int(lo) <= int(hi)
+        for lo, _, hi in (part.partition("-") for part in text.strip().split(","))
+        if hi
+    )
+    if not ok:
+        raise UsageError(f"{option} {text!r} is not a CPU list: write it as 2-5,8")
+    return tuple(sorted(cpumask.parse_list(text)))

@@ -91,12 +91,13 @@ class FileSetting(Setting):
         return self.shown(self._read())
 
     def check(self, target: TuneTarget) -> Row:
+        """Both columns as people read them: ``shown`` decodes what is wanted as it
+        decodes what the host has (a hex mask with its PU list)."""
+        wanted = self.shown(self.wanted(target))
         if self.lacking():
-            return self.lacked(self.wanted(target))
+            return self.lacked(wanted)
         raw = self._read()
-        return self.row(
-            self.wanted(target), self.shown(raw), self.is_ok(self.value_of(raw), target)
-        )
+        return self.row(wanted, self.shown(raw), self.is_ok(self.value_of(raw), target))
 
     def changes(self, target: TuneTarget) -> list[Change]:
         if self.lacking():

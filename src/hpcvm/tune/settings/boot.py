@@ -12,6 +12,7 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
+from hpcvm.host.sysfs import has_nohz_full
 from hpcvm.tune import cpumask, files
 from hpcvm.tune.model import Change, Row, TuneTarget
 from hpcvm.tune.settings.base import Setting
@@ -124,7 +125,8 @@ class NohzFull(_IsolatingParam):
     what = "nohz_full: no scheduler tick on a vCPU PU that runs one task (its vCPU)"
 
     def lacking(self) -> str | None:
-        if Path("/sys/devices/system/cpu/nohz_full").exists():
+        # the same probe as the planner's host fact (HostTopology.nohz_full)
+        if has_nohz_full(Path("/")):
             return None
         return "kernel without CONFIG_NO_HZ_FULL (no /sys/devices/system/cpu/nohz_full)"
 
