@@ -36,3 +36,14 @@ def test_unknown_command_is_a_usage_error() -> None:
     assert proc.returncode == 2
     assert "No such command" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_mac_addresses_print_as_they_are() -> None:
+    """rich turns ":cd:" into an emoji by default; a MAC such as 0a:cd:0d:13:c4:18 (a
+    real one of this machine's VMs) must print byte for byte."""
+    from hpcvm.cli import common
+
+    for console in (common.console, common.err_console):
+        with console.capture() as captured:
+            console.print("NIC 0a:cd:0d:13:c4:18", highlight=False)
+        assert captured.get().strip() == "NIC 0a:cd:0d:13:c4:18"

@@ -282,7 +282,7 @@ def print_report(
     file or pipe the tables are printed 160 columns wide rather than wrapped into
     unreadable cells."""
     if not console.is_terminal and console.width < WIDE:
-        console = Console(file=console.file, width=WIDE, highlight=False)
+        console = Console(file=console.file, width=WIDE, highlight=False, emoji=False)
     console.print(warnings_block(run, envs, run_warnings=False))
     console.print(conditions(run, envs, rows, failures))
     for table, notes in metric_tables(rows):

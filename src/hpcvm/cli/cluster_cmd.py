@@ -126,7 +126,7 @@ def ps_cmd(name: str, as_json: bool) -> int:
         state = e.event if alive or e.event != "ready" else "gone"
         table.add_row(node, e.vm, state, e.address or "", pins, e.profile or "", e.accel or "")
     # Not cut to 80 columns when piped into a batch job's output: every cell whole.
-    (console if console.is_terminal else Console(width=WIDE)).print(table)
+    (console if console.is_terminal else Console(width=WIDE, emoji=False)).print(table)
     return 0
 
 

@@ -14,8 +14,8 @@ from hpcvm.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+console = Console(emoji=False)  # ":cd:" in a MAC address is no emoji
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 def seconds(ctx: click.Context, param: click.Parameter, value: object) -> float | None:

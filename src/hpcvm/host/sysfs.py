@@ -8,6 +8,7 @@ snapshot. Missing files mean "unknown", never an error: snapshots omit many of t
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,10 +183,14 @@ def uninitialised_pages(root: Path) -> dict[int, int]:
 
 
 def hugetlbfs_mounts(root: Path) -> dict[int, str]:
-    """Page size in bytes -> first hugetlbfs mount point, from proc/mounts; a mount
-    without pagesize= uses the default huge page size (meminfo Hugepagesize)."""
+    """Page size in bytes -> a hugetlbfs mount point, from proc/mounts; a mount without
+    pagesize= uses the default huge page size (meminfo Hugepagesize). Of several mounts
+    of one size on this machine, the first this process may create files in wins (a
+    user's group mount, ``gid=...,mode=1770``, over root's ``/dev/hugepages``); else the
+    first."""
     default = meminfo(root).get("Hugepagesize")
     mounts: dict[int, str] = {}
+    live = root == Path("/")
     for line in (read_text(root / "proc" / "mounts") or "").splitlines():
         fields = line.split()
         if len(fields) < 4 or fields[2] != "hugetlbfs":
@@ -195,7 +200,10 @@ def hugetlbfs_mounts(root: Path) -> dict[int, str]:
             if option.startswith("pagesize="):
                 size = _size_option(option.removeprefix("pagesize="))
         if size:
-            mounts.setdefault(size, fields[1].replace("\\040", " "))
+            path = fields[1].replace("\\040", " ")
+            usable = live and os.access(path, os.W_OK | os.X_OK)
+            if size not in mounts or (usable and not os.access(mounts[size], os.W_OK | os.X_OK)):
+                mounts[size] = path
     return mounts
 
 

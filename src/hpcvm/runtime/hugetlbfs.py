@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from hpcvm.errors import RuntimeFailure
+from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.units import format_size, parse_size
 
 VM_DIR_PREFIX = "hpcvm-"
@@ -46,8 +46,18 @@ def mounts() -> dict[str, int]:
     return found
 
 
+GRANT = (
+    "an admin mounts one for a group once per node (mount -t hugetlbfs -o "
+    "pagesize={page},gid=GROUP,mode=1770 none /dev/hugepages-hpcvm; scripts/install-node.sh; "
+    "docs/site.md) and adds you to the group; or plan without huge pages (--page-size 4K, "
+    "--profile pinned)"
+)
+
+
 def ensure_mount(path: str, page_size: int) -> None:
-    """Make ``path`` a hugetlbfs mount of ``page_size`` pages, mounting one if needed.
+    """Make ``path`` a hugetlbfs mount of ``page_size`` pages this process may use,
+    mounting one if needed (root only: a user gets the admin's group mount, the grant
+    named in the refusal).
 
     A mount of another page size at ``path`` is an error: QEMU would silently use the
     wrong page size.
@@ -59,7 +69,18 @@ def ensure_mount(path: str, page_size: int) -> None:
                 f"{path} is a hugetlbfs mount of {format_size(mounted[path])} pages, "
                 f"the plan needs {format_size(page_size)}: unmount it or mount one elsewhere"
             )
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(
+                f"guest memory on {format_size(page_size)} huge pages needs a hugetlbfs "
+                f"mount you may write, and {path} is not: "
+                + GRANT.format(page=format_size(page_size))
+            )
         return
+    if os.geteuid() != 0:
+        raise UsageError(
+            f"guest memory on {format_size(page_size)} huge pages needs a hugetlbfs mount, "
+            "and there is none: " + GRANT.format(page=format_size(page_size))
+        )
     if not (_SYS_HUGEPAGES / f"hugepages-{page_size // 1024}kB").is_dir():
         raise RuntimeFailure(
             f"this kernel has no {format_size(page_size)} huge pages; choose another --page-size"

@@ -1,7 +1,11 @@
 """``bridge``: a tap in an existing Linux bridge, with vhost-net when
-``/dev/vhost-net`` exists.
+``/dev/vhost-net`` exists (and this user may open it).
 
-With the QEMU backend QEMU itself creates the tap (``-netdev tap,ifname=...``, opened as
+For a user who is not root, the tap comes from QEMU's setuid bridge helper, an admin's
+grant (bridge_helper.py): hpcvm runs it just before QEMU starts and hands QEMU the
+tap's descriptor, which the helper has already put into the bridge.
+
+As root, with the QEMU backend QEMU itself creates the tap (``-netdev tap,ifname=...``, opened as
 root before ``-runas`` drops privileges), and hpcvm only puts it into the bridge while
 the guest is still paused. The tap is not persistent: the kernel removes it when QEMU
 exits, however QEMU exits (``down``, a crash, SIGKILL), so a dead VM can never leave a
@@ -12,15 +16,19 @@ libvirt creates, enslaves and removes its tap itself (``<interface type='bridge'
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hpcvm.bootspec import Nic, NicWiring
 from hpcvm.errors import UsageError
+from hpcvm.runtime import bridge_helper
 from hpcvm.runtime.netlink import (
     TUN,
+    VHOST_NET,
     NetworkRequest,
     NicFds,
     Warn,
+    is_root,
     link,
     link_kind,
     named_link_nic,
@@ -33,7 +41,7 @@ class BridgeKind:
     """A tap in an existing Linux bridge (the host's NIC is in the bridge too)."""
 
     libvirt_attaches = True  # <interface type='bridge'>: libvirt makes and enslaves the tap
-    privileged = True
+    privileged = False  # root makes the tap; a user gets one from QEMU's bridge helper
 
     def resolve(
         self, request: NetworkRequest, *, vm: str, index: int, address: str | None, warn: Warn
@@ -53,30 +61,52 @@ class BridgeKind:
             )
         if not TUN.exists():
             raise UsageError(f"{TUN} does not exist: load the tun module (`modprobe tun`)")
+        helper = not is_root()
+        if helper:
+            bridge_helper.check_grant(bridge)
         nic = named_link_nic("bridge", request, info, vm=vm, index=index,
-                                      address=address, warn=warn)  # fmt: skip
-        return nic.model_copy(update={"wiring": self.wiring(nic)})
+                             address=address, warn=warn)  # fmt: skip
+        if helper:  # vhost-net only where this user may open it
+            nic = nic.model_copy(
+                update={"vhost": nic.vhost and os.access(VHOST_NET, os.R_OK | os.W_OK)}
+            )
+        return nic.model_copy(update={"wiring": self.wiring(nic, helper=helper)})
 
-    def wiring(self, nic: Nic) -> NicWiring:
-        """QEMU creates the tap by name (no helper script; vhost-net when there is
-        one); libvirt's ``<interface type='bridge'>`` does the same."""
-        options = [("ifname", nic.ifname), ("script", "no"), ("downscript", "no")]
-        if nic.vhost:
-            options.append(("vhost", "on"))
+    def wiring(self, nic: Nic, *, helper: bool = False) -> NicWiring:
+        """As root, QEMU creates the tap by name (no helper script; vhost-net when there
+        is one); for a user, QEMU gets the bridge helper's tap as a descriptor. libvirt's
+        ``<interface type='bridge'>`` does either itself."""
+        options = [] if helper else [("ifname", nic.ifname), ("script", "no"), ("downscript", "no")]
+        if nic.vhost and not helper:
+            options.append(("vhost", "on"))  # with fds, the renderer adds vhost and vhostfd
         return NicWiring(
             netdev="tap",
             netdev_options=tuple(options),
+            fds_from_hpcvm=helper,
             libvirt_type="bridge",
             libvirt_source=(("bridge", nic.source),),
         )
 
     def attach(self, nic: Nic) -> None:
-        """Into the bridge with the NIC's MTU and the tap's own MAC, then up."""
+        """Into the bridge with the NIC's MTU and the tap's own MAC, then up (the bridge
+        helper's tap is in the bridge already)."""
+        if nic.wiring.fds_from_hpcvm:
+            return
         run_ip("link", "set", "dev", nic.ifname, "address", tap_mac(nic.mac), "mtu", str(nic.mtu))
         run_ip("link", "set", "dev", nic.ifname, "master", nic.source, "up")
 
     def open(self, nic: Nic, run_dir: Path) -> NicFds | None:
-        return None  # QEMU creates the tap itself (ifname=)
+        """For a user, the bridge helper's tap (and vhost-net's descriptor); as root
+        nothing: QEMU creates the tap itself (``ifname=``)."""
+        if not nic.wiring.fds_from_hpcvm:
+            return None
+        tap, name = bridge_helper.open_tap(nic.source)
+        try:
+            vhost = os.open(VHOST_NET, os.O_RDWR) if nic.vhost else None
+        except OSError:
+            os.close(tap)
+            raise
+        return NicFds(tap, vhost, ifname=name)
 
     def release(self, nic: Nic) -> None:
         return None  # the kernel removed the tap with QEMU's descriptor

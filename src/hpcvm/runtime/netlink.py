@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -81,6 +82,7 @@ class NicFds:
 
     tap: int
     vhost: int | None = None
+    ifname: str | None = None  # the link's name where the kernel chose it (bridge helper)
 
     def all(self) -> tuple[int, ...]:
         return (self.tap,) if self.vhost is None else (self.tap, self.vhost)
@@ -243,3 +245,7 @@ def check_subnet(iface: ipaddress.IPv4Interface, bridge: str, warn: Warn) -> Non
     problem = check_address(iface, bridge, on_bridge)
     if problem:
         raise UsageError(problem)
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0

@@ -31,6 +31,7 @@ from hpcvm.runtime.netlink import (
     NicFds,
     Warn,
     ifname_for,
+    is_root,
     mac_for,
     parse_address,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "NicFds",
     "Warn",
     "ifname_for",
+    "is_root",
     "mac_for",
     "parse_address",
 ]
@@ -139,6 +141,17 @@ def with_fds(nics: Sequence[Nic], opened: dict[int, NicFds]) -> tuple[Nic, ...]:
     in the process that starts it (``Nic.fds`` is never recorded)."""
     return tuple(
         nic.model_copy(update={"fds": opened[i].all()}) if i in opened else nic
+        for i, nic in enumerate(with_names(nics, opened))
+    )
+
+
+def with_names(nics: Sequence[Nic], opened: dict[int, NicFds]) -> tuple[Nic, ...]:
+    """The NICs with the link names the kernel chose while they were opened (a bridge
+    helper's tap), to be recorded."""
+    return tuple(
+        nic.model_copy(update={"ifname": opened[i].ifname})
+        if i in opened and opened[i].ifname
+        else nic
         for i, nic in enumerate(nics)
     )
 
@@ -191,10 +204,6 @@ def attach_nics(nics: Sequence[Nic], *, by_daemon: bool = False) -> None:
         kind = NETWORK_KINDS.get_or_refuse(nic.kind)
         if not (by_daemon and kind.libvirt_attaches):
             kind.attach(nic)
-
-
-def is_root() -> bool:
-    return os.geteuid() == 0
 
 
 def _ignore(_text: str) -> None:

@@ -83,10 +83,12 @@ class QemuBackend:
         finally:
             network.close_fds(opened)  # QEMU holds its own copies now
         self._children[proc.pid] = proc
-        started = machine.model_copy(update={"pid": proc.pid})
+        nics = network.with_names(machine.boot.nics, opened)  # a bridge helper's tap names
+        boot = machine.boot.model_copy(update={"nics": nics})
+        started = machine.model_copy(update={"pid": proc.pid, "boot": boot})
         try:
             self._wait_for_qmp(started, proc)
-            network.attach_nics(machine.boot.nics)  # QEMU made the taps; the guest waits (-S)
+            network.attach_nics(nics)  # QEMU made the taps; the guest waits (-S)
         except BaseException:
             _kill(proc)
             network.release_nics(machine.boot.nics)
