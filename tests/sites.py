@@ -14,6 +14,7 @@ run under both (``site`` fixture, parametrised).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import subprocess
@@ -47,6 +48,10 @@ class Site(Protocol):
     node_prefix: str  # node names are this and 1, 2...
     subnet_prefix: str  # the nodes' /24, e.g. "10.77.0"
 
+    def expected_addresses(self) -> list[set[str]]:
+        """For each node of a 2-node job, the addresses ``--address auto`` may give."""
+        ...
+
     def job_env(self, name: str, **extra: str) -> dict[str, str]: ...
 
     def submit(self, script: Path, workdir: Path, env: Mapping[str, str], *args: str) -> Job: ...
@@ -67,15 +72,42 @@ class Site(Protocol):
     def diagnostics(self) -> str: ...
 
 
+POOL_SLOTS = 4
+
+
+def pool_of(subnet_prefix: str) -> str:
+    """The site's VM address pool the tests configure: the upper half of the nodes' /24."""
+    return f"{subnet_prefix}.128/25"
+
+
+def site_config(subnet_prefix: str) -> Path:
+    """A site configuration (cluster/addresses.py) for ``--address auto`` on a site's
+    /24, written once per prefix where every node reads it."""
+    path = Path(f"/run/hpcvm-test-site-{subnet_prefix.replace('.', '-')}.toml")
+    text = f'[addresses]\npool = "{pool_of(subnet_prefix)}"\nslots = {POOL_SLOTS}\n'
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+        path.chmod(0o644)
+    return path
+
+
+def auto_address(subnet_prefix: str, node_host: int, slot: int) -> str:
+    """What ``--address auto`` must give slot ``slot`` of the node at host ``node_host``
+    of the /24, computed here from the pool's definition (docs/cluster.md)."""
+    pool = ipaddress.IPv4Network(pool_of(subnet_prefix))
+    ip = pool.network_address + 1 + node_host * POOL_SLOTS + slot
+    return f"{ip}/24"
+
+
 def base_env(hpcvm: str, name: str, subnet_prefix: str) -> dict[str, str]:
     """The example scripts' settings for a test job: 1 vCPU and 256 MiB per VM (the CI
-    budget), addresses from .101 on the nodes' /24, TCG (no VT-x here), and no
-    housekeeping core (each node may have a single PU)."""
+    budget), addresses from the site's pool (the scripts' default ``--address auto``),
+    TCG (no VT-x here), and no housekeeping core (each node may have a single PU)."""
     return {
         "HPCVM": hpcvm,
         "HPCVM_NAME": name,
         "HPCVM_MEMORY": "256M",
-        "HPCVM_ADDRESS": f"{subnet_prefix}.101/24",
+        "HPCVM_SITE_CONFIG": str(site_config(subnet_prefix)),
         "HPCVM_UP_OPTIONS": "--accel tcg --housekeeping 0",
     }
 
@@ -100,6 +132,10 @@ class SlurmSite:
 
     def job_env(self, name: str, **extra: str) -> dict[str, str]:
         return {**base_env(self.hpcvm, name, self.subnet_prefix), **extra}
+
+    def expected_addresses(self) -> list[set[str]]:
+        """Node K is host K of the /24: slot 0 of its own slots (no other job runs)."""
+        return [{auto_address(self.subnet_prefix, k, 0)} for k in (1, 2)]
 
     def submit(self, script: Path, workdir: Path, env: Mapping[str, str], *args: str) -> Job:
         out = workdir / "job.out"
@@ -171,6 +207,12 @@ class LocalSite:
             "HPCVM_NODES": "2",
             **extra,
         }
+
+    def expected_addresses(self) -> list[set[str]]:
+        """Every local node is this host (the bridge's .1): the two VMs take two slots
+        of its, in whichever order they claim them."""
+        both = {auto_address(self.subnet_prefix, 1, s) for s in (0, 1)}
+        return [both, both]
 
     def submit(self, script: Path, workdir: Path, env: Mapping[str, str], *args: str) -> Job:
         out = workdir / "job.out"

@@ -15,7 +15,7 @@ hpcvm=${HPCVM:-hpcvm}
 out=${HPCVM_OUT:-results-$SLURM_JOB_ID}
 np=${HPCVM_NP:-$SLURM_JOB_NUM_NODES}            # ranks: one per node by default
 network=${HPCVM_NETWORK:-bridge=br0}
-address=${HPCVM_ADDRESS:-10.77.0.101/24}        # the first VM's; the others follow
+address=${HPCVM_ADDRESS:-auto}                  # auto: each VM an address of the site's pool
 reps=${HPCVM_REPS:-auto}
 suites=${HPCVM_SUITES:-hpcc netpipe}
 extra=${HPCVM_BENCH_OPTIONS:-}                  # e.g. --size quick --max-time 20m

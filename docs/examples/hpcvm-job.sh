@@ -20,7 +20,7 @@ name=${HPCVM_NAME:-job${SLURM_JOB_ID:-$$}}
 vcpus=${HPCVM_VCPUS:-1}                        # per VM; the job runs vcpus x nodes ranks
 memory=${HPCVM_MEMORY:-512M}
 network=${HPCVM_NETWORK:-bridge=br0}           # each node's bridge holding its address
-address=${HPCVM_ADDRESS:-10.77.0.101/24}       # the first VM's; the k-th node's VM gets +k
+address=${HPCVM_ADDRESS:-auto}                 # auto: each VM an address of the site's pool
 extra=${HPCVM_UP_OPTIONS:-}                    # e.g. --accel tcg
 ranks=$((vcpus * nodes))
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import cluster_support
+from tests import cluster_support, sites
 from tests.cluster_support import LocalCluster
 from tests.integration.test_cluster_job import (
     HPCVM,
@@ -57,7 +57,7 @@ def test_the_example_bench_job_runs_hpcc_and_netpipe_across_two_nodes(
         "HPCVM_NP": "2",
         "HPCVM_SUITES": " ".join(SUITES),
         "HPCVM_REPS": str(REPS),
-        "HPCVM_ADDRESS": "10.77.0.101/24",
+        "HPCVM_SITE_CONFIG": str(sites.site_config(cluster_support.NET_PREFIX)),
         "HPCVM_BENCH_OPTIONS": "--size quick --vm-memory 512M",
     }
     proc = slurm_cluster.run(
@@ -99,4 +99,4 @@ def test_the_example_bench_job_runs_hpcc_and_netpipe_across_two_nodes(
     figures = out / "report" / "figures"
     assert (out / "report" / "report.html").is_file()
     assert (figures / "sizes-netpipe.png").is_file(), sorted(figures.iterdir())
-    assert_nothing_left(slurm_cluster, "bench", free)
+    assert_nothing_left(sites.SlurmSite(slurm_cluster, HPCVM), "bench", free)

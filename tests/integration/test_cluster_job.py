@@ -147,15 +147,17 @@ def test_the_example_job_runs_mpi_ranks_in_a_vm_on_each_node(site: Site, mpi_pin
     ], text
     # cluster ps: each node's VM ready at its deterministic address, pinned (hpc), and
     # planned on its own node: its vCPU on a PU of that node's own.
-    pins = []
+    pins, addresses = [], []
     for k, node in enumerate((node1, node2)):
         row = re.search(rf"{node}\s*│\s*{name}-{node}\s*│\s*ready\s*│\s*(\S+)\s*│\s*0->(\d+)", text)
         assert row is not None, text
-        assert row.group(1) == f"{site.subnet_prefix}.{101 + k}/24"
+        assert row.group(1) in site.expected_addresses()[k], (row.group(1), text)
+        addresses.append(row.group(1))
         pins.append(int(row.group(2)))
         cpuset = cluster_support.node_cpuset(node) if site.batch == "slurm" else None
         if cpuset is not None:
             assert pins[-1] in cpuset[0], (node, cpuset, text)
+    assert addresses[0] != addresses[1], text
     if site.batch == "local" and cores() >= 2:
         assert pins[0] != pins[1], f"both local nodes' VMs on PU {pins[0]}:\n{text}"
     assert f"{name}: down" in text

@@ -222,3 +222,32 @@ def test_a_nic_the_guest_cannot_configure_fails_up(runtime: Path, netns: Netns) 
         assert _taps(netns) == []
     finally:
         _ip("-n", netns.name, "link", "del", jumbo)
+
+
+def test_an_address_someone_on_the_segment_answers_for_is_refused(
+    runtime: Path, netns: Netns
+) -> None:
+    """Another host on the bridge (a second namespace, its veth in the bridge) holds
+    10.99.0.9: a VM asked for that address probes it at boot (duplicate address
+    detection), gets an answer, and `up` fails naming the address, tearing the VM down.
+    The oracle: that namespace's own address, which its kernel answers ARP for."""
+    other = Netns(f"{netns.name}-b")
+    _ip("netns", "add", other.name)
+    try:
+        _ip("-n", netns.name, "link", "add", "vdad", "type", "veth", "peer", "name", "vdadb",
+            "netns", other.name)  # fmt: skip
+        _ip("-n", netns.name, "link", "set", "vdad", "master", BRIDGE, "up")
+        _ip("-n", other.name, "addr", "add", "10.99.0.9/24", "dev", "vdadb")
+        _ip("-n", other.name, "link", "set", "vdadb", "up")
+        proc = netns.hpcvm(
+            "up", "--name", "net-dad", *VM, "--network", f"bridge={BRIDGE}",
+            "--address", "10.99.0.9/24",
+        )  # fmt: skip
+        assert proc.returncode == 5, proc.stderr
+        line = one_line_error(proc)
+        assert "10.99.0.9 is in use on the segment" in line, line
+        assert not (runtime / "net-dad").exists()
+        assert _taps(netns) == []
+    finally:
+        subprocess.run(["ip", "netns", "del", other.name], capture_output=True, check=False)
+        subprocess.run(["ip", "-n", netns.name, "link", "del", "vdad"], capture_output=True)

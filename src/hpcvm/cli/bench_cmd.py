@@ -434,15 +434,15 @@ def _across_nodes(
             raise UsageError("--network and --address go with --nodes N (N > 1)")
         return None, None
     from hpcvm.cluster.batches import get_batch
-    from hpcvm.cluster.bench_envs import ClusterEnvironments
-    from hpcvm.runtime.network import parse_address
+    from hpcvm.cluster.bench_envs import ClusterEnvironments, runs_network
 
     if o.address is None:
         raise UsageError(
-            "--nodes needs --address IP/PREFIX: the first VM's address on the nodes' "
-            "network (the next VMs take the next addresses; MPI runs use that network)"
+            "--nodes needs --address auto (each VM an address of the site's pool) or "
+            "--address IP/PREFIX (the first VM's; the next VMs take the next addresses); "
+            "MPI runs use that network"
         )
-    network = parse_address(o.address).network
+    network = runs_network(o.address, o.network or "bridge=br0")
     allocation = get_batch(config.batch).allocation(config.nodes, os.environ)
     single = [s for s in config.suites if s in REGISTRY and not REGISTRY[s].spans_nodes]
     if single:

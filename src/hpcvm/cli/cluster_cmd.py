@@ -18,6 +18,7 @@ from rich.table import Table
 from hpcvm.cli.common import console, err_console, seconds
 from hpcvm.cli.vm_options import VmOptionValues, vm_options
 from hpcvm.cluster import control
+from hpcvm.cluster.addresses import AUTO
 from hpcvm.cluster.batches import BATCH_SYSTEMS, DEFAULT_BATCH
 from hpcvm.cluster.spec import ClusterRequest
 from hpcvm.errors import UsageError
@@ -73,16 +74,20 @@ def cluster() -> None:
 def up_cmd(name: str, batch: str, nodes: int | None, timeout: float, **kw: Any) -> int:
     """Start one VM per node of this allocation; return when every guest answers.
 
-    --network is each node's (default bridge=br0); --address is the first node's VM
-    address, and the k-th node's VM gets the k-th next one (no DHCP server needed).
+    --network is each node's (default bridge=br0). --address auto gives each VM an
+    address of the site's pool derived from its node's own (/etc/hpcvm/site.toml);
+    --address IP/PREFIX is the first node's VM's, and the k-th node's VM gets the k-th
+    next one. Either way each guest checks its address is free on the segment first.
     """
     values = VmOptionValues.parse(kw)
     if not values.address:
         raise UsageError(
-            "cluster up needs --address IP/PREFIX: the first node's VM address on the "
-            "network (the k-th node's VM gets the k-th next one)"
+            "cluster up needs --address auto (each VM an address of the site's pool, "
+            "derived from its node's own) or --address IP/PREFIX (the first node's VM; the "
+            "k-th node's VM gets the k-th next one)"
         )
-    parse_address(values.address)
+    if values.address != AUTO:
+        parse_address(values.address)
     vm = values.vm().model_copy(
         update={"network": values.network or DEFAULT_NETWORK, "address": None}
     )

@@ -28,13 +28,17 @@ from hpcvm.bench.launch import mpirun_program
 from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.vm import VmEnvironment
 from hpcvm.cluster import control, guest_mpi, native_places
+from hpcvm.cluster.addresses import AUTO, site_pool
 from hpcvm.cluster.batch import Allocation
 from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.spec import ClusterRequest, check_addresses, node_address
-from hpcvm.errors import RuntimeFailure
+from hpcvm.cluster.spec import ClusterRequest, check_addresses
+from hpcvm.cluster.spec import node_address as nth_address
+from hpcvm.cluster.state import read_record as state_of
+from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
 from hpcvm.runtime import paths, state
+from hpcvm.runtime.network import node_address, parse_address
 from hpcvm.runtime.options import VmOptions
 from hpcvm.store.records import NewEnvironment
 
@@ -129,6 +133,7 @@ class ClusterVmEnvironment(VmEnvironment):
         self.nodes = nodes
         self.say = say
         self._pins: list[str] = []
+        self._network = ipaddress.IPv4Network("0.0.0.0/32")  # the VMs' (after start)
 
     def start(self) -> None:
         request = ClusterRequest(
@@ -145,6 +150,7 @@ class ClusterVmEnvironment(VmEnvironment):
         self._pins = [
             f"{e.node}: " + " ".join(f"{v}->{pu}" for v, pu in enumerate(e.vcpu_pus)) for e in ready
         ]
+        self._network = ipaddress.IPv4Network(state_of(self.cluster).network)
         first = next(e for e in ready if e.index == 0)
         entry = state.entry_for(paths.run_dir(first.vm))
         if entry is None or entry.machine is None:
@@ -177,9 +183,25 @@ class ClusterVmEnvironment(VmEnvironment):
     def run(
         self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
     ) -> RunOutput:
-        network = ipaddress.IPv4Interface(self.first_address).network
-        spread = [ENV, *guest_mpi.mpi_environment(network), *argv]
+        spread = [ENV, *guest_mpi.mpi_environment(self._network), *argv]
         return super().run(spread, workdir, timeout, outputs=outputs)
+
+
+def runs_network(address: str, network: str) -> ipaddress.IPv4Network:
+    """The network every MPI run of ``bench --nodes`` uses, native and in VMs alike:
+    the VMs' (``--address IP/PREFIX``), or with ``--address auto`` the nodes' own
+    subnet, which must hold the site's pool so that both kinds of ranks share it."""
+    if address != AUTO:
+        return parse_address(address).network
+    subnet = node_address(network).network  # this (the batch) node's address's
+    pool = site_pool().network
+    if not pool.subnet_of(subnet):
+        raise UsageError(
+            f"bench --nodes --address auto: the site's VM pool {pool} lies outside the "
+            f"nodes' subnet {subnet}, so native and VM ranks would use different networks: "
+            "give --address IP/PREFIX in the nodes' subnet"
+        )
+    return subnet
 
 
 class ClusterEnvironments:
@@ -215,14 +237,16 @@ class ClusterEnvironments:
     def vm(
         self, plan: VMPlan, *, vm_name: str, backend: str, shares: tuple[str, ...]
     ) -> ClusterVmEnvironment:
-        first = node_address(self.first_address, self._clusters * self.nodes)
-        check_addresses(str(first), self.nodes)
+        first = self.first_address
+        if first != AUTO:  # each cluster's addresses after the previous cluster's
+            first = str(nth_address(first, self._clusters * self.nodes))
+            check_addresses(first, self.nodes)
         self._clusters += 1
         return ClusterVmEnvironment(
             plan,
             cluster=vm_name,
             network=self.network,
-            first_address=str(first),
+            first_address=first,
             allocation=self.allocation,
             backend=backend,
             shares=shares,

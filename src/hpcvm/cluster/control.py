@@ -18,9 +18,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
 
 from hpcvm.cluster import guest_mpi, state
+from hpcvm.cluster.addresses import AUTO
 from hpcvm.cluster.batch import Allocation, BatchSystem
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.spawn import internal_argv
@@ -36,7 +38,7 @@ from hpcvm.cluster.state import ClusterRecord
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.runtime import paths
 from hpcvm.runtime import state as vm_state
-from hpcvm.runtime.model import ExecResult
+from hpcvm.runtime.model import ExecResult, Machine
 from hpcvm.runtime.shares import check_job_dir
 from hpcvm.signals import signals_deferred
 
@@ -64,7 +66,8 @@ def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
     check_job_dir(request.workdir, request.vm.shares)
     check_workdir(request.workdir, request.vm.backend)
     allocation = batch.allocation(request.nodes, os.environ)
-    check_addresses(request.first_address, len(allocation.nodes))
+    if request.first_address != AUTO:
+        check_addresses(request.first_address, len(allocation.nodes))
     name = request.name
     with state.one_writer(name), state.claimed(name) as directory:
         public, private = state.make_keys(directory, name)
@@ -74,7 +77,6 @@ def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
                 "job_id": allocation.job_id,
                 "nodes": len(allocation.nodes),
                 "public_key": public,
-                "private_key": private,
             }
         )
         holder = _start_holder(batch, allocation, spec, directory)
@@ -84,18 +86,40 @@ def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
             job_id=allocation.job_id,
             nodes=allocation.nodes,
             holder_pid=holder.pid,
-            network=str(spec.network_of_vms),
+            network="",
             vcpus=spec.plan.vcpus,
         )
         state.write_record(record)
         nodes = ", ".join(allocation.nodes)
         say(f"{name}: starting a VM on {len(allocation.nodes)} node(s): {nodes}")
         try:
-            return _wait_ready(record, holder, timeout, say)
+            ready = _wait_ready(record, holder, timeout, say)
+            state.write_record(_launch_mpi(record, ready, private))
+            return ready
         except BaseException:
             with signals_deferred():
                 _take_down(record, holder, say)
             raise
+
+
+def _launch_mpi(record: ClusterRecord, ready: list[NodeEvent], private_key: str) -> ClusterRecord:
+    """Make the first VM (this node's) the job's MPI launcher once every VM reported
+    its address: the hostfile of every VM's address with its vCPUs as slots, and the
+    job's private key (guest_mpi.py). The record learns the VMs' network."""
+    first = next(e for e in ready if e.index == 0)
+    addresses = [IPv4Interface(e.address or "") for e in sorted(ready, key=lambda e: e.index)]
+    machine = _machine(record.name, first)
+    hosts = [(str(a.ip), record.vcpus) for a in addresses]
+    guest_mpi.run_script(machine, guest_mpi.first_vm_script(hosts), private_key, "the MPI hostfile")
+    return record.model_copy(update={"network": str(addresses[0].network)})
+
+
+def _machine(name: str, event: NodeEvent) -> Machine:
+    """The record of a node's VM that runs on this node."""
+    entry = vm_state.entry_for(paths.run_dir(event.vm))
+    if entry is None or entry.machine is None:
+        raise RuntimeFailure(f"VM {event.vm} of cluster {name} is gone from this node")
+    return entry.machine
 
 
 def check_workdir(workdir: str, backend_name: str) -> None:
@@ -281,17 +305,12 @@ def first_vm(name: str) -> tuple[ClusterRecord, NodeEvent]:
 def exec_first(name: str, argv: Sequence[str], workdir: str, timeout: float | None) -> ExecResult:
     """Run ``argv`` in the first node's VM, with the MPI environment that spreads its
     ranks over every VM of the job."""
-    import ipaddress
-
     from hpcvm.runtime.agent import GuestAgent
 
     record, first = first_vm(name)
-    entry = vm_state.entry_for(paths.run_dir(first.vm))
-    if entry is None or entry.machine is None:
-        raise RuntimeFailure(f"VM {first.vm} of cluster {name} is gone from this node")
-    machine = entry.machine
+    machine = _machine(name, first)
     assert machine.boot.agent_socket is not None
-    env = guest_mpi.mpi_environment(ipaddress.IPv4Network(record.network))
+    env = guest_mpi.mpi_environment(IPv4Network(record.network))
     agent = GuestAgent(machine.boot.agent_socket, timeout=30.0, console_log=machine.boot.serial_log)
     try:
         return agent.exec(["/usr/bin/env", "-C", workdir, *argv], timeout=timeout, env=env)

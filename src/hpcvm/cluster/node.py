@@ -20,17 +20,20 @@ import os
 import signal
 import sys
 import threading
+from ipaddress import IPv4Interface
 from types import FrameType
 
 from hpcvm.cluster import guest_mpi, reaper
+from hpcvm.cluster.addresses import AUTO, Claim, candidates, claim, site_pool
 from hpcvm.cluster.batch import TaskPlace
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.spec import SPEC_ENV, ClusterSpec, EventKind, NodeEvent
-from hpcvm.errors import HpcvmError, InfeasiblePlanError, UsageError
+from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.plan.model import PlanRequest
 from hpcvm.runtime import lifecycle
 from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.model import Machine
+from hpcvm.runtime.network import ADDRESS_IN_USE, node_address
 from hpcvm.runtime.options import UpOptions
 from hpcvm.signals import interrupting, signals_deferred
 
@@ -73,10 +76,38 @@ def _warn(text: str) -> None:
     sys.stderr.flush()
 
 
-def _boot(spec: ClusterSpec, place: TaskPlace) -> Machine:
-    """Plan and boot this node's VM, then make it an MPI host of the job."""
-    address = spec.address(place.index)
+def _boot(spec: ClusterSpec, place: TaskPlace) -> tuple[Machine, Claim | None]:
+    """Plan and boot this node's VM at its address, then start its sshd; with
+    ``--address auto`` the first of the node's slots that no VM claims and nobody on the
+    segment answers for (addresses.py), and the claim held for the VM's life."""
     name = spec.vm_name(place.node)
+    if spec.first_address != AUTO:
+        return _boot_at(spec, name, spec.address(place.index)), None
+    pool = site_pool()
+    own = node_address(spec.vm.network or "")
+    tried = []
+    for address in candidates(pool, own):
+        got = claim(address)
+        if got is None:
+            tried.append(f"{address.ip} (claimed)")
+            continue
+        try:
+            return _boot_at(spec, name, address), got
+        except RuntimeFailure as exc:
+            got.release()
+            if exc.cause != ADDRESS_IN_USE:
+                raise
+            tried.append(f"{address.ip} (in use on the segment)")
+        except BaseException:
+            got.release()
+            raise
+    raise RuntimeFailure(
+        f"no free VM address for node {place.node} ({own.ip}) in {pool.network}: "
+        f"{'; '.join(tried)}; stop a VM here or ask the admin for more slots"
+    )
+
+
+def _boot_at(spec: ClusterSpec, name: str, address: IPv4Interface) -> Machine:
     options = UpOptions(
         **spec.vm.model_dump(exclude={"address"}),
         name=name,
@@ -88,11 +119,6 @@ def _boot(spec: ClusterSpec, place: TaskPlace) -> Machine:
         guest_mpi.run_script(
             machine, guest_mpi.sshd_script(name, address), spec.public_key, "starting sshd"
         )
-        if place.index == 0:
-            hosts = [(str(spec.address(i).ip), spec.plan.vcpus) for i in range(spec.nodes)]
-            guest_mpi.run_script(
-                machine, guest_mpi.first_vm_script(hosts), spec.private_key, "the MPI hostfile"
-            )
     except BaseException:
         lifecycle.teardown(machine)
         raise
@@ -140,7 +166,7 @@ def run() -> int:
     reaper.start(spec.vm_name(place.node))  # its pipe closes when this process ends
     try:
         with interrupting(*_SIGNALS):  # up then removes a half-started VM itself
-            machine = _boot(spec, place)
+            machine, held = _boot(spec, place)
     except (HpcvmError, KeyboardInterrupt) as exc:
         why = "interrupted while starting" if isinstance(exc, KeyboardInterrupt) else str(exc)
         emit(_event("failed", spec, place, message=why))
@@ -150,7 +176,7 @@ def run() -> int:
             "ready",
             spec,
             place,
-            address=str(spec.address(place.index)),
+            address=machine.boot.nics[0].address if machine.boot.nics else None,
             vcpu_pus=tuple(p.host_pu for p in machine.plan.placements),
             profile=machine.plan.profile,
             accel=machine.plan.accel,
@@ -160,6 +186,8 @@ def run() -> int:
     ended = _hold(machine)
     with signals_deferred():  # a second SIGTERM must not cut the teardown short
         lifecycle.teardown(machine)
+        if held is not None:
+            held.release()
     if ended:
         emit(_event("down", spec, place))
         return 0

@@ -36,7 +36,10 @@ class ClusterRequest(VmRequest):
     name: str
     batch: str = DEFAULT_BATCH  # a name in cluster/batches.py BATCH_SYSTEMS
     nodes: int | None = None  # --nodes: how many (the batch system may decide)
-    first_address: str  # IPv4 interface of the first node's VM, e.g. 10.0.0.101/24
+    # The first node's VM's IPv4 interface (10.0.0.101/24; the k-th node's VM gets the
+    # k-th next one), or "auto": each node's VM an address of the site's pool derived
+    # from the node's own (cluster/addresses.py)
+    first_address: str
     workdir: str  # shared with every guest at the same path (the job's directory)
     # A node too small for the hpc profile's housekeeping core plans with none and warns
     # (bench --nodes, as one-node bench does); cluster up refuses instead.
@@ -49,16 +52,9 @@ class ClusterSpec(ClusterRequest):
 
     job_id: str
     nodes: int  # how many nodes the job has (one VM on each)
-    public_key: str  # the job's SSH key: every guest's sshd accepts it
-    # Its private half, installed in the first VM only (where mpirun runs). The batch
-    # system hands every task the same environment, so the other nodes' tasks see it
-    # too: it opens nothing but this job's own guests, which the job's user owns anyway.
-    private_key: str
-
-    @property
-    def network_of_vms(self) -> ipaddress.IPv4Network:
-        """The network the VMs' addresses are in (what MPI is told to use)."""
-        return parse_address(self.first_address).network
+    public_key: str  # the job's SSH key: every guest's sshd accepts it (its private
+    #                  half stays on the batch node: cluster up installs it in the
+    #                  first VM only, where mpirun runs)
 
     def address(self, index: int) -> ipaddress.IPv4Interface:
         """The guest address of the job's ``index``-th node: the first address plus

@@ -19,9 +19,11 @@ Kernel command line words they read:
   hpcvm.hostname=NAME  guest host name (default hpcvm)
   hpcvm.agent=NAME     virtio-serial port name of the agent (default org.qemu.guest_agent.0)
   hpcvm.net=MAC,ADDR,MTU  one per NIC (bootspec.py ``nic_kernel_arg``): the interface
-                       with that MAC gets that MTU and IPv4 address/prefix (none when
-                       ADDR is empty) and is brought up, before the agent starts; no
-                       DHCP, no gateway (the VMs share the host's segment)
+                       with that MAC gets that MTU, is brought up and gets the IPv4
+                       address/prefix (none when ADDR is empty) unless someone on the
+                       segment answers an ARP probe for it (then /run/hpcvm/
+                       address-in-use names it), before the agent starts; no DHCP, no
+                       gateway (the VMs share the host's segment)
 
 9p options: ``msize=512000`` is the largest the 6.1 virtio transport takes (larger is
 clamped with a warning). Read-only shares use ``cache=loose``, which caches metadata
@@ -207,11 +209,18 @@ for arg in $($bb cat /proc/cmdline); do
             fi
             $bb ip link set dev "$dev" mtu "$mtu" ||
                 echo "hpcvm-guest: error: cannot set MTU $mtu on $dev"
-            if [ -n "$addr" ]; then
-                $bb ip addr add "$addr" dev "$dev" ||
-                    echo "hpcvm-guest: error: cannot give $dev the address $addr"
-            fi
             $bb ip link set dev "$dev" up || echo "hpcvm-guest: error: cannot bring $dev up"
+            # Duplicate address detection first (RFC 5227's probe): an address someone
+            # on the segment answers for is left off and reported (hpcvm up fails).
+            if [ -n "$addr" ]; then
+                if $bb arping -D -q -I "$dev" -c 1 -w 1 "${addr%/*}"; then
+                    $bb ip addr add "$addr" dev "$dev" ||
+                        echo "hpcvm-guest: error: cannot give $dev the address $addr"
+                else
+                    echo "hpcvm-guest: error: ${addr%/*} is in use on the segment already"
+                    echo "${addr%/*}" >> /run/hpcvm/address-in-use
+                fi
+            fi
             ;;
     esac
 done

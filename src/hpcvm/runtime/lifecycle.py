@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcvm.bootspec import Nic, nic_kernel_arg
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
@@ -41,9 +42,13 @@ from hpcvm.runtime.model import Backend, ExecResult, Machine
 from hpcvm.runtime.options import UpOptions
 from hpcvm.signals import signals_deferred
 
+if TYPE_CHECKING:
+    from hpcvm.runtime.agent import GuestAgent
+
 ENV_READY_TIMEOUT = "HPCVM_READY_TIMEOUT"
 READY_TIMEOUT = {"tcg": 90.0, "kvm": 30.0}  # seconds from QEMU start to the agent
 DOWN_TIMEOUT = 30.0
+ADDRESS_IN_USE_FILE = "/run/hpcvm/address-in-use"  # written by the guest (guest/scripts.py)
 EXEC_TIMEOUT_EXIT = 124  # like timeout(1)
 
 Warn = Callable[[str], None]
@@ -361,14 +366,31 @@ def _check_guest_nics(machine: Machine) -> None:
     agent = GuestAgent(machine.boot.agent_socket, timeout=60.0)
     try:
         failed = [c for c in check_nics(machine.boot.nics, agent) if not c.ok]
+        taken = _addresses_in_use(agent) if failed else []
     finally:
         agent.close()
+    if taken:
+        raise RuntimeFailure(
+            f"address {', '.join(taken)} is in use on the segment already (the guest's "
+            "duplicate address detection got an answer): choose another --address",
+            cause=network.ADDRESS_IN_USE,
+        )
     if failed:
         what = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in failed)
         raise RuntimeFailure(
             f"the guest did not configure its network ({what}); see the console log "
             f"{_kept_console(machine)}"
         )
+
+
+def _addresses_in_use(agent: GuestAgent) -> list[str]:
+    """The addresses the guest found taken at boot (guest/scripts.py), if any."""
+    from hpcvm.runtime.agent import AgentCommandError
+
+    try:
+        return agent.read_file(ADDRESS_IN_USE_FILE).decode(errors="replace").split()
+    except AgentCommandError:
+        return []  # no such file: no conflict
 
 
 def _kept_console(machine: Machine) -> Path:

@@ -110,3 +110,6 @@ class BridgeKind:
 
     def release(self, nic: Nic) -> None:
         return None  # the kernel removed the tap with QEMU's descriptor
+
+    def host_link(self, request: NetworkRequest) -> str | None:
+        return request.source

@@ -108,6 +108,9 @@ class MacvtapKind:
     def attach(self, nic: Nic) -> None:
         return None  # made complete (MAC, MTU, up) by open, before QEMU started
 
+    def host_link(self, request: NetworkRequest) -> str | None:
+        return request.source  # the parent carries the node's address
+
     def release(self, nic: Nic) -> None:
         """Delete the VM's macvtap: only a macvtap of its name on its parent, never
         another interface that happens to carry the name."""

@@ -135,6 +135,11 @@ class VfKind:
     def open(self, nic: Nic, run_dir: Path) -> NicFds | None:
         return None  # a passthrough device of the plan
 
+    def host_link(self, request: NetworkRequest) -> str | None:
+        if request.source == "auto":
+            return None  # which PF is known only once a VF is chosen
+        return self.virtual_function(request.source).pf_netdev
+
     def release(self, nic: Nic) -> None:
         return None
 

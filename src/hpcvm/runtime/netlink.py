@@ -74,6 +74,12 @@ class NetworkKind(Protocol):
         dies with QEMU)."""
         ...
 
+    def host_link(self, request: NetworkRequest) -> str | None:
+        """The host link whose IPv4 address is this node's on the VMs' segment (the
+        bridge, the macvtap's parent, the VF's PF); None when the kind has none
+        (``--address auto`` then needs an explicit address)."""
+        ...
+
 
 @dataclass(frozen=True)
 class NicFds:

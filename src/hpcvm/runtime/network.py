@@ -11,6 +11,7 @@ once QEMU is gone. What the kinds share is in netlink.py.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +32,7 @@ from hpcvm.runtime.netlink import (
     NicFds,
     Warn,
     ifname_for,
+    ipv4_of,
     is_root,
     mac_for,
     parse_address,
@@ -208,3 +210,25 @@ def attach_nics(nics: Sequence[Nic], *, by_daemon: bool = False) -> None:
 
 def _ignore(_text: str) -> None:
     return None
+
+
+ADDRESS_IN_USE = "address-in-use"  # HpcvmError.cause: duplicate address detection failed
+
+
+def node_address(network: str) -> ipaddress.IPv4Interface:
+    """This node's own IPv4 address on the link ``--network`` attaches VMs to (what
+    ``--address auto`` derives VM addresses from); UsageError when there is none."""
+    request = parse_network(network)
+    link = NETWORK_KINDS.get_or_refuse(request.kind).host_link(request)
+    if link is None:
+        raise UsageError(
+            f"--network {network}: its kind gives no host link to derive VM addresses "
+            "from: give --address IP/PREFIX"
+        )
+    found = ipv4_of(link)
+    if not found:
+        raise UsageError(
+            f"{link} has no IPv4 address on this node, and --address auto derives each "
+            f"VM's address from the node's own: give {link} its address, or --address"
+        )
+    return found[0]

@@ -52,5 +52,8 @@ class DemoUserKind:
     def release(self, nic: Nic) -> None:
         return None
 
+    def host_link(self, request: NetworkRequest) -> str | None:
+        return None  # slirp: the VM is behind QEMU, not on a host link
+
 
 NETWORK_KINDS.register("demo-user", DemoUserKind())
