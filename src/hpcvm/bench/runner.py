@@ -38,28 +38,22 @@ on from there).
 from __future__ import annotations
 
 import math
-import re
-import shlex
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from hpcvm.bench.cells import Cell, Tally, cells_for
 from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.environments import CLEAN_ENV, NATIVE, Environment, RunOutput
+from hpcvm.bench.environments import NATIVE, Environment
 from hpcvm.bench.failures import CellKey, repeats_same_failure
-from hpcvm.bench.metrics import MetricValue
-from hpcvm.bench.suite import DescribesSamples, Suite, WarmsUpSmaller
+from hpcvm.bench.sampling import SampleSpot, take_sample
+from hpcvm.bench.suite import Suite, WarmsUpSmaller
 from hpcvm.errors import HpcvmError
 from hpcvm.model import Frozen
 from hpcvm.stats import StopDecision, fixed_width_stop, interleaved_order
 from hpcvm.stats.stopping import projected_seconds
-from hpcvm.store import MetricRecord, NewSample, SampleKey, SampleRecord, Store
-
-LOGS = "logs"
-WORK = "work"
+from hpcvm.store import NewSample, SampleKey, SampleRecord, Store
 
 
 class ProgressSink(Protocol):
@@ -73,18 +67,6 @@ class _Quiet:
         return None
 
 
-@dataclass(frozen=True)
-class Cell:
-    """One suite at one process count (``np`` None: the suite ignores it)."""
-
-    suite: Suite
-    np: int | None
-
-    @property
-    def label(self) -> str:
-        return self.suite.name if self.np is None else f"{self.suite.name} np={self.np}"
-
-
 class Outcome(Frozen):
     """How the loop ended."""
 
@@ -92,81 +74,6 @@ class Outcome(Frozen):
     detail: str
     blocks: int
     samples_run: int  # by this process
-
-
-class _Tally:
-    """Per cell (env, suite, np): samples counted (measured and warm-up apart), the
-    judged metrics' values in the order taken, and the seconds this process's measured
-    samples took (what one more costs). Kept in memory, fed from the store once and
-    then sample by sample, so the stopping rule never rereads the database."""
-
-    def __init__(
-        self,
-        primary: Mapping[str, set[str]],
-        envs: set[str],
-        warmup_share: Mapping[str, float] | None = None,
-    ) -> None:
-        self.primary = primary
-        self.envs = envs
-        self.warmup_share = warmup_share or {}  # suite -> a warm-up's cost / a sample's
-        self._counts: dict[tuple[CellKey, bool], int] = {}
-        self._values: dict[CellKey, dict[str, list[float]]] = {}
-        self._seconds: dict[CellKey, list[float]] = {}
-        self._warmup_seconds: dict[CellKey, list[float]] = {}
-
-    def add(self, sample: NewSample, seconds: float | None = None) -> None:
-        if sample.env not in self.envs:
-            return
-        key = (sample.env, sample.suite, sample.np)
-        self._counts[(key, sample.warmup)] = self.count(key, sample.warmup) + 1
-        if seconds is not None:
-            timed = self._warmup_seconds if sample.warmup else self._seconds
-            timed.setdefault(key, []).append(seconds)
-        if sample.warmup:
-            return
-        wanted = self.primary.get(sample.suite, set())
-        for m in sample.metrics if sample.ok else ():
-            if m.value is not None and m.metric in wanted:
-                self._values.setdefault(key, {}).setdefault(m.metric, []).append(m.value)
-
-    def count(self, key: CellKey, warmup: bool) -> int:
-        return self._counts.get((key, warmup), 0)
-
-    def most_reps(self) -> int:
-        return max((n for (_, warm), n in self._counts.items() if not warm), default=0)
-
-    def values(self, key: CellKey) -> dict[str, list[float]]:
-        return self._values.get(key, {})
-
-    def all_values(self) -> dict[CellKey, dict[str, list[float]]]:
-        return self._values
-
-    def cost(self, key: CellKey) -> float:
-        """Mean seconds of the cell's measured samples in this process, else of its
-        warm-ups scaled up to a sample (a smaller warm-up costs a share of one), 0 when
-        none is timed yet."""
-        taken = self._seconds.get(key)
-        if taken:
-            return sum(taken) / len(taken)
-        warm = self._warmup_seconds.get(key)
-        if not warm:
-            return 0.0
-        return sum(warm) / len(warm) / self.warmup_share.get(key[1], 1.0)
-
-
-def cells_for(suites: Sequence[Suite], np_values: Sequence[int]) -> list[Cell]:
-    cells: list[Cell] = []
-    for suite in suites:
-        if suite.uses_np:
-            cells += [Cell(suite, n) for n in np_values]
-        else:
-            cells.append(Cell(suite, None))
-    return cells
-
-
-def slug(text: str) -> str:
-    """A file-name-safe form of an environment or suite name (``vm:hpc`` -> ``vm-hpc``)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
 
 
 class Runner:
@@ -206,7 +113,7 @@ class Runner:
         self.notify = notify or (lambda _text: None)
         self._given_up: set[CellKey] = self._stored_given_up()
         shares = {s.name: s.warmup_cost_share for s in suites if isinstance(s, WarmsUpSmaller)}
-        self._tally = _Tally(self.primary, set(self.envs), shares)
+        self._tally = Tally(self.primary, set(self.envs), shares)
         for stored in store.samples(run_id):
             self._tally.add(stored)
         self._stopped: dict[CellKey, StopDecision] = {}
@@ -578,14 +485,6 @@ class Runner:
 
     # -- one sample ---------------------------------------------------------------------
 
-    def _paths(self, env: str, cell: Cell, rep: int, warmup: bool) -> tuple[Path, Path]:
-        np_part = "" if cell.np is None else f"-np{cell.np}"
-        stem = f"{slug(cell.suite.name)}{np_part}-r{rep}{'-warmup' if warmup else ''}"
-        return (
-            self.out_dir / WORK / slug(env) / stem,
-            self.out_dir / LOGS / slug(env) / f"{stem}.log",
-        )
-
     def _sample(
         self, env_name: str, cell: Cell, block: int, position: int, *, warmup: bool = False
     ) -> float:
@@ -598,48 +497,12 @@ class Runner:
             total = max(self._total_estimate(self.config.reps), done + 1)
         kind = "warm-up" if warmup else f"rep {block + 1}"
         self.progress.update(done, total, f"{env_name} {cell.label} ({kind})")
-        env = self.envs[env_name]
-        workdir, log = self._paths(env_name, cell, block, warmup)
-        shutil.rmtree(workdir, ignore_errors=True)
-        workdir.mkdir(parents=True)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        started = time.time()
         clock = self.clock()
-        argv: list[str] = []
-        output: RunOutput | None = None
-        values: list[MetricValue] = []
-        error: str | None = None
-        try:
-            prepare = cell.suite.prepare
-            if warmup and isinstance(cell.suite, WarmsUpSmaller):
-                prepare = cell.suite.prepare_warmup
-            argv = prepare(workdir, cell.np or 1, self.sizing_memory)
-            output = env.run(argv, workdir, self.config.timeout, outputs=cell.suite.output_files)
-            if output.timed_out:
-                error = f"timed out after {self.config.timeout:g} s"
-            else:
-                values = cell.suite.parse(workdir, output.stdout, output.stderr, output.exit_code)
-        except HpcvmError as exc:
-            error = exc.message
-        _write_log(log, env_name, cell, block, warmup, workdir, argv, output, error)
-        sample = NewSample(
-            env=env_name,
-            suite=cell.suite.name,
-            np=cell.np,
-            repetition=block,
-            warmup=warmup,
-            position=position,
-            ok=error is None,
-            error=error,
-            log_path=str(log),
-            workdir=str(workdir),
-            started_at=started,
-            host_seconds=None if output is None else output.host_seconds,
-            guest_seconds=None if output is None else output.guest_seconds,
-            evidence=_evidence(cell.suite, workdir, output),
-            metrics=tuple(_record(v) for v in values)
-            if error is None
-            else _failed_metrics(cell.suite, error),
+        sample = take_sample(
+            self.envs[env_name],
+            SampleSpot(env_name, cell, block, warmup, position, self.out_dir),
+            timeout=self.config.timeout,
+            sizing_memory=self.sizing_memory,
         )
         self.store.add_sample(self.run_id, sample)
         seconds = self.clock() - clock
@@ -647,75 +510,6 @@ class Runner:
         self._done.add(sample.key)
         self._tally.add(sample, seconds)
         self._ran += 1
-        if error is not None:
+        if sample.error is not None:
             self._failed(sample, cell.label)
         return seconds
-
-
-def _evidence(suite: Suite, workdir: Path, output: RunOutput | None) -> dict[str, Any]:
-    """The environment's evidence, plus what the suite reads from the run about itself
-    (NPB's verification, class and process counts) under ``facts``."""
-    if output is None:
-        return {}
-    evidence = dict(output.evidence)
-    if isinstance(suite, DescribesSamples):
-        facts = suite.sample_facts(workdir, output.stdout, output.stderr, output.exit_code)
-        if facts:
-            evidence["facts"] = facts
-    return evidence
-
-
-def _failed_metrics(suite: Suite, error: str) -> tuple[MetricRecord, ...]:
-    """A failed sample names the headline metrics it failed to measure, so the summary
-    shows the cell as failed (n 0, the reason) instead of dropping it."""
-    return tuple(
-        MetricRecord(
-            metric=m.name, unit=m.unit, higher_is_better=m.higher_is_better, value=None, error=error
-        )
-        for m in suite.metrics
-    )
-
-
-def _record(value: MetricValue) -> MetricRecord:
-    return MetricRecord(
-        metric=value.metric.name,
-        unit=value.metric.unit,
-        higher_is_better=value.metric.higher_is_better,
-        value=value.value,
-        error=value.error,
-    )
-
-
-def _write_log(
-    path: Path,
-    env: str,
-    cell: Cell,
-    block: int,
-    warmup: bool,
-    workdir: Path,
-    argv: Sequence[str],
-    output: RunOutput | None,
-    error: str | None,
-) -> None:
-    """Everything a person needs to see what this sample did and why it failed."""
-    lines = [
-        f"env: {env}",
-        f"suite: {cell.suite.name}",
-        f"np: {'-' if cell.np is None else cell.np}",
-        f"repetition: {block}{' (warm-up)' if warmup else ''}",
-        f"workdir: {workdir}",
-        f"argv: {shlex.join(argv) if argv else '-'}",
-        f"environment: clean ({shlex.join(CLEAN_ENV)} ...), natively and in a guest",
-    ]
-    if output is not None:
-        guest = "-" if output.guest_seconds is None else f"{output.guest_seconds:.6f}"
-        lines += [
-            f"exit code: {output.exit_code}{' (timed out)' if output.timed_out else ''}",
-            f"host seconds: {output.host_seconds:.6f}",
-            f"guest seconds: {guest}",
-        ]
-    lines.append(f"result: {'ok' if error is None else 'FAILED: ' + error}")
-    text = "\n".join(lines) + "\n"
-    if output is not None:
-        text += f"--- stdout ---\n{output.stdout}\n--- stderr ---\n{output.stderr}\n"
-    path.write_text(text)

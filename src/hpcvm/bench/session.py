@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from hpcvm.bench.cells import slug
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.environments import Environment, parse_env_name
 from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.noise import calibrate_iterations
 from hpcvm.bench.placement import NativePlacement, native_placement
 from hpcvm.bench.results import outlier_marks
-from hpcvm.bench.runner import Outcome, ProgressSink, Runner, slug
+from hpcvm.bench.runner import Outcome, ProgressSink, Runner
 from hpcvm.bench.suite import DescribesSamples, PreparesInputs, Suite
 from hpcvm.bench.suites import build_suites, validate_suites
 from hpcvm.bench.vm import VmEnvironment, plan_vm

@@ -33,7 +33,7 @@ from hpcvm.bench.netpipe import NetpipeSize
 from hpcvm.bench.openfoam import OpenfoamSize
 from hpcvm.bench.placement import parse_native_cpus
 from hpcvm.bench.results import summaries
-from hpcvm.bench.runner import LOGS
+from hpcvm.bench.sampling import LOGS
 from hpcvm.bench.session import (
     TCG_WARNING,
     EnvironmentMaker,
