@@ -21,7 +21,8 @@ from matplotlib.text import Annotation, Text
 from matplotlib.transforms import Bbox
 
 from hpcvm.bench.hpcc import COMMUNICATION_METRICS, METRICS
-from hpcvm.report.figures import absolute_figure, fit_tick_labels, new_figure, overhead_figure
+from hpcvm.report.drawing import fit_tick_labels, new_figure
+from hpcvm.report.figures import absolute_figure, overhead_figure
 from hpcvm.report.labels import env_colours, label
 from hpcvm.report.model import NATIVE, Row
 

@@ -24,8 +24,8 @@ from matplotlib.patches import Rectangle
 
 from hpcvm.bench.noise import RAW_FILE, read_raw
 from hpcvm.bench.results import summarize_run
+from hpcvm.report.drawing import TCG_NOTE
 from hpcvm.report.figures import (
-    TCG_NOTE,
     absolute_figure,
     interrupts_figure,
     noise_figure,

@@ -23,7 +23,8 @@ from matplotlib.image import imread
 
 from hpcvm.bench.hpcc import METRICS as HPCC_METRICS
 from hpcvm.bench.netpipe import METRICS, SIZES
-from hpcvm.report.figures import DPI, render_figures
+from hpcvm.report.drawing import DPI
+from hpcvm.report.figures import render_figures
 from hpcvm.report.labels import env_colours
 from hpcvm.report.model import NATIVE, EnvInfo, ReportData, Row, RunInfo
 from hpcvm.report.sizes import bytes_label, sized_rows, sizes_figure

@@ -30,20 +30,18 @@ from typing import Literal
 
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.transforms import Bbox
 
 from hpcvm.model import Frozen
 from hpcvm.report.compare import Comparison
+from hpcvm.report.drawing import DPI, TCG_NOTE, fit_tick_labels, new_figure, text
 from hpcvm.report.labels import env_colours, env_order, label, short_name
 from hpcvm.report.model import NATIVE, NoiseCurve, ReportData, Row
+from hpcvm.report.sizes import sized_rows, sizes_figure
 
 FigureKind = Literal["overhead", "absolute", "sizes", "interrupts", "noise", "compare"]
 MAX_GROUPS_PER_PANEL = 12
-DPI = 100
-TCG_NOTE = "TCG: software emulation, not hardware virtualization"
 UNBOUNDED_NOTE = "hatched bar with arrow: interval unbounded (no finite interval exists)"
 
 
@@ -63,49 +61,6 @@ class Bar:
     value: float
     low: float | None
     high: float | None
-
-
-def text(s: str) -> str:
-    """A string matplotlib shows literally (a ``$`` would start mathtext)."""
-    return s.replace("$", r"\$")
-
-
-def new_figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-# -- tick label layout ------------------------------------------------------------------
-
-
-def tick_label_extents(fig: Figure) -> list[list[Bbox]]:
-    """Per axes and axis, the window extents of the visible, non-empty tick labels
-    (as last drawn: call after ``fig.canvas.draw()``)."""
-    groups = []
-    for ax in fig.axes:
-        for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
-            groups.append(
-                [t.get_window_extent() for t in labels if t.get_visible() and t.get_text()]
-            )
-    return groups
-
-
-def overlapping(boxes: Sequence[Bbox]) -> bool:
-    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
-
-
-def fit_tick_labels(fig: Figure) -> None:
-    """Rotate x tick labels of every axes, step by step, until no two overlap."""
-    for angle in (0, 30, 60, 90):
-        for ax in fig.axes:
-            for t in ax.get_xticklabels():
-                t.set_rotation(angle)
-                t.set_horizontalalignment("center" if angle in (0, 90) else "right")
-                t.set_rotation_mode("anchor" if angle not in (0, 90) else "default")
-        fig.canvas.draw()
-        if not any(overlapping(boxes) for boxes in tick_label_extents(fig)):
-            return
 
 
 # -- overhead bars (shared with compare) ------------------------------------------------
@@ -425,9 +380,6 @@ def _slug(s: str) -> str:
 def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> list[FigureFile]:
     """Write every figure of the report as PNG under ``out_dir/subdir``; the list says
     what each shows. Figures without data (no VM, no interrupts, no noise) are skipped."""
-    # sizes.py draws with this module's helpers, so it is imported here, not at the top
-    from hpcvm.report.sizes import sized_rows, sizes_figure
-
     colours = env_colours(data.env_names)
     conf = data.run.confidence
     made: list[FigureFile] = []

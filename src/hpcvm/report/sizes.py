@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from hpcvm.bench.suites import message_bytes
-from hpcvm.report.figures import TCG_NOTE, fit_tick_labels, new_figure, text
+from hpcvm.report.drawing import TCG_NOTE, fit_tick_labels, new_figure, text
 from hpcvm.report.labels import env_order
 from hpcvm.report.model import Row
 
