@@ -85,3 +85,52 @@ def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from hpcvm.report.load import load_report\n")
     assert _imports(module) == {"report"}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """hpcvm module -> the hpcvm modules it imports (function-local imports too; a name
+    imported from a package counts as its submodule when there is one)."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    graph[name].add(sub if sub in modules else node.module)
+            elif isinstance(node, ast.Import):
+                graph[name].update(a.name for a in node.names)
+    return {m: {t for t in targets if t in modules and t != m} for m, targets in graph.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (a path that returns to its start), or None."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        seen = {start}
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph[node]):
+                if nxt == start:
+                    return [*path, start]
+                if nxt not in seen and nxt not in done:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+        done.add(start)
+    return None
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No import circle, not even one hidden in a function: each is a sign that two
+    modules own one thing (the figures/sizes and verify/verify_shares circles were)."""
+    cycle = _cycle(_module_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
