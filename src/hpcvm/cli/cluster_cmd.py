@@ -11,13 +11,10 @@ import sys
 from typing import Any
 
 import click
-from rich.table import Table
 
 from hpcvm.cli.common import console, err_console
 from hpcvm.cli.vm_cmd import _request, _vm_options
-from hpcvm.cluster import control
 from hpcvm.errors import UsageError
-from hpcvm.runtime.network import parse_address
 from hpcvm.signals import interrupting
 
 DEFAULT_UP_TIMEOUT = 300.0
@@ -55,6 +52,9 @@ def up_cmd(name: str, timeout: float, **kw: Any) -> int:
     --network is each node's (default bridge=br0); --address is the first node's VM
     address, and the k-th node's VM gets the k-th next one (no DHCP server needed).
     """
+    from hpcvm.cluster import control
+    from hpcvm.runtime.network import parse_address
+
     first_address = kw["address"]
     if not first_address:
         raise UsageError(
@@ -85,6 +85,10 @@ def up_cmd(name: str, timeout: float, **kw: Any) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def ps_cmd(name: str, as_json: bool) -> int:
     """One row per node: host, VM, state, guest address, vCPU -> host PU pins."""
+    from rich.table import Table
+
+    from hpcvm.cluster import control
+
     record, latest, alive = control.status(name)
     if as_json:
         rows = [e.model_dump(exclude={"step"}) for e in latest]
@@ -114,6 +118,8 @@ def ps_cmd(name: str, as_json: bool) -> int:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
     """Run a command in the first VM; mpirun there starts ranks on every VM of the job."""
+    from hpcvm.cluster import control
+
     result = control.exec_first(name, argv, os.getcwd(), timeout)
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
@@ -124,6 +130,8 @@ def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
 @click.argument("name")
 def down_cmd(name: str) -> int:
     """Stop every VM of the cluster on every node and remove what hpcvm made."""
+    from hpcvm.cluster import control
+
     control.down(name, _say)
     _say(f"{name}: down")
     return 0

@@ -13,20 +13,23 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from hpcvm.cli.common import console, err_console, warn
-from hpcvm.plan.model import PROFILE_NAMES, PlanRequest
-from hpcvm.runtime import lifecycle
+from hpcvm.plan.names import PROFILE_NAMES
 from hpcvm.runtime.backends import BACKENDS
-from hpcvm.runtime.model import BackendName, ExecResult, Machine
-from hpcvm.runtime.shares import describe as describe_shares
+from hpcvm.runtime.timeouts import DOWN_TIMEOUT
 from hpcvm.signals import interrupting
 from hpcvm.units import format_size, parse_size
+
+if TYPE_CHECKING:  # imported where a command runs, so that --help imports no runtime
+    from rich.console import Console
+
+    from hpcvm.plan.model import PlanRequest
+    from hpcvm.runtime import lifecycle
+    from hpcvm.runtime.model import BackendName, ExecResult, Machine
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -104,6 +107,8 @@ def _vm_options(func: F) -> F:
 
 
 def _request(kw: dict[str, Any]) -> PlanRequest:
+    from hpcvm.plan.model import PlanRequest
+
     page = kw["page_size"]
     return PlanRequest(
         profile=kw["profile"],
@@ -118,9 +123,11 @@ def _request(kw: dict[str, Any]) -> PlanRequest:
 
 
 def _up_options(name: str, kw: dict[str, Any]) -> lifecycle.UpOptions:
+    from hpcvm.runtime import lifecycle
+
     return lifecycle.UpOptions(
         name=name,
-        backend=cast(BackendName, kw["backend"]),
+        backend=cast("BackendName", kw["backend"]),
         connect_uri=kw["connect_uri"],
         kernel=kw["kernel"],
         initrd=kw["initrd"],
@@ -133,6 +140,9 @@ def _up_options(name: str, kw: dict[str, Any]) -> lifecycle.UpOptions:
 
 
 def _start(name: str, kw: dict[str, Any], *, out: Console = console) -> Machine:
+    from hpcvm.runtime import lifecycle
+    from hpcvm.runtime.shares import describe as describe_shares
+
     begin = time.monotonic()
     machine = lifecycle.up(_request(kw), _up_options(name, kw), warn=warn)
     for text in machine.plan.warnings:
@@ -182,6 +192,10 @@ def up_cmd(name: str, **kw: Any) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def ps_cmd(as_json: bool) -> int:
     """List VMs; remove the records of VMs whose QEMU is gone (stale)."""
+    from rich.table import Table
+
+    from hpcvm.runtime import lifecycle
+
     rows = lifecycle.list_vms()
     if as_json:
         click.echo(json.dumps([row.__dict__ for row in rows], indent=2))
@@ -225,6 +239,7 @@ def _duration(seconds: float | None) -> str:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
     """Run a command in the guest (no shell) and exit with its exit code."""
+    from hpcvm.runtime import lifecycle
     from hpcvm.runtime.state import load_machine
 
     machine = load_machine(name)
@@ -237,12 +252,14 @@ def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
 @click.option(
     "--timeout",
     type=float,
-    default=lifecycle.DOWN_TIMEOUT,
+    default=DOWN_TIMEOUT,
     show_default=True,
     help="Seconds for a clean shutdown before QEMU is killed.",
 )
 def down_cmd(name: str | None, all_: bool, timeout: float) -> int:
     """Shut a VM down (guest shutdown, QMP quit, then kill) and remove its files."""
+    from hpcvm.runtime import lifecycle
+
     if all_ == (name is not None):
         raise click.UsageError("give a VM name or --all")
     if name is not None:
@@ -263,6 +280,8 @@ def down_cmd(name: str | None, all_: bool, timeout: float) -> int:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(name: str | None, timeout: float | None, argv: tuple[str, ...], **kw: Any) -> int:
     """Boot a VM, run one command in it, and always take the VM down again."""
+    from hpcvm.runtime import lifecycle
+
     vm_name = name or f"run-{os.getpid()}"
     command = _absolute_program(argv)
     with interrupting():

@@ -37,12 +37,11 @@ from hpcvm.runtime.boot import (
 )
 from hpcvm.runtime.confine import QemuUser
 from hpcvm.runtime.model import Backend, BackendName, ExecResult, Machine
+from hpcvm.runtime.timeouts import DOWN_TIMEOUT as DOWN_TIMEOUT  # re-exported
+from hpcvm.runtime.timeouts import ENV_READY_TIMEOUT as ENV_READY_TIMEOUT
+from hpcvm.runtime.timeouts import EXEC_TIMEOUT_EXIT as EXEC_TIMEOUT_EXIT
+from hpcvm.runtime.timeouts import READY_TIMEOUT as READY_TIMEOUT
 from hpcvm.signals import signals_deferred
-
-ENV_READY_TIMEOUT = "HPCVM_READY_TIMEOUT"
-READY_TIMEOUT = {"tcg": 90.0, "kvm": 30.0}  # seconds from QEMU start to the agent
-DOWN_TIMEOUT = 30.0
-EXEC_TIMEOUT_EXIT = 124  # like timeout(1)
 
 Warn = Callable[[str], None]
 
