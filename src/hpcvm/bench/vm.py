@@ -7,12 +7,23 @@ and the guest clock right around the benchmark, enforces the timeout inside the 
 and writes that evidence to a file. The evidence and the suite's output files then come
 back through the agent's file commands, and the guest clock is read through the agent
 before and after: agent round trips cost well under a millisecond, while every guest
-process costs some 70 ms under TCG and every extra exec a polling delay as well. So a
-sample costs about one process more than its benchmark (``mkdir``), not the fifteen
-processes in four execs it once took (1.2 s per sample under TCG).
+process costs some 70 ms under TCG. So a sample costs about one process more than its
+benchmark, not the fifteen processes in four execs it once took (1.2 s per sample under
+TCG).
 
-The script uses bash's builtins (``$EPOCHREALTIME``, ``read``) where the guest has
-bash (found once per boot, with the guest's facts), and ``date``/``cat`` otherwise.
+What is left is kept small (issue 29; docs/performance.md has the figures):
+- one agent connection for the VM's life, not one per sample (a new connection takes
+  some 100 ms to sync under TCG);
+- the script runs under busybox's sh where the guest has busybox (the static binary
+  the built-in guest is made of, shared from the host): it starts in a fraction of
+  bash's time, and its ``mkdir``/``rm``/``base64`` are applets it forks without an
+  exec; else bash (its ``$EPOCHREALTIME`` and ``read`` builtins spare a process per
+  clock and interrupt read), else /bin/sh with ``date``/``cat``;
+- the end of the sample is signalled, not polled for: the script's EXIT trap writes a
+  per-sample token to the VM's completion port (runtime/completion.py), which the host
+  waits on asleep; while the benchmark runs the agent is asked about it once a second,
+  not every 10 to 250 ms, so nothing wakes the guest's agent during the measurement.
+The shell and the port's device are found once per boot, with the guest's facts.
 """
 
 from __future__ import annotations
@@ -20,8 +31,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import itertools
+import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +48,7 @@ from hpcvm.store.records import EnvKind, NewEnvironment
 
 if TYPE_CHECKING:
     from hpcvm.runtime.agent import GuestAgent
+    from hpcvm.runtime.completion import CompletionPort
 
 KILL_GRACE = 10.0  # seconds between the timeout's TERM and KILL
 AGENT_MARGIN = 60.0  # host-side slack over the in-guest timeout before giving up
@@ -46,6 +59,7 @@ _EVIDENCE_FILE = ".hpcvm-evidence"
 _SEP = "@@hpcvm@@"
 _SETUP_FAILED = "@@hpcvm-setup-failed@@"
 _SETUP_EXIT = 125
+TIMEOUT = "/usr/bin/timeout"  # coreutils' (exit 124): busybox's sh would run its own applet
 
 
 def plan_vm(
@@ -142,11 +156,13 @@ def _in_bench_terms(profile: str, exc: HpcvmError) -> HpcvmError:
     return type(exc)(message, cause=exc.cause, option=exc.option)
 
 
-# $1 work directory, $2 timeout, $3 number of file chunks, then (name, t|b, chunk) per
-# chunk (text as is, or base64), then the argv. Evidence goes to a file, never to the
-# benchmark's stdout or stderr. Written for both bash and a POSIX sh (module doc).
+# $1 work directory, $2 timeout, $3 the completion port's device (or empty), $4 this
+# sample's token, $5 number of file chunks, then (name, t|b, chunk) per chunk (text as
+# is, or base64), then the argv. Evidence goes to a file, never to the benchmark's
+# stdout or stderr. Written for busybox's sh, bash and a POSIX sh (module doc).
 _SAMPLE = f"""PATH={STD_PATH}; export PATH; LC_ALL=C; export LC_ALL
-W=$1; T=$2; N=$3; shift 3
+W=$1; T=$2; D=$3; K=$4; N=$5; shift 5
+if [ -n "$D" ]; then trap 'printf "%s\\n" "$K" > "$D"' EXIT; fi
 fail() {{ echo "{_SETUP_FAILED} $*" >&2; exit {_SETUP_EXIT}; }}
 if [ -e "$W" ]; then rm -rf "$W" || fail "cannot remove an earlier $W"; fi
 mkdir -p "$W" || fail "cannot create $W"
@@ -163,7 +179,7 @@ else
   irq() {{ IRQ=$(cat /proc/interrupts 2>/dev/null); }}
 fi
 irq; I0=$IRQ; now; t0=$NOW
-timeout -k {KILL_GRACE:g} "$T" "$@"
+{TIMEOUT} -k {KILL_GRACE:g} "$T" "$@"
 rc=$?
 now; t1=$NOW; irq
 printf '%s %s %s\\n{_SEP}\\n%s\\n{_SEP}\\n%s\\n' "$t0" "$t1" "$rc" "$I0" "$IRQ" \\
@@ -177,8 +193,15 @@ grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'
 cat /sys/devices/system/clocksource/clocksource0/current_clocksource
 nproc
 command -v bash || echo
+b=$(command -v busybox) && "$b" sh -c : 2>/dev/null && echo "$b" || echo
+for p in /sys/class/virtio-ports/*; do
+  [ "$(cat "$p/name" 2>/dev/null)" = "$1" ] && [ -c "/dev/${{p##*/}}" ] && d="/dev/${{p##*/}}"
+done
+echo "${{d:-}}"
 """
 _SHELL_FACT = 4  # the line of _FACTS that names bash (empty: the guest has none)
+_BUSYBOX_FACT = 5  # busybox, when it runs its sh
+_PORT_FACT = 6  # the completion port's device (empty: the VM has none)
 
 
 class VmEnvironment:
@@ -207,6 +230,8 @@ class VmEnvironment:
         self.backend_name: BackendName = backend
         self.machine: Machine | None = None
         self._facts: list[str] = []
+        self._agent_conn: GuestAgent | None = None  # one connection for the VM's life
+        self._done: CompletionPort | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -217,7 +242,8 @@ class VmEnvironment:
             self.plan,
             lifecycle.UpOptions(name=self.vm_name, backend=self.backend_name, shares=self.shares),
         )
-        facts = self._exec(["/bin/sh", "-c", _FACTS], 120.0)
+        port = self.machine.boot.done_port_name
+        facts = self._exec(["/bin/sh", "-c", _FACTS, "sh", port], 120.0)
         self._facts = facts.stdout.splitlines()
         self.deactivate()
 
@@ -238,6 +264,7 @@ class VmEnvironment:
     def close(self) -> None:
         from hpcvm.runtime import lifecycle
 
+        self._disconnect()
         machine, self.machine = self.machine, None
         if machine is not None:
             lifecycle.teardown(machine)
@@ -270,17 +297,22 @@ class VmEnvironment:
             raise RuntimeFailure(f"{self.name}: the VM is not running")
         return lifecycle.exec_in(self.machine, list(argv), timeout)
 
-    def _shell(self) -> str:
-        """bash where the guest has it (its builtins spare a process per clock and
-        interrupt read), else /bin/sh; from the facts read once after boot."""
-        found = self._facts[_SHELL_FACT] if len(self._facts) > _SHELL_FACT else ""
-        return found if found.startswith("/") else "/bin/sh"
+    def _fact(self, line: int) -> str:
+        return self._facts[line] if len(self._facts) > line else ""
+
+    def _shell(self) -> list[str]:
+        """busybox's sh, else bash, else /bin/sh (module doc); from the facts read once
+        after boot."""
+        if self._fact(_BUSYBOX_FACT).startswith("/"):
+            return [self._fact(_BUSYBOX_FACT), "sh"]
+        bash = self._fact(_SHELL_FACT)
+        return [bash if bash.startswith("/") else "/bin/sh"]
 
     @contextlib.contextmanager
     def _agent(self) -> Iterator[GuestAgent]:
-        """One connection to the guest agent for a whole sample: a new connection right
-        after another closed takes some 100 ms to sync under TCG, a request on an open
-        one about 1 ms."""
+        """The connection to the guest agent, kept from sample to sample: a new
+        connection takes some 100 ms to sync under TCG, a request on an open one about
+        1 ms. A sample that fails drops it, so the next one starts from a fresh sync."""
         from hpcvm.runtime.agent import GuestAgent
 
         if self.machine is None:
@@ -288,10 +320,43 @@ class VmEnvironment:
         boot = self.machine.boot
         if not boot.agent_socket:
             raise RuntimeFailure(f"{self.name}: the VM has no guest agent socket")
-        with GuestAgent(boot.agent_socket, timeout=30.0, console_log=boot.serial_log) as agent:
-            yield agent
+        if self._agent_conn is None:
+            self._agent_conn = GuestAgent(
+                boot.agent_socket, timeout=30.0, console_log=boot.serial_log
+            )
+        try:
+            yield self._agent_conn
+        except BaseException:
+            self._disconnect()
+            raise
 
-    def _exec_on(self, agent: GuestAgent, argv: Sequence[str], timeout: float) -> ExecResult:
+    def _disconnect(self) -> None:
+        agent, self._agent_conn = self._agent_conn, None
+        if agent is not None:
+            agent.close()
+        done, self._done = self._done, None
+        if done is not None:
+            done.close()
+
+    def _completion(self) -> CompletionPort | None:
+        """The host end of the completion port, connected (None: the guest cannot
+        signal, and the agent is polled as for any command)."""
+        from hpcvm.runtime.completion import CompletionPort
+
+        boot = self.machine.boot if self.machine else None
+        if boot is None or not boot.done_socket or not self._fact(_PORT_FACT):
+            return None
+        if self._done is None:
+            self._done = CompletionPort(boot.done_socket)
+        return self._done if self._done.connect() else None
+
+    def _exec_on(
+        self,
+        agent: GuestAgent,
+        argv: Sequence[str],
+        timeout: float,
+        finished: Callable[[float], bool] | None = None,
+    ) -> ExecResult:
         """``lifecycle.exec_in`` on an open connection, with its errors: ExecTimeout
         after ``timeout``, a RuntimeFailure naming the console log when the VM died."""
         from hpcvm.runtime.lifecycle import ExecTimeout
@@ -303,7 +368,7 @@ class VmEnvironment:
                 f"VM {machine.name} is not running (QEMU pid {machine.pid} gone)", cause="qemu"
             )
         try:
-            return agent.exec(list(argv), timeout=timeout)
+            return agent.exec(list(argv), timeout=timeout, finished=finished)
         except HpcvmError as exc:
             if not backend.alive(machine):
                 raise RuntimeFailure(
@@ -361,17 +426,22 @@ class VmEnvironment:
 
         workdir.mkdir(parents=True, exist_ok=True)
         files = file_arguments(workdir)
+        done = self._completion()
+        token = secrets.token_hex(8)
         wrapped = [
-            self._shell(), "-c", _SAMPLE, "sh", str(workdir), f"{timeout:g}",
-            str(len(files) // 3), *files, *CLEAN_ENV, *argv,
+            *self._shell(), "-c", _SAMPLE, "sh", str(workdir), f"{timeout:g}",
+            self._fact(_PORT_FACT) if done else "", token, str(len(files) // 3), *files,
+            *CLEAN_ENV, *argv,
         ]  # fmt: skip
+        finished = (lambda seconds: done.wait(token, seconds)) if done else None
         pid = self.machine.pid if self.machine else None
         with self._agent() as agent:
             clock_before = self._clock(agent)
             host_irq_before, kvm_before = evidence.read_interrupts(), evidence.kvm_exits(pid)
             start = time.monotonic()
             try:
-                result = self._exec_on(agent, wrapped, timeout + KILL_GRACE + AGENT_MARGIN)
+                limit = timeout + KILL_GRACE + AGENT_MARGIN
+                result = self._exec_on(agent, wrapped, limit, finished)
             except ExecTimeout:
                 result = ExecResult(exit_code=124, stdout="", stderr="the guest agent gave up")
             seconds = time.monotonic() - start

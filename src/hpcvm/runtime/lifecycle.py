@@ -274,6 +274,7 @@ def _new_machine(
     boot = media_boot.model_copy(
         update={
             "agent_socket": str(run_dir / paths.AGENT_SOCKET),
+            "done_socket": str(run_dir / paths.DONE_SOCKET),
             "qmp_socket": str(run_dir / paths.QMP_SOCKET),
             "serial_log": str(run_dir / paths.CONSOLE_LOG),
             "pidfile": str(run_dir / paths.PID_FILE),

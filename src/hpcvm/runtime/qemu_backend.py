@@ -88,7 +88,7 @@ class QemuBackend:
             _kill(proc)
             network.release_nics(machine.boot.nics)
             raise
-        for sock in (machine.boot.qmp_socket, machine.boot.agent_socket):
+        for sock in (machine.boot.qmp_socket, machine.boot.agent_socket, machine.boot.done_socket):
             if sock:
                 paths.make_private(Path(sock))
         return started
@@ -181,7 +181,7 @@ class QemuBackend:
             if not wait_gone(machine, timeout, self.alive):
                 self.kill(machine)
         self._forget(machine)
-        for sock in (machine.boot.qmp_socket, machine.boot.agent_socket):
+        for sock in (machine.boot.qmp_socket, machine.boot.agent_socket, machine.boot.done_socket):
             if sock:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(sock)
