@@ -36,7 +36,7 @@ from hpcvm.runtime.confine import QemuUser, qemu_user
 from hpcvm.runtime.model import BackendName, Machine
 
 STARTUP_TIMEOUT = 60.0  # QEMU up to its QMP socket; huge page preallocation can be slow
-_POLL = 0.05
+_POLL = 0.01  # QMP socket checks while QEMU starts: each is a stat, waiting is boot time
 
 
 def log_tail(path: Path, lines: int = 4) -> str:
