@@ -1,16 +1,17 @@
 """The main job's bench, before and after: native half-widths and wall time.
 
 Runs the bench part of the README's first command twice, sequentially on the same
-machine: once with the code of a "before" git ref (checked out into a temporary
-worktree and run with its own ``src`` first on PYTHONPATH) and its command line, once
-with the working tree and the new command line. Then prints, for every native metric,
-the relative 97% half-width (half-width / |mean|) and n before and after, and the wall
-time of each run with their ratio. Extreme statistics (the noise suite's max detour and
-p99.9, which ``--reps auto`` does not judge) are marked.
+machine: once with the code of a "before" git ref (exported into a temporary
+directory with ``git archive`` and run with its own ``src`` first on PYTHONPATH) and
+its command line, once with the working tree and the new command line. Then prints,
+for every native metric, the relative 97% half-width (half-width / |mean|) and n
+before and after, and the wall time of each run with their ratio. Extreme statistics
+(the noise suite's max detour and p99.9, which ``--reps auto`` does not judge) are
+marked.
 
 Each side's results are read by that side's own ``hpcvm results --json``, so a change
 of the database between the two refs does not matter. The noise benchmark binary is a
-build output (``make all``), absent from a fresh worktree: both sides use the working
+build output (``make all``), absent from an exported tree: both sides use the working
 tree's (``HPCVM_NOISE_BIN``, copied into the other tree so that its guests, which see
 the bench's working directory, find it), so its C code is the working tree's on both sides.
 
@@ -158,6 +159,16 @@ def table(before: Side, after: Side, target: float) -> str:
     return "\n".join(lines)
 
 
+def export(ref: str, tree: Path) -> None:
+    """The files of ``ref`` in ``tree`` (``git archive``: nothing is written into the
+    repository, unlike a worktree, whose record lives in its .git)."""
+    tree.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", ref], check=True, capture_output=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", required=True, help="git ref of the 'before' code")
@@ -170,17 +181,8 @@ def main() -> int:
         base = args.keep.absolute() if args.keep else Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
         tree = Path(tmp) / "before-tree"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            before = run_side("before", tree / "src", args.before_args, base / "before")
-        finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False
-            )
+        export(args.before, tree)
+        before = run_side("before", tree / "src", args.before_args, base / "before")
         after = run_side("after", ROOT / "src", args.after_args, base / "after")
     print()
     print(table(before, after, args.target))

@@ -8,7 +8,10 @@ time of ``run`` minus the guest's own span of the benchmark (``guest_seconds``, 
 by the same wrapper on both sides), per sample, for two versions of the code.
 
 Each side is a worker process (this script with ``--worker``) that imports one code:
-a git ref checked out into a temporary worktree (``--before``) or the working tree.
+a git ref's ``src`` exported into a temporary directory (``git archive``, which
+writes nothing into the repository) for ``--before``, or the working tree's ``src``.
+The workers run in that temporary directory, outside the repository: the guests see
+the working directory, so the samples' directories lie there.
 Each worker boots its own VM through that code (``vm:naive``, 1 vCPU, 512 MiB) and,
 on each batch the parent asks for, resumes it, runs the batch and pauses it again, so
 only one VM runs at a time. The parent alternates batches between the sides (the first
@@ -22,6 +25,8 @@ its 97% Fieller interval. A benchmark, not a test: it asserts nothing. Run it wi
 little else on the machine; the guests run under TCG here.
 
     .venv/bin/python benchmarks/vm_sample_overhead.py --before REF [--rounds 6] [--batch 5]
+
+For issue 29 the 'before' was the commit before the completion port (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -96,14 +101,14 @@ class Side:
 
     def __init__(self, label: str, src: Path, workdir: Path) -> None:
         self.label = label
-        env = dict(os.environ, PYTHONPATH=str(src))
+        env = dict(os.environ, PYTHONPATH=str(src), PYTHONDONTWRITEBYTECODE="1")
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--worker", label, "--workdir", str(workdir)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             env=env,
-            cwd=ROOT,
+            cwd=workdir.parent,  # outside the repository; the guest shares it
         )
         self.samples: list[dict[str, float]] = []
         ready = self._answer()
@@ -159,15 +164,17 @@ def main() -> int:
         parser.error("--before REF is required")
     from hpcvm.stats.overhead import overhead
 
-    # the guests see the working directory (ROOT): sample directories must lie there
-    with tempfile.TemporaryDirectory(prefix=".ovh-", dir=ROOT) as tmp:
+    # the guests see the worker's working directory: the temporary one, not the repository
+    with tempfile.TemporaryDirectory(prefix="hpcvm-ovh-") as tmp:
         os.chmod(tmp, 0o755)  # QEMU runs as hpcvm-qemu: the guests must see into it
         tree = Path(tmp) / "before-tree"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before],
+        tree.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", "--format=tar", args.before, "src"],
             check=True,
             capture_output=True,
         )
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
         sides: list[Side] = []
         try:
             sides.append(Side("before", tree / "src", Path(tmp) / "before"))
@@ -179,9 +186,6 @@ def main() -> int:
         finally:
             for side in sides:
                 side.stop()
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False
-            )
     before, after = sides
     print()
     print(_summary("before", before))

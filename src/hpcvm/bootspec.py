@@ -109,6 +109,10 @@ class BootSpec(Frozen):
     share_table: bool = False  # pass the share table to the guest (fw_cfg), built-in only
     agent_socket: str | None = None  # unix socket for qemu-guest-agent (virtio-serial)
     agent_port_name: str = "org.qemu.guest_agent.0"
+    # hpcvm's own virtio-serial port beside the agent's: a guest process writes a token
+    # to it when done, so the host waits instead of polling (runtime/completion.py)
+    done_socket: str | None = None
+    done_port_name: str = "org.hpcvm.done.0"
     serial_log: str | None = None  # file receiving the guest console (ttyS0)
     qmp_socket: str | None = None  # QMP unix socket (QEMU backend)
     pidfile: str | None = None

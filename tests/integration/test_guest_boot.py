@@ -67,6 +67,8 @@ def qemu_argv(image: GuestImage, tmp: Path, *, agent: bool = True, share: bool =
         "-initrd", str(image.initrd),
         "-append", f"{image.cmdline} hpcvm.hostname={HOSTNAME}",
         "-serial", f"file:{tmp / 'console.log'}",
+        # one NIC (no network behind it): its driver is loaded, other NICs' are not
+        "-nic", "none", "-device", "e1000,id=nic0",
     ]  # fmt: skip
     if share:
         shared = tmp / "shared"
@@ -240,6 +242,18 @@ def test_guest_has_loopback_and_pseudo_filesystems(vm: Vm) -> None:
     for expected in ("/proc proc", "/sys sysfs", "/dev devtmpfs", "/dev/pts devpts"):
         assert expected in mounts
     assert run(vm, ["stat", "-c", "%a", "/tmp", "/var/tmp"])[1].split() == ["1777", "1777"]
+
+
+def test_only_the_drivers_of_present_devices_are_loaded(vm: Vm) -> None:
+    """The VM has virtio-9p, virtio-serial and an e1000 NIC, no disk and no virtio NIC:
+    /proc/modules (the guest kernel's own list) holds e1000 and the virtio and 9p
+    modules every guest needs, none of the other device drivers the image carries."""
+    code, out, _ = run(vm, ["cat", "/proc/modules"])
+    loaded = {line.split()[0] for line in out.splitlines()}
+    assert code == 0
+    assert {"virtio_pci", "virtio_console", "9p", "9pnet_virtio", "overlay", "e1000"} <= loaded
+    absent = {"virtio_net", "net_failover", "failover", "virtio_blk", "iavf", "ixgbevf"}
+    assert not absent & loaded
 
 
 def test_unshared_host_directory_is_absent(vm: Vm, tmp_path: Path) -> None:

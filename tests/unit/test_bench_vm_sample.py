@@ -1,21 +1,27 @@
 """One VM sample: the script that recreates the work directory, times the benchmark and
-writes the evidence, and ``VmEnvironment.run`` driving it through the guest agent.
+writes the evidence, and ``GuestSampler.run`` driving it through the guest agent.
 
-The script runs here under the real bash and the real dash (a guest without bash gets
-/bin/sh), on the real /proc/interrupts; the files it recreates are compared with the
+The script runs here under the real busybox sh, bash and dash (a guest picks them in
+that order), on the real /proc/interrupts; the files it recreates are compared with the
 bytes they came from. ``run`` talks to a real qemu-guest-agent run on the host
 (``-m unix-listen``): that agent stands in for the guest's, and its process for QEMU's
-in the liveness check (the one stand-in here: no VM is booted in a unit test; the
-integration tests run the same code in TCG guests). What is checked there is what the
-sample asks of the agent: one connection and one guest process tree per sample, where
-there were four execs and some fifteen processes (1.2 s per sample under TCG).
+in the liveness check, and a FIFO forwarded to a unix socket stands in for QEMU's
+completion port (no VM is booted in a unit test; the integration tests run the same
+code in TCG guests). What is checked there is what the sample asks of the agent: one
+connection for the VM and one guest process tree per sample, where there were four
+execs and some fifteen processes (1.2 s per sample under TCG), and with the completion
+port, no status polling while the benchmark runs.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,16 +29,16 @@ from typing import Any
 
 import pytest
 
-from hpcvm.bench import vm
+from hpcvm.bench import guest_sampler as vm
 from hpcvm.bench.environments import CLEAN_ENV
-from hpcvm.bench.vm import (
+from hpcvm.bench.guest_sampler import (
     MAX_ARG,
     TEXT_CHUNK,
-    VmEnvironment,
+    GuestSampler,
     file_arguments,
     guest_evidence,
-    plan_vm,
 )
+from hpcvm.bench.vm import plan_vm
 from hpcvm.bootspec import BootSpec
 from hpcvm.errors import RuntimeFailure
 from hpcvm.runtime.agent import GuestAgent
@@ -40,7 +46,8 @@ from hpcvm.runtime.model import ExecResult, Machine
 from hpcvm.units import MIB
 
 QEMU_GA = "/usr/sbin/qemu-ga"
-SHELLS = ("/bin/bash", "/bin/dash")
+BUSYBOX = shutil.which("busybox") or "/bin/busybox"  # busybox-static: scripts/setup.sh
+SHELLS = (BUSYBOX, "/bin/bash", "/bin/dash")
 FILE_COMMANDS = "guest-file-open,guest-file-read,guest-file-close"
 
 
@@ -57,9 +64,15 @@ def _files() -> dict[str, bytes]:
     }
 
 
-def _script(shell: str, workdir: Path, args: list[str], argv: list[str]) -> list[str]:
-    return [shell, "-c", vm._SAMPLE, "sh", str(workdir), "30", str(len(args) // 3), *args,
-            *CLEAN_ENV, *argv]  # fmt: skip
+def _shell(shell: str) -> list[str]:
+    return [shell, "sh"] if shell == BUSYBOX else [shell]
+
+
+def _script(
+    shell: str, workdir: Path, args: list[str], argv: list[str], port: str = ""
+) -> list[str]:
+    return [*_shell(shell), "-c", vm._SAMPLE, "sh", str(workdir), "30", port, "t0k3n",
+            str(len(args) // 3), *args, *CLEAN_ENV, *argv]  # fmt: skip
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -134,37 +147,27 @@ def _start_agent(tmp: Path, blocked: str = "") -> subprocess.Popen[bytes]:
     return proc
 
 
-class _AgentProcess:
-    """The liveness check of a VM, answered by the stand-in agent's process."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-
-    def alive(self, machine: Machine) -> bool:
-        return self.proc.poll() is None
-
-
-class HostAgentVm(VmEnvironment):
-    """A VM environment whose guest is this host's qemu-ga (see the module doc)."""
-
-    def __init__(self, tmp: Path, proc: subprocess.Popen[bytes], shell: str) -> None:
-        plan, _ = plan_vm("naive", vcpus=1, memory_bytes=512 * MIB)
-        super().__init__(plan, vm_name="h9-sample")
-        self.machine = Machine(
-            name="h9-sample",
-            backend="qemu",
-            run_dir=str(tmp),
-            pid=proc.pid,
-            started_at=time.time(),
-            plan=plan,
-            boot=BootSpec(agent_socket=str(tmp / "qga.sock")),
-            image="host qemu-ga",
-        )
-        self._facts = ["kernel", "cpu", "tsc", "1", shell if shell != "/bin/dash" else ""]
-        self._liveness = _AgentProcess(proc)
-
-    def _backend(self) -> Any:
-        return self._liveness
+def host_agent_vm(
+    tmp: Path, proc: subprocess.Popen[bytes], shell: str, port: str = ""
+) -> GuestSampler:
+    """A sampler whose guest is this host's qemu-ga (see the module doc): the VM's
+    liveness is that process's, its facts what a guest with ``shell`` would report."""
+    plan, _ = plan_vm("naive", vcpus=1, memory_bytes=512 * MIB)
+    machine = Machine(
+        name="h9-sample",
+        backend="qemu",
+        run_dir=str(tmp),
+        pid=proc.pid,
+        started_at=time.time(),
+        plan=plan,
+        boot=BootSpec(agent_socket=str(tmp / "qga.sock"), done_socket=str(tmp / "done.sock")),
+        image="host qemu-ga",
+    )
+    bash = shell if shell == "/bin/bash" else ""
+    facts = ["kernel", "cpu", "tsc", "1", bash, shell if shell == BUSYBOX else "", port]
+    return GuestSampler(
+        machine, "vm:naive", alive=lambda _machine: proc.poll() is None, facts=facts
+    )
 
 
 @pytest.fixture
@@ -186,7 +189,7 @@ def agent_spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[Any]]]
     yield seen
 
 
-def _sample(env: VmEnvironment, workdir: Path) -> Any:
+def _sample(env: GuestSampler, workdir: Path) -> Any:
     workdir.mkdir(parents=True)
     (workdir / "hpccinf.txt").write_bytes(_files()["hpccinf.txt"])
     (workdir / "nul.bin").write_bytes(_files()["nul.bin"])
@@ -201,7 +204,7 @@ def test_a_sample_is_one_agent_connection_and_one_guest_exec(
 ) -> None:
     proc = _start_agent(tmp_path)
     try:
-        env = HostAgentVm(tmp_path, proc, shell)
+        env = host_agent_vm(tmp_path, proc, shell)
         workdir = tmp_path / "results" / "work" / "vm-naive" / "hpcc-r0"
         out = _sample(env, workdir)
     finally:
@@ -219,6 +222,7 @@ def test_a_sample_is_one_agent_connection_and_one_guest_exec(
     programs = [args["path"] for args in execs]
     # the sample script, and base64 only for the output that was never made
     assert programs == [shell if shell != "/bin/dash" else "/bin/sh", "/usr/bin/base64"]
+    assert execs[0]["arg"][0] == ("sh" if shell == BUSYBOX else "-c")
     assert len(agent_spy["opens"]) == 1
 
 
@@ -229,7 +233,7 @@ def test_outputs_come_back_when_the_agent_refuses_file_commands(
     evidence and the outputs come back through base64 in the guest instead."""
     proc = _start_agent(tmp_path, blocked=FILE_COMMANDS)
     try:
-        env = HostAgentVm(tmp_path, proc, "/bin/bash")
+        env = host_agent_vm(tmp_path, proc, "/bin/bash")
         workdir = tmp_path / "results" / "work" / "vm-naive" / "hpcc-r0"
         out = _sample(env, workdir)
     finally:
@@ -239,3 +243,57 @@ def test_outputs_come_back_when_the_agent_refuses_file_commands(
     assert (workdir / "hpccoutf.txt").read_bytes() == expected
     assert out.guest_seconds is not None and "guest_evidence_error" not in out.evidence
     assert len(agent_spy["opens"]) == 1
+
+
+class _PortStandIn:
+    """QEMU's side of the completion port: what the guest writes to its device (here a
+    FIFO) comes out of a unix socket the host connects to."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.device = tmp / "vport0p2"
+        os.mkfifo(self.device)
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(tmp / "done.sock"))
+        self.server.listen(1)
+        self.thread = threading.Thread(target=self._forward, daemon=True)
+        self.thread.start()
+
+    def _forward(self) -> None:
+        client, _ = self.server.accept()
+        with client:
+            while True:
+                with open(self.device, "rb") as fifo:  # one writer per sample
+                    data = fifo.read()
+                if not data:
+                    continue
+                try:
+                    client.sendall(data)
+                except OSError:
+                    return
+
+
+def test_with_the_completion_port_the_agent_is_not_polled_during_the_benchmark(
+    tmp_path: Path, agent_spy: dict[str, list[Any]]
+) -> None:
+    """A benchmark of 1.5 s: the status is asked once before the wait, at most once a
+    second during it and once or twice as it exits; backing-off polling asked 9 times."""
+    proc = _start_agent(tmp_path)
+    port = _PortStandIn(tmp_path)
+    try:
+        env = host_agent_vm(tmp_path, proc, BUSYBOX, port=str(port.device))
+        outs = []
+        for rep in range(2):
+            workdir = tmp_path / "results" / "work" / "vm-naive" / f"sleep-r{rep}"
+            workdir.mkdir(parents=True)
+            argv = ["/bin/sh", "-c", "sleep 1.5; echo slept"]
+            agent_spy["calls"].clear()
+            outs.append(env.run(argv, workdir, 30.0))
+            polls = [c for c, _ in agent_spy["calls"] if c == "guest-exec-status"]
+            assert 1 <= len(polls) <= 5, polls
+    finally:
+        env.close()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert [(o.exit_code, o.stdout) for o in outs] == [(0, "slept\n")] * 2
+    assert all(o.guest_seconds is not None and o.guest_seconds >= 1.5 for o in outs)
+    assert len(agent_spy["opens"]) == 1  # one agent connection for both samples

@@ -97,3 +97,41 @@ def test_optional_module_is_skipped_only_when_missing() -> None:
     assert index.load_order(["b", *optional]) == ["a", "b"]  # this kernel has none of them
     with pytest.raises(RuntimeFailure, match="no module zz"):
         index.load_order(["zz"])
+
+
+def test_device_drivers_load_last_and_only_for_their_devices(
+    tree: kernels.KernelTree, index: ModuleIndex
+) -> None:
+    """The /init plan: every guest's modules first, without patterns; each device driver
+    and what only it needs after them, with that driver's PCI/virtio aliases as the
+    kernel's modules.alias lists them (read here without hpcvm's parser)."""
+    from hpcvm.guest.modules import DEVICE_MODULES
+
+    listed: dict[str, set[str]] = {}
+    for line in (tree.modules_dir / "modules.alias").read_text().splitlines():
+        words = line.split()  # "alias PATTERN MODULE" (some ACPI/of patterns hold spaces)
+        pattern, module = words[1], words[-1]
+        if pattern.startswith(("pci:", "virtio:")):
+            listed.setdefault(module.replace("-", "_"), set()).add(pattern)
+    plan = index.load_plan(GUEST_MODULES)
+    names = [name for name, _ in plan]
+    assert sorted(names) == sorted(index.load_order(GUEST_MODULES))
+    first_device = next(i for i, (_, patterns) in enumerate(plan) if patterns)
+    assert all(patterns for _, patterns in plan[first_device:])
+    always = {name for name, _ in plan[:first_device]}
+    assert not always & DEVICE_MODULES and {"virtio_pci", "9p", "virtio_console"} <= always
+    patterns = dict(plan)
+    for device in DEVICE_MODULES & set(names):
+        assert set(patterns[device]) == listed[device], device
+    assert "virtio:d00000001v*" in patterns["virtio_net"]  # the virtio-net device id
+    # failover is there only for virtio_net: it waits for a virtio NIC too
+    assert set(patterns["failover"]) == set(patterns["net_failover"]) == listed["virtio_net"]
+    deps = modules_dep_lines(tree)
+    for position, name in enumerate(names):
+        assert {d.replace("-", "_") for d in deps[name]} <= set(names[:position]), name
+
+
+def test_a_device_module_without_aliases_is_refused() -> None:
+    index = ModuleIndex.parse("kernel/a.ko:\nkernel/drivers/virtio_net.ko: kernel/a.ko\n")
+    with pytest.raises(RuntimeFailure, match="virtio_net"):
+        index.load_plan(["a", "virtio_net"])

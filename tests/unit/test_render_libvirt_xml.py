@@ -247,3 +247,12 @@ def test_inconsistent_plan_is_refused() -> None:
     plan = plans.numa().model_copy(update={"guest_distances": ((10, 20),)})
     with pytest.raises(UsageError, match="matrix"):
         libvirt_xml(plan)
+
+
+def test_the_completion_port_is_a_second_channel() -> None:
+    boot = BootSpec(agent_socket="/run/x/qga.sock", done_socket="/run/x/done.sock")
+    channels = _dom(plans.numa(), boot).findall("devices/channel")
+    assert [(_one(c, "source").get("path"), _one(c, "target").get("name")) for c in channels] == [
+        ("/run/x/qga.sock", "org.qemu.guest_agent.0"),
+        ("/run/x/done.sock", "org.hpcvm.done.0"),
+    ]

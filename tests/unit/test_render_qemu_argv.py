@@ -376,3 +376,23 @@ def test_hugetlbfs_region_without_path_is_refused() -> None:
     region = plan.memory[0].model_copy(update={"mem_path": None})
     with pytest.raises(UsageError, match="mem_path"):
         qemu_argv(plan.model_copy(update={"memory": (region,)}))
+
+
+def test_the_completion_port_sits_beside_the_agent_on_one_bus() -> None:
+    boot = _full_boot().model_copy(update={"done_socket": "/run/x/done.sock"})
+    argv = qemu_argv(plans.numa(), boot)
+    chardevs = {o.get("id"): o for o in map(rp.parse_opts, rp.values(argv, "-chardev"))}
+    devices = [rp.parse_opts(v) for v in rp.values(argv, "-device")]
+    assert [d.head for d in devices].count("virtio-serial-pci") == 1
+    ports = {
+        p.get("name"): chardevs[p.get("chardev")] for p in devices if p.head == "virtserialport"
+    }
+    assert set(ports) == {"org.qemu.guest_agent.0", "org.hpcvm.done.0"}
+    done = ports["org.hpcvm.done.0"]
+    assert (done.head, done.get("path"), done.get("server"), done.get("wait")) == (
+        "socket",
+        "/run/x/done.sock",
+        "on",
+        "off",
+    )
+    assert "org.hpcvm.done.0" not in " ".join(qemu_argv(plans.numa(), _full_boot()))

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from hpcvm.bench.choices import DEFAULT_MAX_REPS as DEFAULT_MAX_REPS  # re-exported
+from hpcvm.bench.choices import DEFAULT_MAX_TIME as DEFAULT_MAX_TIME
+from hpcvm.bench.choices import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
+from hpcvm.bench.choices import DEFAULT_VM_MEMORY as DEFAULT_VM_MEMORY
 from hpcvm.bench.suites import SuiteOptions, suite_names
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
 from hpcvm.stats import DEFAULT_CONFIDENCE
-from hpcvm.units import GIB
-
-DEFAULT_MAX_REPS = 50  # the reference studies' fixed count: auto should need fewer
-DEFAULT_MAX_TIME = 30 * 60.0
-DEFAULT_TIMEOUT = 3600.0
-DEFAULT_VM_MEMORY = GIB
 
 
 class BenchConfig(Frozen):

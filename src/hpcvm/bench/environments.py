@@ -24,16 +24,16 @@ from typing import Any, Protocol
 
 from pydantic import Field
 
+from hpcvm.bench.choices import NATIVE as NATIVE  # re-exported: the names live there
+from hpcvm.bench.choices import VM_PREFIX as VM_PREFIX
+from hpcvm.bench.choices import parse_env_name as parse_env_name
+from hpcvm.bench.choices import valid_env_names as valid_env_names
 from hpcvm.bench.launch import ENV
-from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
-from hpcvm.plan.model import PROFILE_NAMES, ProfileName
 from hpcvm.store.records import EnvKind, NewEnvironment
 
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CLEAN_ENV = (ENV, "-i", f"PATH={STD_PATH}")
-NATIVE = "native"
-VM_PREFIX = "vm:"
 
 
 class RunOutput(Frozen):
@@ -79,23 +79,6 @@ class Environment(Protocol):
     def close(self) -> None:
         """Release everything (a VM goes down); safe to call twice or before start."""
         ...
-
-
-# -- names --------------------------------------------------------------------------------
-
-
-def valid_env_names() -> tuple[str, ...]:
-    return (NATIVE, *(f"{VM_PREFIX}{p}" for p in PROFILE_NAMES))
-
-
-def parse_env_name(name: str) -> ProfileName | None:
-    """None for native, the profile for ``vm:<profile>``; UsageError otherwise."""
-    if name == NATIVE:
-        return None
-    profile = name.removeprefix(VM_PREFIX)
-    if name.startswith(VM_PREFIX) and profile in PROFILE_NAMES:
-        return profile
-    raise UsageError(f"unknown environment {name!r}: choose from {', '.join(valid_env_names())}")
 
 
 def decode_output(data: bytes) -> str:

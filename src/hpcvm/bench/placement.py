@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from hpcvm.errors import UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.model import Frozen
-from hpcvm.plan.model import PROFILE_NAMES, VMPlan
+from hpcvm.plan.model import VMPlan
+from hpcvm.plan.names import PROFILE_NAMES
 from hpcvm.units import format_cpu_list, parse_cpu_list
 
 ALL = "all"

@@ -1,51 +1,26 @@
 """VM environments: plan the VM of a profile, boot it once (left paused), and run each
-argv in the guest through the agent (see environments.py).
-
-One sample is one guest process tree: a small shell script recreates the work
-directory with the suite's input files (passed as arguments), reads /proc/interrupts
-and the guest clock right around the benchmark, enforces the timeout inside the guest
-and writes that evidence to a file. The evidence and the suite's output files then come
-back through the agent's file commands, and the guest clock is read through the agent
-before and after: agent round trips cost well under a millisecond, while every guest
-process costs some 70 ms under TCG and every extra exec a polling delay as well. So a
-sample costs about one process more than its benchmark (``mkdir``), not the fifteen
-processes in four execs it once took (1.2 s per sample under TCG).
-
-The script uses bash's builtins (``$EPOCHREALTIME``, ``read``) where the guest has
-bash (found once per boot, with the guest's facts), and ``date``/``cat`` otherwise.
+argv in the guest (see environments.py); what runs in the guest, and how a sample is
+taken there, is bench/guest_sampler.py's.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import itertools
-import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from hpcvm.bench import evidence
-from hpcvm.bench.environments import CLEAN_ENV, STD_PATH, VM_PREFIX, RunOutput
+from hpcvm.bench.environments import VM_PREFIX, RunOutput
+from hpcvm.bench.guest_sampler import GuestSampler
 from hpcvm.bench.versions import host_versions
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import PlanRequest, ProfileName, VMPlan
-from hpcvm.runtime.model import ExecResult, Machine
 from hpcvm.store.records import EnvKind, NewEnvironment
 
 if TYPE_CHECKING:
-    from hpcvm.runtime.agent import GuestAgent
+    from collections.abc import Sequence
+    from pathlib import Path
 
-KILL_GRACE = 10.0  # seconds between the timeout's TERM and KILL
-AGENT_MARGIN = 60.0  # host-side slack over the in-guest timeout before giving up
-CLOCK_READS = 3  # guest clock reads on each side of a sample (the best one counts)
-MAX_ARG = 64 * 1024  # bytes of base64 per argument (Linux allows 128 KiB per string)
-TEXT_CHUNK = MAX_ARG // 4  # characters of text per argument (at most 4 bytes each)
-_EVIDENCE_FILE = ".hpcvm-evidence"
-_SEP = "@@hpcvm@@"
-_SETUP_FAILED = "@@hpcvm-setup-failed@@"
-_SETUP_EXIT = 125
+    from hpcvm.runtime.model import Machine
 
 
 def plan_vm(
@@ -142,43 +117,29 @@ def _in_bench_terms(profile: str, exc: HpcvmError) -> HpcvmError:
     return type(exc)(message, cause=exc.cause, option=exc.option)
 
 
-# $1 work directory, $2 timeout, $3 number of file chunks, then (name, t|b, chunk) per
-# chunk (text as is, or base64), then the argv. Evidence goes to a file, never to the
-# benchmark's stdout or stderr. Written for both bash and a POSIX sh (module doc).
-_SAMPLE = f"""PATH={STD_PATH}; export PATH; LC_ALL=C; export LC_ALL
-W=$1; T=$2; N=$3; shift 3
-fail() {{ echo "{_SETUP_FAILED} $*" >&2; exit {_SETUP_EXIT}; }}
-if [ -e "$W" ]; then rm -rf "$W" || fail "cannot remove an earlier $W"; fi
-mkdir -p "$W" || fail "cannot create $W"
-while [ "$N" -gt 0 ]; do
-  if [ "$2" = t ]; then printf '%s' "$3" >> "$W/$1"
-  else printf '%s' "$3" | base64 -d >> "$W/$1"; fi || fail "cannot write $W/$1"
-  N=$((N - 1)); shift 3
-done
-if [ -n "${{EPOCHREALTIME:-}}" ]; then
-  now() {{ NOW=$EPOCHREALTIME; }}
-  irq() {{ IRQ=; IFS= read -r -d '' IRQ < /proc/interrupts; }}
-else
-  now() {{ NOW=$(date +%s.%N); }}
-  irq() {{ IRQ=$(cat /proc/interrupts 2>/dev/null); }}
-fi
-irq; I0=$IRQ; now; t0=$NOW
-timeout -k {KILL_GRACE:g} "$T" "$@"
-rc=$?
-now; t1=$NOW; irq
-printf '%s %s %s\\n{_SEP}\\n%s\\n{_SEP}\\n%s\\n' "$t0" "$t1" "$rc" "$I0" "$IRQ" \\
-  > "$W/{_EVIDENCE_FILE}"
-exit $rc
-"""
-
-_FACTS = f"""PATH={STD_PATH}; export PATH
-uname -r
-grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'
-cat /sys/devices/system/clocksource/clocksource0/current_clocksource
-nproc
-command -v bash || echo
-"""
-_SHELL_FACT = 4  # the line of _FACTS that names bash (empty: the guest has none)
+def describe_vm(
+    name: str, plan: VMPlan, machine: Machine | None, facts: Sequence[str], *, vcpus: int
+) -> NewEnvironment:
+    """A VM environment as the store records it: its plan, accelerator, the guest's
+    kernel, CPU model and clocksource (its facts), the backend and image."""
+    kernel, cpu, clocksource = [*facts, "", "", ""][:3]
+    versions = {**host_versions(), "guest_kernel": kernel}
+    if machine is not None:
+        versions["backend"] = machine.backend
+        versions["guest_image"] = machine.image
+    if clocksource:
+        versions["guest_clocksource"] = clocksource
+    return NewEnvironment(
+        name=name,
+        kind="vm",
+        profile=plan.profile,
+        plan=plan.model_dump(mode="json"),
+        accel=plan.accel,
+        cpu_model=cpu or (plan.cpu.model or "qemu64"),
+        versions=versions,
+        vcpus=vcpus,
+        memory_bytes=plan.memory_bytes,
+    )
 
 
 class VmEnvironment:
@@ -205,255 +166,54 @@ class VmEnvironment:
         self.memory_bytes = plan.memory_bytes
         self.vm_name = vm_name
         self.backend_name: str = backend
-        self.machine: Machine | None = None
-        self._facts: list[str] = []
+        self.sampler: GuestSampler | None = None
 
-    # -- lifecycle ------------------------------------------------------------------------
+    @property
+    def machine(self) -> Machine | None:
+        return self.sampler.machine if self.sampler is not None else None
 
     def start(self) -> None:
         from hpcvm.runtime import lifecycle
         from hpcvm.runtime.options import UpOptions
 
-        self.machine = lifecycle.up(
+        machine = lifecycle.up(
             self.plan, UpOptions(name=self.vm_name, backend=self.backend_name, shares=self.shares)
         )
-        facts = self._exec(["/bin/sh", "-c", _FACTS], 120.0)
-        self._facts = facts.stdout.splitlines()
+        self.sampler = GuestSampler(machine, self.name)
+        try:
+            self.sampler.learn()
+        except BaseException:
+            self.close()
+            raise
         self.deactivate()
 
-    def _backend(self) -> Any:
+    def activate(self) -> None:
         from hpcvm.runtime.backends import get_backend
 
-        assert self.machine is not None
-        return get_backend(self.machine.backend, self.machine.connect_uri)
-
-    def activate(self) -> None:
-        if self.machine is not None:
-            self._backend().resume(self.machine)
+        if (machine := self.machine) is not None:
+            get_backend(machine.backend, machine.connect_uri).resume(machine)
 
     def deactivate(self) -> None:
-        if self.machine is not None:
-            self._backend().pause(self.machine)
+        from hpcvm.runtime.backends import get_backend
+
+        if (machine := self.machine) is not None:
+            get_backend(machine.backend, machine.connect_uri).pause(machine)
 
     def close(self) -> None:
         from hpcvm.runtime import lifecycle
 
-        machine, self.machine = self.machine, None
-        if machine is not None:
-            lifecycle.teardown(machine)
+        sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            sampler.close()
+            lifecycle.teardown(sampler.machine)
 
     def describe(self) -> NewEnvironment:
-        facts = self._facts + [""] * (4 - len(self._facts))
-        versions = {**host_versions(), "guest_kernel": facts[0], "backend": self.backend_name}
-        if self.machine is not None:
-            versions["guest_image"] = self.machine.image
-        if facts[2]:
-            versions["guest_clocksource"] = facts[2]
-        return NewEnvironment(
-            name=self.name,
-            kind="vm",
-            profile=self.profile,
-            plan=self.plan.model_dump(mode="json"),
-            accel=self.plan.accel,
-            cpu_model=facts[1] or (self.plan.cpu.model or "qemu64"),
-            versions=versions,
-            vcpus=self.vcpus,
-            memory_bytes=self.memory_bytes,
-        )
-
-    # -- running --------------------------------------------------------------------------
-
-    def _exec(self, argv: Sequence[str], timeout: float) -> ExecResult:
-        from hpcvm.runtime import lifecycle
-
-        if self.machine is None:
-            raise RuntimeFailure(f"{self.name}: the VM is not running")
-        return lifecycle.exec_in(self.machine, list(argv), timeout)
-
-    def _shell(self) -> str:
-        """bash where the guest has it (its builtins spare a process per clock and
-        interrupt read), else /bin/sh; from the facts read once after boot."""
-        found = self._facts[_SHELL_FACT] if len(self._facts) > _SHELL_FACT else ""
-        return found if found.startswith("/") else "/bin/sh"
-
-    @contextlib.contextmanager
-    def _agent(self) -> Iterator[GuestAgent]:
-        """One connection to the guest agent for a whole sample: a new connection right
-        after another closed takes some 100 ms to sync under TCG, a request on an open
-        one about 1 ms."""
-        from hpcvm.runtime.agent import GuestAgent
-
-        if self.machine is None:
-            raise RuntimeFailure(f"{self.name}: the VM is not running")
-        boot = self.machine.boot
-        if not boot.agent_socket:
-            raise RuntimeFailure(f"{self.name}: the VM has no guest agent socket")
-        with GuestAgent(boot.agent_socket, timeout=30.0, console_log=boot.serial_log) as agent:
-            yield agent
-
-    def _exec_on(self, agent: GuestAgent, argv: Sequence[str], timeout: float) -> ExecResult:
-        """``lifecycle.exec_in`` on an open connection, with its errors: ExecTimeout
-        after ``timeout``, a RuntimeFailure naming the console log when the VM died."""
-        from hpcvm.runtime.lifecycle import ExecTimeout
-
-        assert self.machine is not None
-        machine, backend = self.machine, self._backend()
-        if not backend.alive(machine):
-            raise RuntimeFailure(
-                f"VM {machine.name} is not running (QEMU pid {machine.pid} gone)", cause="qemu"
-            )
-        try:
-            return agent.exec(list(argv), timeout=timeout)
-        except HpcvmError as exc:
-            if not backend.alive(machine):
-                raise RuntimeFailure(
-                    f"VM {machine.name} died while running {argv[0]!r}; see its console log "
-                    f"{machine.boot.serial_log}"
-                ) from exc
-            if exc.cause == "timeout":
-                raise ExecTimeout(
-                    f"{argv[0]!r} did not finish within {timeout:g} s in VM {machine.name}"
-                ) from exc
-            raise
-
-    def _clock(self, agent: GuestAgent) -> evidence.ClockRead | None:
-        """The best of a few reads of the guest clock (qemu-ga's guest-get-time: no
-        process is spawned, so a read costs one agent round trip)."""
-        reads: list[evidence.ClockRead] = []
-        try:
-            agent.ping()  # connected and synced outside the timed reads
-            for _ in range(CLOCK_READS):
-                sent = time.monotonic()
-                nanoseconds = int(agent.call("guest-get-time"))
-                received = time.monotonic()
-                reads.append(
-                    evidence.ClockRead(
-                        host_sent=sent, host_received=received, guest=nanoseconds / 1e9
-                    )
-                )
-        except (HpcvmError, TypeError, ValueError):
-            pass
-        return evidence.best_read(reads) if reads else None
-
-    def _read_back(self, agent: GuestAgent, path: Path) -> bytes | None:
-        """A guest file's bytes through the agent's file commands (no guest process);
-        when the agent refuses them (no such file, or a guest whose qemu-ga disables
-        guest-file-*), through ``base64`` in the guest; None when it cannot be read."""
-        from hpcvm.runtime.agent import AgentCommandError
-
-        try:
-            return agent.read_file(str(path))
-        except AgentCommandError:
-            pass
-        except HpcvmError:
-            return None
-        try:
-            result = agent.exec(["/usr/bin/base64", "-w0", str(path)], 300.0)
-        except HpcvmError:
-            return None
-        return base64.b64decode(result.stdout) if result.exit_code == 0 else None
+        facts = self.sampler.facts if self.sampler is not None else ()
+        return describe_vm(self.name, self.plan, self.machine, facts, vcpus=self.vcpus)
 
     def run(
         self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
     ) -> RunOutput:
-        """One sample in one agent connection and one guest exec (module doc)."""
-        from hpcvm.runtime.lifecycle import ExecTimeout
-
-        workdir.mkdir(parents=True, exist_ok=True)
-        files = file_arguments(workdir)
-        wrapped = [
-            self._shell(), "-c", _SAMPLE, "sh", str(workdir), f"{timeout:g}",
-            str(len(files) // 3), *files, *CLEAN_ENV, *argv,
-        ]  # fmt: skip
-        pid = self.machine.pid if self.machine else None
-        with self._agent() as agent:
-            clock_before = self._clock(agent)
-            host_irq_before, kvm_before = evidence.read_interrupts(), evidence.kvm_exits(pid)
-            start = time.monotonic()
-            try:
-                result = self._exec_on(agent, wrapped, timeout + KILL_GRACE + AGENT_MARGIN)
-            except ExecTimeout:
-                result = ExecResult(exit_code=124, stdout="", stderr="the guest agent gave up")
-            seconds = time.monotonic() - start
-            host_irq_after, kvm_after = evidence.read_interrupts(), evidence.kvm_exits(pid)
-            _check_setup(self.name, workdir, result)
-            clock_after = self._clock(agent)
-            span = self._read_back(agent, workdir / _EVIDENCE_FILE)
-            for name in outputs:
-                if (data := self._read_back(agent, workdir / name)) is not None:
-                    (workdir / name).write_bytes(data)
-        host_rates = evidence.interrupt_rates(host_irq_before, host_irq_after, seconds)
-        found: dict[str, Any] = {
-            "interrupts": {"host": host_rates},
-            "interrupts_total": {"host": evidence.total_rate(host_rates)},
-            "kvm_exits": evidence.exit_rate(kvm_before, kvm_after, seconds),
-        }
-        guest_seconds, guest_rates, problem = guest_evidence(span)
-        if guest_rates is not None:
-            found["interrupts"]["guest"] = guest_rates
-            found["interrupts_total"]["guest"] = evidence.total_rate(guest_rates)
-        else:
-            found["guest_evidence_error"] = problem
-        if clock_before is not None and clock_after is not None:
-            found["clock"] = evidence.check_clock(clock_before, clock_after).model_dump()
-        else:
-            found["clock"] = {"available": False, "reason": "reading the guest clock failed"}
-        exit_code = result.exit_code if result.signal is None else 128 + result.signal
-        return RunOutput(
-            exit_code=exit_code,
-            stdout=result.stdout,
-            stderr=result.stderr,
-            host_seconds=seconds,
-            guest_seconds=guest_seconds,
-            timed_out=exit_code == 124,
-            evidence=found,
-        )
-
-
-def _check_setup(name: str, workdir: Path, result: ExecResult) -> None:
-    """The sample script could not recreate the work directory: the benchmark never
-    ran, and the sample fails saying why."""
-    if result.exit_code == _SETUP_EXIT and _SETUP_FAILED in result.stderr:
-        problem = result.stderr.replace(_SETUP_FAILED, "").strip().replace("\n", "; ")
-        raise RuntimeFailure(f"{name}: could not create {workdir} in the guest: {problem}")
-
-
-def file_arguments(workdir: Path) -> list[str]:
-    """The sample script's (name, t|b, chunk) arguments that recreate the host work
-    directory's files in the guest: text as it is (``printf``, a shell builtin), other
-    bytes (not UTF-8, or holding a NUL, which no argument can carry) in base64 (one
-    ``base64`` process per chunk). Chunks stay under Linux's 128 KiB per argument."""
-    args: list[str] = []
-    for path in sorted(p for p in workdir.iterdir() if p.is_file()):
-        data = path.read_bytes()
-        try:
-            text = data.decode()
-        except UnicodeDecodeError:
-            text = None
-        if text is not None and "\0" not in text:
-            chunks = [text[i : i + TEXT_CHUNK] for i in range(0, len(text), TEXT_CHUNK)]
-            args += [a for chunk in chunks for a in (path.name, "t", chunk)]
-            if not chunks:
-                args += [path.name, "t", ""]
-            continue
-        encoded = base64.b64encode(data).decode()
-        chunks = [encoded[i : i + MAX_ARG] for i in range(0, len(encoded), MAX_ARG)]
-        args += [a for chunk in chunks for a in (path.name, "b", chunk)]
-    return args
-
-
-def guest_evidence(data: bytes | None) -> tuple[float | None, dict[str, float] | None, str]:
-    """The sample script's span and the guest's interrupt rates over it (or why not),
-    from its evidence file."""
-    if data is None:
-        return None, None, f"the guest wrote no {_EVIDENCE_FILE} (the sample script did not finish)"
-    try:
-        span, irq0, irq1 = data.decode(errors="replace").split(_SEP + "\n")
-        t0, t1, _rc = span.split()
-        seconds = float(t1) - float(t0)
-        rates = evidence.interrupt_rates(
-            evidence.parse_interrupts(irq0), evidence.parse_interrupts(irq1), seconds
-        )
-    except (HpcvmError, ValueError) as exc:
-        return None, None, str(exc) or type(exc).__name__
-    return seconds, rates, ""
+        if self.sampler is None:
+            raise RuntimeFailure(f"{self.name}: the VM is not running")
+        return self.sampler.run(argv, workdir, timeout, outputs=outputs)

@@ -10,47 +10,36 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
-from rich.progress import (
-    BarColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from hpcvm.bench.config import DEFAULT_MAX_REPS, DEFAULT_VM_MEMORY, BenchConfig
-from hpcvm.bench.environments import valid_env_names
-from hpcvm.bench.export import rows_csv, rows_json, write_atomic, write_exports
-from hpcvm.bench.failures import CellFailures, cell_failures, failure_line, without_valid_sample
-from hpcvm.bench.lammps import LammpsSize
-from hpcvm.bench.launch import Bind, Spread, across
-from hpcvm.bench.netpipe import NetpipeSize
-from hpcvm.bench.openfoam import OpenfoamSize
-from hpcvm.bench.placement import parse_native_cpus
-from hpcvm.bench.results import summaries
-from hpcvm.bench.sampling import LOGS
-from hpcvm.bench.session import (
-    TCG_WARNING,
-    EnvironmentMaker,
-    execute,
-    prepare,
-    recorded_config,
-    results_writer,
+from hpcvm.bench.choices import (
+    DEFAULT_MAX_REPS,
+    DEFAULT_VM_MEMORY,
+    registered_suite_names,
+    valid_env_names,
 )
-from hpcvm.bench.suites import REGISTRY, SuiteOptions, suite_names
-from hpcvm.cli.bench_view import print_report
 from hpcvm.cli.common import console, err_console
 from hpcvm.errors import SamplesFailed, UsageError
-from hpcvm.model import Frozen
 from hpcvm.runtime.backends import BACKENDS
-from hpcvm.stats.overhead import Method
-from hpcvm.store import SampleRecord, Store
 from hpcvm.units import format_size, parse_size
+
+if TYPE_CHECKING:  # the implementation is imported when a command runs, not for --help
+    from rich.progress import TaskID
+
+    from hpcvm.bench.config import BenchConfig
+    from hpcvm.bench.failures import CellFailures
+    from hpcvm.bench.lammps import LammpsSize
+    from hpcvm.bench.launch import Bind, Spread
+    from hpcvm.bench.netpipe import NetpipeSize
+    from hpcvm.bench.openfoam import OpenfoamSize
+    from hpcvm.bench.session import EnvironmentMaker
+    from hpcvm.bench.suites import SuiteOptions
+    from hpcvm.stats.overhead import Method
+    from hpcvm.store import SampleRecord
 
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h)?\s*$")
 # The default comparison (the README's first command): the reference study's two ends,
@@ -60,9 +49,11 @@ DEFAULT_SUITES = ("hpcc", "noise")
 _SIZES = {"quick": ("small", 5000), "small": ("small", 20000), "medium": ("medium", 20000)}
 
 
-class BenchOptions(Frozen):
+@dataclass(frozen=True)
+class BenchOptions:
     """The bench command's options as click hands them over, typed: the parsing into a
-    BenchConfig reads these fields, never an untyped dict."""
+    BenchConfig reads these fields, never an untyped dict (an unknown key is a
+    TypeError)."""
 
     env: tuple[str, ...]
     suite: tuple[str, ...]
@@ -150,6 +141,8 @@ def _size(text: str) -> tuple[str | float, int]:
 
 
 def _suite_options(o: BenchOptions) -> SuiteOptions:
+    from hpcvm.bench.suites import SuiteOptions
+
     hpcc_size, quanta = _size(o.size)
     stray = _metric_flags(o) if o.cmd is None else []
     if stray:
@@ -216,6 +209,9 @@ def _suites(o: BenchOptions) -> list[str]:
 
 
 def _config(o: BenchOptions) -> BenchConfig:
+    from hpcvm.bench.config import BenchConfig
+    from hpcvm.bench.placement import parse_native_cpus
+
     suites = _suites(o)
     memory = o.vm_memory
     return BenchConfig(
@@ -261,6 +257,14 @@ class _Bar:
     """A rich progress bar with ETA on stderr; plain lines when stderr is no TTY."""
 
     def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
         self.tty = err_console.is_terminal
         self.progress = Progress(
             TextColumn("{task.description}"),
@@ -309,7 +313,8 @@ class _Bar:
 @click.option(
     "--suite",
     multiple=True,
-    help=f"Suite (repeatable): {', '.join(suite_names())}. Default: {' '.join(DEFAULT_SUITES)}.",
+    help=f"Suite (repeatable): {', '.join(registered_suite_names())}. "
+    f"Default: {' '.join(DEFAULT_SUITES)}.",
 )
 @click.option("--np", multiple=True, help="MPI process counts, e.g. 1,2 (default 1).")
 @click.option("--reps", default="auto", show_default=True, help="auto or a fixed number.")
@@ -392,12 +397,22 @@ class _Bar:
 )
 def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
     """Run benchmarks natively and in VMs, interleaved, into OUT/hpcvm.db; print tables."""
+    from hpcvm.bench.session import results_writer
+
     with results_writer(out, warn):
-        return _bench(out, resume, cast(Method, interval), BenchOptions.model_validate(kw))
+        return _bench(out, resume, cast("Method", interval), BenchOptions(**kw))
 
 
 def _bench(out: Path, resume: bool, interval: Method, o: BenchOptions) -> int:
     """The bench command while this process is the one writer of ``out``."""
+    from hpcvm.bench.export import write_exports
+    from hpcvm.bench.failures import cell_failures
+    from hpcvm.bench.launch import across
+    from hpcvm.bench.results import summaries
+    from hpcvm.bench.session import TCG_WARNING, execute, prepare, recorded_config
+    from hpcvm.cli.bench_view import print_report
+    from hpcvm.store import Store
+
     config = _stopping_overrides(recorded_config(out), o) if resume and not o.env else _config(o)
     makers, spread = _across_nodes(config, o)
     with across(spread):
@@ -433,6 +448,8 @@ def _across_nodes(
         if o.network or o.address:
             raise UsageError("--network and --address go with --nodes N (N > 1)")
         return None, None
+    from hpcvm.bench.launch import Spread
+    from hpcvm.bench.suites import REGISTRY
     from hpcvm.cluster.batches import get_batch
     from hpcvm.cluster.bench_envs import ClusterEnvironments, runs_network
 
@@ -460,6 +477,9 @@ def _across_nodes(
 def _judge(failures: list[CellFailures], samples: list[SampleRecord], out: Path) -> None:
     """Say how the run ended: SamplesFailed (exit 9) when an environment x suite has no
     valid sample; "finished with failures" when some samples failed."""
+    from hpcvm.bench.failures import failure_line, without_valid_sample
+    from hpcvm.bench.sampling import LOGS
+
     empty = without_valid_sample(samples)
     if empty:
         reasons = {(f.env, f.suite): f.reason for f in failures}
@@ -488,9 +508,15 @@ def results_cmd(
     results_dir: Path, as_json: bool, csv_file: Path | None, run_id: int | None, interval: str
 ) -> int:
     """Recompute the summaries of a results directory from its database."""
+    from hpcvm.bench.export import rows_csv, rows_json, write_atomic
+    from hpcvm.bench.failures import cell_failures
+    from hpcvm.bench.results import summaries
+    from hpcvm.cli.bench_view import print_report
+    from hpcvm.store import Store
+
     with Store.open(results_dir) as store:
         run = store.run(run_id)
-        rows = summaries(store, run.id, method=cast(Method, interval))
+        rows = summaries(store, run.id, method=cast("Method", interval))
         envs = store.environments(run.id)
         failures = cell_failures(store.samples(run.id))
     if csv_file is not None:

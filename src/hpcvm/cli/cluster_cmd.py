@@ -12,17 +12,12 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from hpcvm.cli.common import console, err_console, seconds
-from hpcvm.cli.vm_options import VmOptionValues, vm_options
-from hpcvm.cluster import control
+from hpcvm.cli.vm_options import vm_options
 from hpcvm.cluster.addresses import AUTO
 from hpcvm.cluster.batches import BATCH_SYSTEMS, DEFAULT_BATCH
-from hpcvm.cluster.spec import ClusterRequest
 from hpcvm.errors import UsageError
-from hpcvm.runtime.network import parse_address
 from hpcvm.signals import interrupting
 
 DEFAULT_UP_TIMEOUT = 300.0
@@ -79,6 +74,11 @@ def up_cmd(name: str, batch: str, nodes: int | None, timeout: float, **kw: Any) 
     --address IP/PREFIX is the first node's VM's, and the k-th node's VM gets the k-th
     next one. Either way each guest checks its address is free on the segment first.
     """
+    from hpcvm.cli.vm_values import VmOptionValues
+    from hpcvm.cluster import control
+    from hpcvm.cluster.spec import ClusterRequest
+    from hpcvm.runtime.network import parse_address
+
     values = VmOptionValues.parse(kw)
     if not values.address:
         raise UsageError(
@@ -111,6 +111,11 @@ def up_cmd(name: str, batch: str, nodes: int | None, timeout: float, **kw: Any) 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def ps_cmd(name: str, as_json: bool) -> int:
     """One row per node: host, VM, state, guest address, vCPU -> host PU pins."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from hpcvm.cluster import control
+
     record, latest, alive = control.status(name)
     if as_json:
         rows = [e.model_dump(exclude={"step"}) for e in latest]
@@ -147,6 +152,8 @@ def ps_cmd(name: str, as_json: bool) -> int:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
     """Run a command in the first VM; mpirun there starts ranks on every VM of the job."""
+    from hpcvm.cluster import control
+
     result = control.exec_first(name, argv, os.getcwd(), timeout)
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
@@ -157,6 +164,8 @@ def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
 @click.argument("name")
 def down_cmd(name: str) -> int:
     """Stop every VM of the cluster on every node and remove what hpcvm made."""
+    from hpcvm.cluster import control
+
     control.down(name, _say)
     _say(f"{name}: down")
     return 0

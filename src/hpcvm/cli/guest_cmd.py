@@ -7,13 +7,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from hpcvm.cli.common import console
-from hpcvm.guest.image import GuestImage, build_guest, cached_guest, default_cache_dir
-from hpcvm.runtime.shares import SHARES_SUMMARY
 from hpcvm.units import human_size
+
+if TYPE_CHECKING:  # imported where a command runs, so that --help imports no guest code
+    from hpcvm.guest.image import GuestImage
 
 _kernel_option = click.option(
     "--kernel",
@@ -46,6 +48,8 @@ def guest_group() -> None:
 
 
 def _print(image: GuestImage) -> None:
+    from hpcvm.runtime.shares import SHARES_SUMMARY
+
     rows = (
         ("kernel", f"{image.kernel_version} ({image.kernel_source})"),
         ("boot file", f"{image.kernel} ({image.kernel_format})"),
@@ -73,6 +77,8 @@ def build_command(
     kernel: Path | None, cache_dir: Path | None, bzimage: bool, force: bool, as_json: bool
 ) -> None:
     """Build the guest image (or find it in the cache) and print its build time and size."""
+    from hpcvm.guest.image import build_guest
+
     image = build_guest(kernel=kernel, cache_dir=cache_dir, force=force, pvh=not bzimage)
     if as_json:
         click.echo(image.model_dump_json(indent=2))
@@ -94,6 +100,8 @@ def build_command(
 @click.option("--json", "as_json", is_flag=True, help="Print the GuestImage as JSON.")
 def info_command(kernel: Path | None, cache_dir: Path | None, bzimage: bool, as_json: bool) -> int:
     """Show the cached guest image, without building or downloading anything."""
+    from hpcvm.guest.image import cached_guest, default_cache_dir
+
     image = cached_guest(kernel=kernel, cache_dir=cache_dir, pvh=not bzimage)
     if image is None:
         where = cache_dir or default_cache_dir()

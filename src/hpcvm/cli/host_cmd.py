@@ -7,8 +7,6 @@ from pathlib import Path
 import click
 
 from hpcvm.cli.common import console, host_source_options, warn
-from hpcvm.cli.host_view import print_host
-from hpcvm.host import discover
 
 
 @click.command("host")
@@ -17,6 +15,9 @@ from hpcvm.host import discover
 def host_command(as_json: bool, sysfs_root: Path | None, topology: Path | None) -> None:
     """Read a host: packages, NUMA nodes, distances, SMT siblings, caches, huge pages,
     THP, KVM, IOMMU and PCI devices."""
+    from hpcvm.cli.host_view import print_host
+    from hpcvm.host import discover
+
     host = discover(sysfs_root=sysfs_root, xml=topology)
     if as_json:
         click.echo(host.model_dump_json(indent=2))

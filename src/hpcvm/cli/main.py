@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import NamedTuple
 
 import click
 
@@ -12,24 +13,76 @@ from hpcvm import __version__
 from hpcvm.errors import HpcvmError
 from hpcvm.plugins import load_plugins
 
-# Command name -> the module under hpcvm.cli that registers it. Modules are imported only
-# when their command runs, so `hpcvm exec` does not pay for scipy and matplotlib.
-COMMAND_MODULES: dict[str, str] = {
-    "host": "host_cmd",
-    "plan": "plan_cmd",
-    "guest": "guest_cmd",
-    "up": "vm_cmd",
-    "ps": "vm_cmd",
-    "exec": "vm_cmd",
-    "verify": "verify_cmd",
-    "down": "vm_cmd",
-    "run": "vm_cmd",
-    "bench": "bench_cmd",
-    "results": "bench_cmd",
-    "report": "report_cmd",
-    "tune": "tune_cmd",
-    "cluster": "cluster_cmd",
+
+class LazyCommand(NamedTuple):
+    """Where a command lives and the one sentence ``hpcvm --help`` shows for it.
+
+    The sentence is the first of the command's own docstring (a unit test holds them
+    equal), kept here so that listing the commands imports none of their modules."""
+
+    module: str  # under hpcvm.cli; imported only when the command runs or shows its help
+    summary: str
+
+
+COMMANDS: dict[str, LazyCommand] = {
+    "host": LazyCommand(
+        "host_cmd",
+        "Read a host: packages, NUMA nodes, distances, SMT siblings, caches, huge pages, "
+        "THP, KVM, IOMMU and PCI devices.",
+    ),
+    "plan": LazyCommand(
+        "plan_cmd",
+        "Plan the VM: vNUMA, pinning, huge pages, QEMU's threads, CPU model, clock, "
+        "passthrough, and the tuning to match; every decision explained.",
+    ),
+    "guest": LazyCommand(
+        "guest_cmd",
+        "The built-in guest: the distribution kernel, an initramfs hpcvm generates, and a "
+        "list of host directories shared read-only under a tmpfs overlay.",
+    ),
+    "up": LazyCommand(
+        "vm_cmd", "Plan a VM for this host, boot it and wait until commands can run in it."
+    ),
+    "ps": LazyCommand("vm_cmd", "List VMs; remove the records of VMs whose QEMU is gone (stale)."),
+    "exec": LazyCommand(
+        "vm_cmd", "Run a command in the guest (no shell) and exit with its exit code."
+    ),
+    "verify": LazyCommand(
+        "verify_cmd", "Check from inside and outside that a running VM is what its plan says."
+    ),
+    "down": LazyCommand(
+        "vm_cmd", "Shut a VM down (guest shutdown, QMP quit, then kill) and remove its files."
+    ),
+    "run": LazyCommand(
+        "vm_cmd", "Boot a VM, run one command in it, and always take the VM down again."
+    ),
+    "bench": LazyCommand(
+        "bench_cmd",
+        "Run benchmarks natively and in VMs, interleaved, into OUT/hpcvm.db; print tables.",
+    ),
+    "results": LazyCommand(
+        "bench_cmd", "Recompute the summaries of a results directory from its database."
+    ),
+    "report": LazyCommand(
+        "report_cmd",
+        "Draw the studies' figures (overhead bars with intervals, absolute values, "
+        "interrupts against overhead, noise detours) and write the report of RESULTS.",
+    ),
+    "tune": LazyCommand(
+        "tune_cmd",
+        "Check, apply or revert the host tuning that keeps a VM's PUs quiet: IRQs, "
+        "workqueues, watchdog, timers, vmstat, NUMA balancing, KSM, THP, cpufreq, idle "
+        "latency at run time; isolcpus/nohz_full/rcu_nocbs/irqaffinity at boot.",
+    ),
+    "cluster": LazyCommand(
+        "cluster_cmd",
+        "Tuned VMs on every node of a batch job, joined by a network, running MPI.",
+    ),
 }
+# Command name -> the module under hpcvm.cli that registers it. Modules are imported only
+# when their command runs or shows its own help, so `hpcvm exec` does not pay for scipy
+# and matplotlib, and `hpcvm --help` imports no command module at all.
+COMMAND_MODULES: dict[str, str] = {name: c.module for name, c in COMMANDS.items()}
 
 
 def load_commands(module_name: str) -> dict[str, click.Command]:
@@ -44,13 +97,23 @@ class LazyGroup(click.Group):
     """A click group that imports a command's module on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(COMMAND_MODULES)
+        return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         module_name = COMMAND_MODULES.get(cmd_name)
         if module_name is None:
             return None
         return load_commands(module_name).get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list from COMMANDS, laid out as click lays out its own."""
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [
+            (name, click.Command(name, help=c.summary).get_short_help_str(limit))
+            for name, c in COMMANDS.items()
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -11,12 +11,8 @@ from pathlib import Path
 import click
 
 from hpcvm.cli.common import console, host_source_options, warn
-from hpcvm.host import discover
-from hpcvm.plan import plan as make_plan
-from hpcvm.plan.model import PROFILE_NAMES, SMT_POLICIES, PlanRequest
+from hpcvm.plan.names import ACCEL_CHOICES, PROFILE_NAMES, SMT_POLICIES
 from hpcvm.render.targets import TARGETS
-from hpcvm.render.targets import get as get_target
-from hpcvm.units import parse_size
 
 TABLE = "table"  # the plan for a person; every other --format is a render target
 
@@ -31,7 +27,7 @@ TABLE = "table"  # the plan for a person; every other --format is a render targe
 @click.option("--housekeeping", type=int, default=None, help="hpc: cores per used node for QEMU.")
 @click.option("--guest-nodes", type=int, default=None, help="numa/hpc: number of guest nodes.")
 @click.option("--passthrough", multiple=True, help="hpc: PCI device to pass (repeatable).")
-@click.option("--accel", type=click.Choice(("auto", "kvm", "tcg")), default="auto")
+@click.option("--accel", type=click.Choice(ACCEL_CHOICES), default="auto")
 @click.option(
     "--smt",
     type=click.Choice(SMT_POLICIES),
@@ -76,6 +72,12 @@ def plan_command(
 ) -> None:
     """Plan the VM: vNUMA, pinning, huge pages, QEMU's threads, CPU model, clock,
     passthrough, and the tuning to match; every decision explained."""
+    from hpcvm.host import discover
+    from hpcvm.plan import plan as make_plan
+    from hpcvm.plan.model import PlanRequest
+    from hpcvm.render.targets import get as get_target
+    from hpcvm.units import parse_size
+
     request = PlanRequest.model_validate(
         {
             "name": name,

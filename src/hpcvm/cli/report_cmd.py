@@ -4,19 +4,21 @@ result sets compared side by side."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from hpcvm.cli.common import warn
 from hpcvm.errors import UsageError
-from hpcvm.report.compare import compare
 from hpcvm.report.formats import FORMATS
-from hpcvm.report.load import load_report
-from hpcvm.report.model import ReportData
-from hpcvm.report.write import check_out_dir, write_comparison, write_report
+
+if TYPE_CHECKING:
+    from hpcvm.report.model import ReportData
 
 
 def _load(results: Path, run_id: int | None, option: str) -> ReportData:
+    from hpcvm.report.load import load_report
+
     if not results.exists():
         raise UsageError(
             f"{option} {results} does not exist: give the --out directory of an `hpcvm bench` run"
@@ -66,6 +68,9 @@ def report_command(
 ) -> None:
     """Draw the studies' figures (overhead bars with intervals, absolute values,
     interrupts against overhead, noise detours) and write the report of RESULTS."""
+    from hpcvm.report.compare import compare
+    from hpcvm.report.write import check_out_dir, write_comparison, write_report
+
     out_dir = out if out is not None else results / "report"
     check_out_dir(out_dir)
     chosen: tuple[str, ...] = formats or ("html",)

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.markup import escape
-from rich.table import Table
 
 from hpcvm.cli.common import console, warn
 from hpcvm.errors import UsageError
-from hpcvm.tune import engine, state
-from hpcvm.tune import target as targets
-from hpcvm.tune.model import Change, Row, TuneTarget
-from hpcvm.tune.registry import REGISTRY
-from hpcvm.tune.settings.boot import BootParam, boot_advice
+from hpcvm.tune.dirs import DEFAULT_DIR, ENV_DIR
+
+if TYPE_CHECKING:  # imported where the command runs, so that --help imports no tuning
+    from rich.table import Table
+
+    from hpcvm.tune.model import Change, Row, TuneTarget
 
 
 def say(text: str) -> None:
@@ -33,6 +33,8 @@ def resolve_target(
 ) -> TuneTarget | None:
     """The target the flags name, None when they name none; one-line error when they
     name two or only half of one."""
+    from hpcvm.tune import target as targets
+
     given = [
         flag for flag, value in (("--for", vm), ("--plan", plan), ("--vcpu-pus", vcpu_pus)) if value
     ]
@@ -50,6 +52,9 @@ def resolve_target(
 
 
 def rows_table(rows: list[Row]) -> Table:
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(box=None, header_style="bold")
     table.add_column("setting", no_wrap=True)
     table.add_column("changes", no_wrap=True)
@@ -64,10 +69,16 @@ def rows_table(rows: list[Row]) -> Table:
 
 
 def _boot_tokens(t: TuneTarget) -> dict[str, str]:
+    from hpcvm.tune.registry import REGISTRY
+    from hpcvm.tune.settings.boot import BootParam
+
     return {s.name: s.token(t) for s in REGISTRY.values() if isinstance(s, BootParam)}
 
 
 def print_check(t: TuneTarget, directory: Path) -> None:
+    from hpcvm.tune import engine
+    from hpcvm.tune.settings.boot import boot_advice
+
     rows = engine.check(t)
     title = (
         f"tuning for {t.source}: vCPU PUs {','.join(map(str, t.vcpu_pus))}, "
@@ -94,6 +105,8 @@ def _show_change(c: Change, verb: str) -> str:
 
 
 def do_apply(t: TuneTarget, directory: Path, dry_run: bool) -> None:
+    from hpcvm.tune import engine, state
+
     result = engine.apply(t, directory, dry_run=dry_run)
     verb = "would write" if dry_run else "wrote"
     for c in result.changes:
@@ -115,6 +128,8 @@ def do_apply(t: TuneTarget, directory: Path, dry_run: bool) -> None:
 
 
 def do_revert(directory: Path) -> None:
+    from hpcvm.tune import engine
+
     result = engine.revert(directory)
     if result.state is None:
         say(f"nothing to revert: no saved tuning in {directory}")
@@ -169,7 +184,7 @@ def _action(*, check: bool, apply: bool, revert: bool) -> str:
     "--state-dir",
     type=click.Path(path_type=Path),
     default=None,
-    help=f"Where the saved values live (${state.ENV_DIR}, default {state.DEFAULT_DIR}).",
+    help=f"Where the saved values live (${ENV_DIR}, default {DEFAULT_DIR}).",
 )
 @click.option("--json", "as_json", is_flag=True, help="--check: print the rows as JSON.")
 def tune_cmd(
@@ -188,6 +203,8 @@ def tune_cmd(
     """Check, apply or revert the host tuning that keeps a VM's PUs quiet: IRQs,
     workqueues, watchdog, timers, vmstat, NUMA balancing, KSM, THP, cpufreq, idle
     latency at run time; isolcpus/nohz_full/rcu_nocbs/irqaffinity at boot."""
+    from hpcvm.tune import engine, state
+
     directory = state.state_dir(state_dir)
     action = _action(check=check, apply=apply, revert=revert)
     if dry_run and action != "apply":

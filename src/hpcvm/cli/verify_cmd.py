@@ -6,17 +6,24 @@ pass/fail table (or JSON) and turn a failed report into VerificationFailed.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
-from rich.table import Table
 
 from hpcvm.cli.common import console
 from hpcvm.errors import VerificationFailed
-from hpcvm.runtime.checks import VerifyReport
+
+if TYPE_CHECKING:  # imported where the command runs, so that --help imports no runtime
+    from rich.table import Table
+
+    from hpcvm.runtime.checks import VerifyReport
 
 AGENT_TIMEOUT = 30.0
 
 
 def report_table(report: VerifyReport) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"verify {report.vm}", box=None, header_style="bold")
     for column in ("check", "expected", "actual", "", "detail"):
         table.add_column(column)

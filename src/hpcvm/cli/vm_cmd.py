@@ -12,23 +12,28 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from hpcvm.cli.common import console, err_console, seconds, warn
-from hpcvm.cli.vm_options import VmOptionValues, vm_options
-from hpcvm.runtime import lifecycle
-from hpcvm.runtime.model import ExecResult, Machine
-from hpcvm.runtime.options import UpOptions, VmRequest
-from hpcvm.runtime.shares import describe as describe_shares
+from hpcvm.cli.vm_options import vm_options, vm_request
+from hpcvm.runtime.timeouts import DOWN_TIMEOUT
 from hpcvm.signals import interrupting
 from hpcvm.units import format_size
 
+if TYPE_CHECKING:  # imported where a command runs, so that --help imports no runtime
+    from rich.console import Console
+
+    from hpcvm.runtime.model import ExecResult, Machine
+    from hpcvm.runtime.options import VmRequest
+
 
 def _start(name: str, request: VmRequest, *, out: Console = console) -> Machine:
+    from hpcvm.runtime import lifecycle
+    from hpcvm.runtime.options import UpOptions
+    from hpcvm.runtime.shares import describe as describe_shares
+
     begin = time.monotonic()
     options = UpOptions(**request.vm.model_dump(), name=name)
     machine = lifecycle.up(request.plan, options, warn=warn)
@@ -70,7 +75,7 @@ def _print_result(result: ExecResult) -> int:
 @vm_options
 def up_cmd(name: str, **kw: Any) -> int:
     """Plan a VM for this host, boot it and wait until commands can run in it."""
-    request = VmOptionValues.parse(kw).request()
+    request = vm_request(kw)
     with interrupting():
         _start(name, request)
     return 0
@@ -80,6 +85,10 @@ def up_cmd(name: str, **kw: Any) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def ps_cmd(as_json: bool) -> int:
     """List VMs; remove the records of VMs whose QEMU is gone (stale)."""
+    from rich.table import Table
+
+    from hpcvm.runtime import lifecycle
+
     rows = lifecycle.list_vms()
     if as_json:
         click.echo(json.dumps([row.__dict__ for row in rows], indent=2))
@@ -129,10 +138,11 @@ def _duration(seconds: float | None) -> str:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
     """Run a command in the guest (no shell) and exit with its exit code."""
+    from hpcvm.runtime.guest_exec import exec_in
     from hpcvm.runtime.state import load_machine
 
     machine = load_machine(name)
-    return _print_result(lifecycle.exec_in(machine, argv, timeout))
+    return _print_result(exec_in(machine, argv, timeout))
 
 
 @click.command("down")
@@ -143,12 +153,14 @@ def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
     type=str,
     callback=seconds,
     metavar="SECONDS",
-    default=lifecycle.DOWN_TIMEOUT,
+    default=DOWN_TIMEOUT,
     show_default=True,
     help="Seconds for a clean shutdown before QEMU is killed.",
 )
 def down_cmd(name: str | None, all_: bool, timeout: float) -> int:
     """Shut a VM down (guest shutdown, QMP quit, then kill) and remove its files."""
+    from hpcvm.runtime import lifecycle
+
     if all_ == (name is not None):
         raise click.UsageError("give a VM name or --all")
     if name is not None:
@@ -175,13 +187,16 @@ def down_cmd(name: str | None, all_: bool, timeout: float) -> int:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(name: str | None, timeout: float | None, argv: tuple[str, ...], **kw: Any) -> int:
     """Boot a VM, run one command in it, and always take the VM down again."""
-    request = VmOptionValues.parse(kw).request()
+    from hpcvm.runtime import lifecycle
+    from hpcvm.runtime.guest_exec import exec_in
+
+    request = vm_request(kw)
     vm_name = name or f"run-{os.getpid()}"
     command = _absolute_program(argv)
     with interrupting():
         machine = _start(vm_name, request, out=err_console)  # stdout is the command's
         try:
-            result = lifecycle.exec_in(machine, command, timeout)
+            result = exec_in(machine, command, timeout)
         finally:
             lifecycle.stop(machine)
     return _print_result(result)

@@ -2,25 +2,24 @@
 and the one place they become a typed request (runtime/options.py ``VmRequest``).
 
 ``vm_options`` adds the options to a command; the command hands what click parsed to
-``VmOptionValues.parse``, which knows every option by name and refuses any other, so an
-option that no request field takes cannot be accepted and dropped.
+``vm_request`` (or ``VmOptionValues.parse``, cli/vm_values.py), which knows every
+option by name and refuses any other, so an option that no request field takes cannot
+be accepted and dropped. The models load only when a command runs, not for --help.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from pydantic import ValidationError
 
 from hpcvm.cli.common import seconds
-from hpcvm.errors import UsageError
-from hpcvm.model import Frozen
-from hpcvm.plan.model import PROFILE_NAMES, AccelChoice, PlanRequest
+from hpcvm.plan.names import PROFILE_NAMES
 from hpcvm.runtime.backends import BACKENDS
-from hpcvm.runtime.options import VmOptions, VmRequest
-from hpcvm.units import parse_size
+
+if TYPE_CHECKING:
+    from hpcvm.runtime.options import VmRequest
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -99,56 +98,8 @@ def vm_options(func: F) -> F:
     return func
 
 
-class VmOptionValues(Frozen):
-    """What click parsed for ``vm_options``, one field per option (its Python name)."""
+def vm_request(values: Mapping[str, Any]) -> VmRequest:
+    """The typed request of the VM options among ``values`` (cli/vm_values.py)."""
+    from hpcvm.cli.vm_values import VmOptionValues
 
-    profile: str
-    vcpus: int
-    memory: str
-    page_size: str | None
-    housekeeping: int | None
-    guest_nodes: int | None
-    passthrough: tuple[str, ...]
-    accel: AccelChoice
-    backend: str
-    connect_uri: str | None
-    kernel: str | None
-    initrd: str | None
-    image: str | None
-    shares: tuple[str, ...]
-    network: str | None
-    address: str | None
-    ready_timeout: float | None
-
-    @classmethod
-    def parse(cls, values: Mapping[str, Any]) -> VmOptionValues:
-        """The VM options among ``values`` (a command's other options are its own)."""
-        return cls.model_validate({k: values[k] for k in cls.model_fields})
-
-    def plan_request(self) -> PlanRequest:
-        return PlanRequest.model_validate(
-            {
-                "profile": self.profile,
-                "vcpus": self.vcpus,
-                "memory_bytes": parse_size(self.memory, what="--memory"),
-                "page_size_bytes": (
-                    parse_size(self.page_size, what="--page-size") if self.page_size else None
-                ),
-                "housekeeping": self.housekeeping,
-                "guest_nodes": self.guest_nodes,
-                "passthrough": self.passthrough,
-                "accel": self.accel,
-            }
-        )
-
-    def vm(self) -> VmOptions:
-        fields = self.model_dump(include=set(VmOptions.model_fields))
-        try:
-            return VmOptions.model_validate(fields)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = "--" + str(first["loc"][0]).replace("_", "-")
-            raise UsageError(f"{where}: {first['msg']}") from None
-
-    def request(self) -> VmRequest:
-        return VmRequest(plan=self.plan_request(), vm=self.vm())
+    return VmOptionValues.parse(values).request()

@@ -23,24 +23,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.environments import RunOutput
+from hpcvm.bench.environments import VM_PREFIX, RunOutput
+from hpcvm.bench.guest_sampler import GuestSampler
 from hpcvm.bench.launch import mpirun_program
 from hpcvm.bench.native import NativeEnvironment
-from hpcvm.bench.vm import VmEnvironment
+from hpcvm.bench.vm import describe_vm
 from hpcvm.cluster import control, guest_mpi, native_places
 from hpcvm.cluster.addresses import AUTO, site_pool
 from hpcvm.cluster.batch import Allocation
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.spec import ClusterRequest, check_addresses
 from hpcvm.cluster.spec import node_address as nth_address
-from hpcvm.cluster.state import read_record as state_of
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
-from hpcvm.runtime import paths, state
 from hpcvm.runtime.network import node_address, parse_address
 from hpcvm.runtime.options import VmOptions
-from hpcvm.store.records import NewEnvironment
+from hpcvm.store.records import EnvKind, NewEnvironment
 
 ENV = "/usr/bin/env"
 UP_TIMEOUT = 600.0
@@ -103,9 +102,12 @@ class ClusterNativeEnvironment(NativeEnvironment):
         return super().run(spread, workdir, timeout, outputs=outputs)
 
 
-class ClusterVmEnvironment(VmEnvironment):
-    """One VM per node of the job (``cluster up``); runs start in the first one."""
+class ClusterVmEnvironment:
+    """One VM per node of the job (``cluster up``); runs start in the first one, through
+    a ``GuestSampler`` of its guest (bench/guest_sampler.py), with the MPI environment
+    that spreads their ranks over every VM."""
 
+    kind: EnvKind = "vm"
     pauses = False  # the other nodes' VMs cannot be paused from here (module doc)
 
     def __init__(
@@ -122,26 +124,29 @@ class ClusterVmEnvironment(VmEnvironment):
     ) -> None:
         """``plan``: this (the first) node's plan, which its VM will have; each other
         node plans its own."""
-        first_node = get_batch(allocation.batch).this_node(os.environ)
-        super().__init__(plan, vm_name=f"{cluster}-{first_node}", backend=backend, shares=shares)
-        nodes = len(allocation.nodes)
+        self.plan = plan
+        self.name = f"{VM_PREFIX}{plan.profile}"
+        self.nodes = len(allocation.nodes)
+        self.vcpus = plan.vcpus * self.nodes  # over all nodes
+        self.memory_bytes = plan.memory_bytes
         self.allocation = allocation
-        self.vcpus = plan.vcpus * nodes  # over all nodes
         self.cluster = cluster
         self.network = network
         self.first_address = first_address
-        self.nodes = nodes
+        self.backend = backend
+        self.shares = shares
         self.say = say
+        self.sampler: GuestSampler | None = None
         self._pins: list[str] = []
         self._network = ipaddress.IPv4Network("0.0.0.0/32")  # the VMs' (after start)
 
     def start(self) -> None:
         request = ClusterRequest(
             plan=self.plan.request,
-            vm=VmOptions(backend=self.backend_name, shares=self.shares, network=self.network),
+            vm=VmOptions(backend=self.backend, shares=self.shares, network=self.network),
             name=self.cluster,
             batch=self.allocation.batch,
-            nodes=len(self.allocation.nodes),
+            nodes=self.nodes,
             first_address=self.first_address,
             workdir=os.getcwd(),
             housekeeping_fallback=True,
@@ -150,16 +155,13 @@ class ClusterVmEnvironment(VmEnvironment):
         self._pins = [
             f"{e.node}: " + " ".join(f"{v}->{pu}" for v, pu in enumerate(e.vcpu_pus)) for e in ready
         ]
-        self._network = ipaddress.IPv4Network(state_of(self.cluster).network)
-        first = next(e for e in ready if e.index == 0)
-        entry = state.entry_for(paths.run_dir(first.vm))
-        if entry is None or entry.machine is None:
-            raise RuntimeFailure(f"{self.name}: VM {first.vm} is not on this node")
-        self.machine = entry.machine
-        self.plan = entry.machine.plan
+        record, first = control.first_vm(self.cluster)
+        self._network = ipaddress.IPv4Network(record.network)
+        machine = control.vm_of(self.cluster, first)
+        self.plan = machine.plan
         self.vcpus = self.plan.vcpus * self.nodes
-        facts = self._exec(["/bin/sh", "-c", _facts_script()], 120.0)
-        self._facts = facts.stdout.splitlines()
+        self.sampler = GuestSampler(machine, self.name)
+        self.sampler.learn()
 
     def activate(self) -> None:
         return None  # the other nodes' VMs cannot be paused from here (module doc)
@@ -168,11 +170,15 @@ class ClusterVmEnvironment(VmEnvironment):
         return None
 
     def close(self) -> None:
-        self.machine = None
+        sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            sampler.close()
         control.down_if_up(self.cluster, self.say)
 
     def describe(self) -> NewEnvironment:
-        described = super().describe()
+        machine = self.sampler.machine if self.sampler is not None else None
+        facts = self.sampler.facts if self.sampler is not None else ()
+        described = describe_vm(self.name, self.plan, machine, facts, vcpus=self.vcpus)
         versions = {
             **described.versions,
             "nodes": str(self.nodes),
@@ -183,8 +189,10 @@ class ClusterVmEnvironment(VmEnvironment):
     def run(
         self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
     ) -> RunOutput:
+        if self.sampler is None:
+            raise RuntimeFailure(f"{self.name}: the cluster is not up")
         spread = [ENV, *guest_mpi.mpi_environment(self._network), *argv]
-        return super().run(spread, workdir, timeout, outputs=outputs)
+        return self.sampler.run(spread, workdir, timeout, outputs=outputs)
 
 
 def runs_network(address: str, network: str) -> ipaddress.IPv4Network:
@@ -252,9 +260,3 @@ class ClusterEnvironments:
             shares=shares,
             say=self.say,
         )
-
-
-def _facts_script() -> str:
-    from hpcvm.bench import vm
-
-    return vm._FACTS

@@ -108,13 +108,13 @@ def _launch_mpi(record: ClusterRecord, ready: list[NodeEvent], private_key: str)
     job's private key (guest_mpi.py). The record learns the VMs' network."""
     first = next(e for e in ready if e.index == 0)
     addresses = [IPv4Interface(e.address or "") for e in sorted(ready, key=lambda e: e.index)]
-    machine = _machine(record.name, first)
+    machine = vm_of(record.name, first)
     hosts = [(str(a.ip), record.vcpus) for a in addresses]
     guest_mpi.run_script(machine, guest_mpi.first_vm_script(hosts), private_key, "the MPI hostfile")
     return record.model_copy(update={"network": str(addresses[0].network)})
 
 
-def _machine(name: str, event: NodeEvent) -> Machine:
+def vm_of(name: str, event: NodeEvent) -> Machine:
     """The record of a node's VM that runs on this node."""
     entry = vm_state.entry_for(paths.run_dir(event.vm))
     if entry is None or entry.machine is None:
@@ -305,14 +305,9 @@ def first_vm(name: str) -> tuple[ClusterRecord, NodeEvent]:
 def exec_first(name: str, argv: Sequence[str], workdir: str, timeout: float | None) -> ExecResult:
     """Run ``argv`` in the first node's VM, with the MPI environment that spreads its
     ranks over every VM of the job."""
-    from hpcvm.runtime.agent import GuestAgent
+    from hpcvm.runtime.guest_exec import exec_in
 
     record, first = first_vm(name)
-    machine = _machine(name, first)
-    assert machine.boot.agent_socket is not None
+    machine = vm_of(name, first)
     env = guest_mpi.mpi_environment(IPv4Network(record.network))
-    agent = GuestAgent(machine.boot.agent_socket, timeout=30.0, console_log=machine.boot.serial_log)
-    try:
-        return agent.exec(["/usr/bin/env", "-C", workdir, *argv], timeout=timeout, env=env)
-    finally:
-        agent.close()
+    return exec_in(machine, ["/usr/bin/env", "-C", workdir, *argv], timeout, env=env)

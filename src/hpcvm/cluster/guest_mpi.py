@@ -104,19 +104,15 @@ def mpi_environment(network: ipaddress.IPv4Network) -> list[str]:
 def run_script(machine: Machine, script: str, stdin: str, what: str, timeout: float = 60) -> None:
     """Run ``script`` with ``sh`` in the guest, ``stdin`` fed to it; RuntimeFailure with
     the guest's own error text when it fails."""
-    from hpcvm.runtime.agent import GuestAgent
+    from hpcvm.runtime.guest_exec import exec_in
 
-    assert machine.boot.agent_socket is not None
-    agent = GuestAgent(machine.boot.agent_socket, timeout=30.0, console_log=machine.boot.serial_log)
-    try:
-        done = agent.exec(
-            ["/bin/sh", "-c", script],
-            timeout=timeout,
-            input=stdin.encode(),
-            env=[f"PATH={GUEST_PATH}"],
-        )
-    finally:
-        agent.close()
+    done = exec_in(
+        machine,
+        ["/bin/sh", "-c", script],
+        timeout,
+        input=stdin.encode(),
+        env=[f"PATH={GUEST_PATH}"],
+    )
     if done.exit_code != 0:
         text = done.stderr.strip() or done.stdout.strip() or f"exit code {done.exit_code}"
         raise RuntimeFailure(f"{what} failed in VM {machine.name}: {text.splitlines()[-1]}")

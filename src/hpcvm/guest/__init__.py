@@ -4,12 +4,36 @@
 changed); the runtime boots it with the host's root shared over virtio-9p.
 """
 
-from hpcvm.guest.image import (
-    GuestImage,
-    build_guest,
-    cached_guest,
-    default_cache_dir,
-    ensure_guest,
-)
+from typing import TYPE_CHECKING
 
-__all__ = ["GuestImage", "build_guest", "cached_guest", "default_cache_dir", "ensure_guest"]
+from hpcvm.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from hpcvm.guest.image import (
+        GuestImage,
+        build_guest,
+        cached_guest,
+        default_cache_dir,
+        ensure_guest,
+    )
+
+__all__ = [
+    "GuestImage",
+    "build_guest",
+    "cached_guest",
+    "default_cache_dir",
+    "ensure_guest",
+]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "hpcvm.guest.image": (
+            "GuestImage",
+            "build_guest",
+            "cached_guest",
+            "default_cache_dir",
+            "ensure_guest",
+        ),
+    },
+)

@@ -263,7 +263,8 @@ def _assemble(
     """Write kernel, initramfs and record into ``out`` and move it to ``final``."""
     kernels.check_config(tree)
     index = ModuleIndex.load(tree.modules_dir)
-    order = index.load_order(GUEST_MODULES)
+    plan = index.load_plan(GUEST_MODULES)
+    order = [name for name, _ in plan]
     out.mkdir()
     elf = extract_pvh_vmlinux(tree.vmlinuz) if pvh else None
     kernel_file = KERNEL_FILE if elf is None else VMLINUX_FILE
@@ -272,7 +273,8 @@ def _assemble(
     else:
         (out / kernel_file).write_bytes(elf)
     modules = [(name, tree.modules_dir / index.paths[name]) for name in order]
-    write_initrd(build_entries(busybox.path, modules), out / INITRD_FILE)
+    devices = {name: patterns for name, patterns in plan if patterns}
+    write_initrd(build_entries(busybox.path, modules, devices), out / INITRD_FILE)
     for path in (out, out / kernel_file, out / INITRD_FILE):
         path.chmod(0o755 if path.is_dir() else 0o644)
     image = GuestImage(

@@ -14,6 +14,7 @@ import gzip
 import lzma
 import stat
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,11 +128,18 @@ def module_bytes(path: Path) -> bytes:
     return raw
 
 
-def build_entries(busybox: Path, modules: list[tuple[str, Path]]) -> list[Entry]:
+def build_entries(
+    busybox: Path,
+    modules: list[tuple[str, Path]],
+    devices: Mapping[str, tuple[str, ...]] | None = None,
+) -> list[Entry]:
     """The archive's members: busybox, the modules with their load order, the scripts.
 
-    ``modules`` is (name, file) in load order.
+    ``modules`` is (name, file) in load order; ``devices`` gives a device module's alias
+    patterns (modules.py ``load_plan``), written after its name in the order file:
+    /init loads it only when a device matches one.
     """
+    devices = devices or {}
     entries = [_dir(d) for d in _DIRS]
     entries.append(Entry("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1)))
     entries.append(_file("bin/busybox", busybox.read_bytes(), executable=True))
@@ -141,7 +149,7 @@ def build_entries(busybox: Path, modules: list[tuple[str, Path]]) -> list[Entry]
     for name, path in modules:
         filename = f"{name}.ko"
         entries.append(_file(f"{scripts.MODULES_DIR}/{filename}", module_bytes(path)))
-        order.append(filename)
+        order.append(" ".join((filename, *devices.get(name, ()))))
     entries.append(_file(scripts.MODULE_ORDER_FILE, "".join(f"{f}\n" for f in order).encode()))
     entries.append(_dir(scripts.STAGE2_DIR))
     for name, (text, executable) in scripts.FILES.items():

@@ -8,7 +8,7 @@ so a kernel that splits or merges modules still gets a correct order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcvm.errors import RuntimeFailure
@@ -44,6 +44,12 @@ GUEST_MODULES: tuple[str, ...] = (
     "ixgbevf",
 )
 OPTIONAL_MODULES = frozenset({"iavf", "ixgbevf"})  # loaded when the kernel has them
+# Drivers of devices a VM may or may not have (a disk, a NIC): the guest's /init loads
+# one (and what only it needs) when a device on the PCI or virtio bus matches one of its
+# aliases from the kernel's modules.alias, as udev would; a VM without NICs spends no
+# insmod on them (under TCG, each costs some 20 to 60 ms). Listed last in GUEST_MODULES.
+DEVICE_MODULES = frozenset({"virtio_blk", "virtio_net", "e1000", "iavf", "ixgbevf"})
+ALIAS_BUSES = ("pci:", "virtio:")  # the buses /init reads device aliases from
 
 _SUFFIXES = (".ko", ".ko.xz", ".ko.gz", ".ko.zst")
 
@@ -66,9 +72,10 @@ class ModuleIndex:
     paths: dict[str, str]  # name -> path relative to the modules directory
     depends: dict[str, tuple[str, ...]]  # name -> names it needs
     builtin: frozenset[str]
+    aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)  # PCI/virtio patterns
 
     @classmethod
-    def parse(cls, dep_text: str, builtin_text: str = "") -> ModuleIndex:
+    def parse(cls, dep_text: str, builtin_text: str = "", alias_text: str = "") -> ModuleIndex:
         """Read the text of ``modules.dep`` (``path: dep-path dep-path ...``)."""
         paths: dict[str, str] = {}
         depends: dict[str, tuple[str, ...]] = {}
@@ -82,7 +89,12 @@ class ModuleIndex:
             paths[name] = target.strip()
             depends[name] = tuple(module_name(p) for p in rest.split())
         builtin = frozenset(module_name(p) for p in builtin_text.split())
-        return cls(paths, depends, builtin)
+        aliases: dict[str, list[str]] = {}
+        for line in alias_text.splitlines():
+            words = line.split()
+            if len(words) == 3 and words[0] == "alias" and words[1].startswith(ALIAS_BUSES):
+                aliases.setdefault(module_name(words[2]), []).append(words[1])
+        return cls(paths, depends, builtin, {k: tuple(v) for k, v in aliases.items()})
 
     @classmethod
     def load(cls, modules_dir: Path) -> ModuleIndex:
@@ -97,7 +109,9 @@ class ModuleIndex:
                 f"cannot read {dep} ({exc.strerror}): run `depmod -b ROOT RELEASE` first"
             ) from exc
         builtin_text = builtin.read_text() if builtin.is_file() else ""
-        return cls.parse(dep_text, builtin_text)
+        alias = modules_dir / "modules.alias"
+        alias_text = alias.read_text() if alias.is_file() else ""
+        return cls.parse(dep_text, builtin_text, alias_text)
 
     def load_order(self, wanted: tuple[str, ...] | list[str]) -> list[str]:
         """Module names to insmod, each after everything it depends on.
@@ -132,3 +146,31 @@ class ModuleIndex:
                     "use a distribution kernel or pass one that has it with --kernel"
                 )
         return order
+
+    def load_plan(self, wanted: tuple[str, ...] | list[str]) -> list[tuple[str, tuple[str, ...]]]:
+        """``load_order(wanted)`` split for /init: (name, device alias patterns) with the
+        modules every guest loads first (no patterns), then each device module and the
+        dependencies only it needs, with the patterns of the devices they serve (the
+        union, for a dependency several of them share). A device module without any
+        PCI or virtio alias could never be loaded: that is an error here."""
+        always = set(self.load_order([m for m in wanted if m not in DEVICE_MODULES]))
+        plan: list[tuple[str, tuple[str, ...]]] = [
+            (name, ()) for name in self.load_order(wanted) if name in always
+        ]
+        serving: dict[str, list[str]] = {}
+        for device in (m for m in wanted if m in DEVICE_MODULES and m in self.paths):
+            patterns = self.aliases.get(device, ())
+            if not patterns:
+                raise RuntimeFailure(
+                    f"modules.alias names no PCI or virtio device for {device}: the guest "
+                    "could not tell when to load it"
+                )
+            for name in self.load_order([device]):
+                if name not in always:
+                    serving.setdefault(name, []).extend(patterns)
+        plan += [
+            (name, tuple(dict.fromkeys(serving[name])))
+            for name in self.load_order(wanted)
+            if name in serving
+        ]
+        return plan

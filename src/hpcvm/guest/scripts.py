@@ -1,7 +1,8 @@
 """The built-in guest's boot scripts (busybox sh), kept here as text so that their hash
 is part of the image's cache key and a change to any of them rebuilds the image.
 
-Two stages. ``/init`` in the initramfs loads the modules, reads the share table that
+Two stages. ``/init`` in the initramfs loads the modules (a device's driver only when
+the VM has such a device: modules.py ``DEVICE_MODULES``), reads the share table that
 hpcvm passes on fw_cfg (render/model.py ``share_table``) and builds the guest's root
 from it: a tmpfs with the listed host directories mounted at their paths over
 virtio-9p, each read-only one under its own tmpfs overlay (writes stay in the guest)
@@ -53,20 +54,44 @@ fail() {
     $bb poweroff -f
 }
 
+# "$bb name" until /proc is there: busybox's sh runs an applet that is not built into
+# the shell by exec'ing /proc/self/exe (and again once /proc has moved, at the end).
 $bb mount -t proc -o nosuid,nodev,noexec proc /proc
 $bb mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
 $bb mount -t devtmpfs -o nosuid,mode=0755 devtmpfs /dev
 
 table=opt/org.hpcvm/shares
-for arg in $($bb cat /proc/cmdline); do
+read -r cmdline < /proc/cmdline
+for arg in $cmdline; do
     case "$arg" in
         hpcvm.shares=*) table="${arg#*=}" ;;
     esac
 done
 
-while read -r mod; do
+# A line with alias patterns after the module is a device driver: loaded only when a
+# PCI or virtio device matches one (as udev would), read once the bus modules before it
+# are in. Globbing is off while patterns are words.
+set -f
+aliases=
+while read -r mod patterns; do
+    if [ -n "$patterns" ]; then
+        if [ -z "$aliases" ]; then
+            set +f
+            aliases=$(cat /sys/bus/pci/devices/*/modalias /sys/bus/virtio/devices/*/modalias \
+                2>/dev/null)
+            set -f
+        fi
+        found=
+        for alias in $aliases; do
+            for pattern in $patterns; do
+                case "$alias" in $pattern) found=1; break 2 ;; esac
+            done
+        done
+        [ -n "$found" ] || continue
+    fi
     insmod "/lib/modules/$mod" || fail "cannot load kernel module $mod"
 done < /lib/modules/order
+set +f
 
 raw="/sys/firmware/qemu_fw_cfg/by_name/$table/raw"
 cat "$raw" > /shares 2>/dev/null || fail "no share table: no fw_cfg entry $table"
@@ -137,12 +162,12 @@ chmod 0700 /newroot/root
 
 # Our own files live in the new root's /run (a tmpfs), so the host needs none of them
 # and nothing of ours shows up elsewhere in the guest's file system.
-$bb mount -t tmpfs -o mode=0755,nosuid,nodev hpcvm-run /newroot/run
-$bb mkdir -p /newroot/run/hpcvm
-$bb cp /bin/busybox /hpcvm/* /newroot/run/hpcvm/
-$bb ln -s busybox /newroot/run/hpcvm/init
-$bb rm -f /newroot/etc/inittab
-$bb cp /hpcvm/inittab /newroot/etc/inittab
+mount -t tmpfs -o mode=0755,nosuid,nodev hpcvm-run /newroot/run
+mkdir -p /newroot/run/hpcvm
+cp /bin/busybox /hpcvm/* /newroot/run/hpcvm/
+ln -s busybox /newroot/run/hpcvm/init
+rm -f /newroot/etc/inittab
+cp /hpcvm/inittab /newroot/etc/inittab
 
 for m in dev proc sys; do $bb mount --move /$m /newroot/$m; done
 exec $bb switch_root /newroot /run/hpcvm/init
@@ -157,26 +182,27 @@ INITTAB = r"""::sysinit:/run/hpcvm/busybox sh /run/hpcvm/rc
 
 RC = r"""# hpcvm guest, stage 2 (PID 1 is busybox init in the overlay root): the usual
 # pseudo-file systems, a host name, loopback, the NICs, and shutdown commands that work
-# without systemd (qemu-ga's guest-shutdown runs /sbin/shutdown).
-bb=/run/hpcvm/busybox
-$bb mkdir -p /dev/pts /dev/shm
-$bb mount -t devpts -o nosuid,noexec,gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
-$bb mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /dev/shm
+# without systemd (qemu-ga's guest-shutdown runs /sbin/shutdown). Applets by name: this
+# is busybox's sh, which runs them without exec'ing busybox again (see /init).
+mkdir -p /dev/pts /dev/shm
+mount -t devpts -o nosuid,noexec,gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
+mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /dev/shm
 # /tmp and /var/tmp are the guest's own (in its root tmpfs): the host's are not shared;
 # a directory under them that is shared (the working directory, --share) is mounted there.
-$bb ln -sf /proc/self/fd /dev/fd
-$bb ln -sf /proc/self/fd/0 /dev/stdin
-$bb ln -sf /proc/self/fd/1 /dev/stdout
-$bb ln -sf /proc/self/fd/2 /dev/stderr
+ln -sf /proc/self/fd /dev/fd
+ln -sf /proc/self/fd/0 /dev/stdin
+ln -sf /proc/self/fd/1 /dev/stdout
+ln -sf /proc/self/fd/2 /dev/stderr
 
 name=hpcvm
-for arg in $($bb cat /proc/cmdline); do
+read -r cmdline < /proc/cmdline
+for arg in $cmdline; do
     case "$arg" in
         hpcvm.hostname=*) name="${arg#*=}" ;;
     esac
 done
-$bb hostname "$name"
-$bb ip link set lo up
+hostname "$name"
+ip link set lo up
 
 # hpcvm.net=MAC,ADDR,MTU: the NIC is found by its MAC (names depend on the PCI slot),
 # waiting a little in case its driver is still probing.
@@ -184,18 +210,19 @@ netdev_by_mac() {
     i=0
     while [ $i -lt 100 ]; do
         for f in /sys/class/net/*/address; do
-            if [ "$($bb cat "$f")" = "$1" ]; then
+            read -r address < "$f" || continue
+            if [ "$address" = "$1" ]; then
                 f="${f%/address}"
                 echo "${f##*/}"
                 return 0
             fi
         done
-        $bb sleep 0.05
+        sleep 0.05
         i=$((i + 1))
     done
     return 1
 }
-for arg in $($bb cat /proc/cmdline); do
+for arg in $cmdline; do
     case "$arg" in
         hpcvm.net=*)
             spec="${arg#*=}"
@@ -207,14 +234,14 @@ for arg in $($bb cat /proc/cmdline); do
                 echo "hpcvm-guest: error: no network interface with MAC $mac"
                 continue
             fi
-            $bb ip link set dev "$dev" mtu "$mtu" ||
+            ip link set dev "$dev" mtu "$mtu" ||
                 echo "hpcvm-guest: error: cannot set MTU $mtu on $dev"
-            $bb ip link set dev "$dev" up || echo "hpcvm-guest: error: cannot bring $dev up"
+            ip link set dev "$dev" up || echo "hpcvm-guest: error: cannot bring $dev up"
             # Duplicate address detection first (RFC 5227's probe): an address someone
             # on the segment answers for is left off and reported (hpcvm up fails).
             if [ -n "$addr" ]; then
-                if $bb arping -D -q -I "$dev" -c 1 -w 1 "${addr%/*}"; then
-                    $bb ip addr add "$addr" dev "$dev" ||
+                if arping -D -q -I "$dev" -c 1 -w 1 "${addr%/*}"; then
+                    ip addr add "$addr" dev "$dev" ||
                         echo "hpcvm-guest: error: cannot give $dev the address $addr"
                 else
                     echo "hpcvm-guest: error: ${addr%/*} is in use on the segment already"
@@ -226,41 +253,41 @@ for arg in $($bb cat /proc/cmdline); do
 done
 
 for cmd in shutdown poweroff reboot halt; do
-    $bb rm -f "/sbin/$cmd"
-    $bb ln -s /run/hpcvm/shutdown "/sbin/$cmd"
+    rm -f "/sbin/$cmd"
+    ln -s /run/hpcvm/shutdown "/sbin/$cmd"
 done
 """
 
 AGENT = r"""# hpcvm guest: start the host's qemu-guest-agent on its virtio-serial port. Without
 # udev nothing names the ports, so make the /dev/virtio-ports/ links qemu-ga expects.
-bb=/run/hpcvm/busybox
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
 port=org.qemu.guest_agent.0
-for arg in $($bb cat /proc/cmdline); do
+read -r cmdline < /proc/cmdline
+for arg in $cmdline; do
     case "$arg" in
         hpcvm.agent=*) port="${arg#*=}" ;;
     esac
 done
-$bb mkdir -p /dev/virtio-ports
+mkdir -p /dev/virtio-ports
 i=0
 while [ ! -e "/dev/virtio-ports/$port" ] && [ $i -lt 600 ]; do
     for dir in /sys/class/virtio-ports/vport*; do
         [ -r "$dir/name" ] || continue
-        n=$($bb cat "$dir/name")
-        [ -n "$n" ] && $bb ln -sf "../${dir##*/}" "/dev/virtio-ports/$n"
+        read -r n < "$dir/name" || n=
+        [ -n "$n" ] && ln -sf "../${dir##*/}" "/dev/virtio-ports/$n"
     done
-    [ -e "/dev/virtio-ports/$port" ] || $bb sleep 0.05
+    [ -e "/dev/virtio-ports/$port" ] || sleep 0.05
     i=$((i + 1))
 done
 if [ ! -e "/dev/virtio-ports/$port" ]; then
     echo "hpcvm-guest: no virtio-serial port named $port: the guest agent is not started"
     exit 0
 fi
-$bb mkdir -p /run/qemu-ga
+mkdir -p /run/qemu-ga
 while :; do
     /usr/sbin/qemu-ga -m virtio-serial -p "/dev/virtio-ports/$port" -t /run/qemu-ga
     echo "hpcvm-guest: qemu-ga exited with status $?; restarting it"
-    $bb sleep 1
+    sleep 1
 done
 """
 

@@ -4,7 +4,24 @@
 builds one from an hwloc synthetic description. Both go through hwloc and one parser.
 """
 
-from hpcvm.host.discover import discover, synthetic
-from hpcvm.host.model import HostTopology
+from typing import TYPE_CHECKING
 
-__all__ = ["HostTopology", "discover", "synthetic"]
+from hpcvm.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from hpcvm.host.discover import discover, synthetic
+    from hpcvm.host.model import HostTopology
+
+__all__ = [
+    "HostTopology",
+    "discover",
+    "synthetic",
+]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "hpcvm.host.discover": ("discover", "synthetic"),
+        "hpcvm.host.model": ("HostTopology",),
+    },
+)

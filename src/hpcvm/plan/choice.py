@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from hpcvm.plan.model import SmtPolicy
+from hpcvm.plan.names import SmtPolicy
 from hpcvm.plan.placement import CpuLayout, domain_distance, smt_cores, split_shares
 
 # (memory node, vCPUs) per used domain, strict (free pages only) -> does the memory fit

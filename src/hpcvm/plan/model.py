@@ -16,19 +16,14 @@ from typing import Literal
 from pydantic import Field
 
 from hpcvm.model import Frozen
+from hpcvm.plan.names import PROFILE_NAMES as PROFILE_NAMES  # re-exported: older importers
+from hpcvm.plan.names import SMT_POLICIES as SMT_POLICIES
+from hpcvm.plan.names import AccelChoice as AccelChoice
+from hpcvm.plan.names import ProfileName as ProfileName
+from hpcvm.plan.names import SmtPolicy as SmtPolicy
 
 PLAN_SCHEMA_VERSION = 1
 
-ProfileName = Literal["naive", "pinned", "hugepages", "numa", "hpc"]
-PROFILE_NAMES: tuple[ProfileName, ...] = ("naive", "pinned", "hugepages", "numa", "hpc")
-AccelChoice = Literal["auto", "kvm", "tcg"]
-# How vCPUs meet SMT siblings (docs/planning.md); OpenStack's hw:cpu_thread_policy in
-# brackets: "cores" one vCPU per physical core, siblings only when the host has fewer
-# free cores than vCPUs (isolate, as long as the cores suffice); "pack" fewest nodes,
-# a core's siblings filled together (prefer); "require" like pack on cores with
-# siblings only, refused on a host without SMT (require).
-SmtPolicy = Literal["cores", "pack", "require"]
-SMT_POLICIES: tuple[SmtPolicy, ...] = ("cores", "pack", "require")
 # The OpenStack thread policy each SMT policy means in intent. The flavor hpcvm renders
 # (render/openstack.py) picks what Nova can schedule on the planned host instead: on an
 # SMT host a cores-first plan is `prefer` with one thread per core in cpu_dedicated_set,

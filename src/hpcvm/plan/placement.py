@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from hpcvm.errors import InfeasiblePlanError
 from hpcvm.host.model import HostTopology
-from hpcvm.plan.model import SmtPolicy
+from hpcvm.plan.names import SmtPolicy
 from hpcvm.units import format_cpu_list
 
 NODELESS = -1  # domain key of the PUs that belong to no NUMA node

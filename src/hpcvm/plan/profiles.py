@@ -4,7 +4,8 @@ measured on its own (the study's figures compare exactly these steps)."""
 
 from __future__ import annotations
 
-from hpcvm.plan.model import Profile, ProfileName
+from hpcvm.plan.model import Profile
+from hpcvm.plan.names import ProfileName
 from hpcvm.units import GIB, KIB, MIB
 
 SMALL_PAGE = 4 * KIB

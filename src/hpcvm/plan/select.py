@@ -15,7 +15,8 @@ from hpcvm.host.model import HostTopology
 from hpcvm.plan.choice import MemoryFit, choose_domains
 from hpcvm.plan.explain import explain_selection
 from hpcvm.plan.memory import check_host_total, largest_fitting, memory_fits, qemu_overhead
-from hpcvm.plan.model import PlanRequest, Profile, SmtPolicy
+from hpcvm.plan.model import PlanRequest, Profile
+from hpcvm.plan.names import SmtPolicy
 from hpcvm.plan.notes import Notes
 from hpcvm.plan.passthrough import CheckedDevice
 from hpcvm.plan.placement import CpuLayout, Selection, make_selection, smt_cores, too_many_vcpus

@@ -244,12 +244,17 @@ def _sysinfo(domain: ET.Element, boot: BootSpec) -> None:
 
 
 def _agent(devices: ET.Element, boot: BootSpec) -> None:
-    """qemu-guest-agent's virtio-serial port, on a unix socket the runtime connects to."""
+    """qemu-guest-agent's virtio-serial port, on a unix socket the runtime connects to,
+    and hpcvm's completion port beside it."""
     if boot.agent_socket is None:
         return
-    channel = ET.SubElement(devices, "channel", type="unix")
-    ET.SubElement(channel, "source", mode="bind", path=boot.agent_socket)
-    ET.SubElement(channel, "target", type="virtio", name=boot.agent_port_name)
+    ports = [(boot.agent_socket, boot.agent_port_name)]
+    if boot.done_socket is not None:
+        ports.append((boot.done_socket, boot.done_port_name))
+    for path, name in ports:
+        channel = ET.SubElement(devices, "channel", type="unix")
+        ET.SubElement(channel, "source", mode="bind", path=path)
+        ET.SubElement(channel, "target", type="virtio", name=name)
 
 
 def _interfaces(devices: ET.Element, boot: BootSpec) -> None:

@@ -358,22 +358,22 @@ def _share(plan: VMPlan, boot: BootSpec) -> Args:
 
 
 def _agent(plan: VMPlan, boot: BootSpec) -> Args:
-    """qemu-guest-agent's virtio-serial port on a unix socket the runtime connects to;
-    ``wait=off`` so QEMU starts without a client."""
+    """qemu-guest-agent's virtio-serial port on a unix socket the runtime connects to,
+    and hpcvm's completion port on the same bus; ``wait=off`` so QEMU starts without a
+    client."""
     if boot.agent_socket is None:
         return []
-    chardev = opts(
-        "socket", ("id", "qga0"), ("path", boot.agent_socket), ("server", "on"), ("wait", "off")
-    )
-    port = opts("virtserialport", ("chardev", "qga0"), ("name", boot.agent_port_name))
-    return [
-        "-chardev",
-        chardev,
-        "-device",
-        opts("virtio-serial-pci", ("id", "vser0")),
-        "-device",
-        port,
-    ]
+    argv: Args = []
+    ports = [("qga0", boot.agent_socket, boot.agent_port_name)]
+    if boot.done_socket is not None:
+        ports.append(("done0", boot.done_socket, boot.done_port_name))
+    for ident, path, _name in ports:
+        chardev = opts("socket", ("id", ident), ("path", path), ("server", "on"), ("wait", "off"))
+        argv += ["-chardev", chardev]
+    argv += ["-device", opts("virtio-serial-pci", ("id", "vser0"))]
+    for ident, _path, name in ports:
+        argv += ["-device", opts("virtserialport", ("chardev", ident), ("name", name))]
+    return argv
 
 
 NIC_DEVICES = {"virtio": "virtio-net-pci", "e1000": "e1000"}  # QEMU device per model

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from hpcvm.host.model import HostTopology
-from hpcvm.plan.model import VMPlan
 from hpcvm.registry import Registry
+
+if TYPE_CHECKING:
+    from hpcvm.host.model import HostTopology
+    from hpcvm.plan.model import VMPlan
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,16 @@ is a function of it: ``write_report(data, out_dir, formats)``; ``compare(a, b)``
 ``write_comparison(comparison, out_dir, formats)`` for ``--compare``.
 """
 
-from hpcvm.report.compare import CompareRow, Comparison, compare
-from hpcvm.report.formats import FORMATS, ReportFormat, register
-from hpcvm.report.load import build_report, load_report
-from hpcvm.report.model import ReportData, Row
-from hpcvm.report.write import write_comparison, write_report
+from typing import TYPE_CHECKING
+
+from hpcvm.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from hpcvm.report.compare import CompareRow, Comparison, compare
+    from hpcvm.report.formats import FORMATS, ReportFormat, register
+    from hpcvm.report.load import build_report, load_report
+    from hpcvm.report.model import ReportData, Row
+    from hpcvm.report.write import write_comparison, write_report
 
 __all__ = [
     "FORMATS",
@@ -26,3 +31,14 @@ __all__ = [
     "write_comparison",
     "write_report",
 ]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "hpcvm.report.compare": ("CompareRow", "Comparison", "compare"),
+        "hpcvm.report.formats": ("FORMATS", "ReportFormat", "register"),
+        "hpcvm.report.load": ("build_report", "load_report"),
+        "hpcvm.report.model": ("ReportData", "Row"),
+        "hpcvm.report.write": ("write_comparison", "write_report"),
+    },
+)

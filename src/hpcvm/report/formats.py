@@ -5,6 +5,8 @@ are drawn first), and two renderers, one for a run and one for two runs compared
 Adding a format is one module that builds a ReportFormat and one ``register`` call (in
 hpcvm, or from a plugin: see hpcvm/plugins.py); ``--format`` offers exactly the
 registered names, and an unknown name is a one-line UsageError, never a fallback.
+Renderers are imported when a format is written, so listing the formats (``--help``)
+loads no report code.
 """
 
 from __future__ import annotations
@@ -13,18 +15,19 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcvm.registry import Registry
-from hpcvm.report.compare import Comparison
-from hpcvm.report.figures import FigureFile
-from hpcvm.report.html import render_compare_html, render_html
-from hpcvm.report.markdown import render_compare_markdown, render_markdown
-from hpcvm.report.model import ReportData
+
+if TYPE_CHECKING:
+    from hpcvm.report.compare import Comparison
+    from hpcvm.report.figures import FigureFile
+    from hpcvm.report.model import ReportData
 
 JSON_SCHEMA = "hpcvm-report/1"
 
-RenderRun = Callable[[ReportData, Sequence[FigureFile], Path], str]
-RenderCompare = Callable[[Comparison, Sequence[FigureFile], Path], str]
+RenderRun = Callable[["ReportData", Sequence["FigureFile"], Path], str]
+RenderCompare = Callable[["Comparison", Sequence["FigureFile"], Path], str]
 
 
 @dataclass(frozen=True)
@@ -94,13 +97,37 @@ def compare_json(c: Comparison, figures: Sequence[FigureFile], _out: Path) -> st
     )
 
 
+def _html(data: ReportData, figures: Sequence[FigureFile], out: Path) -> str:
+    from hpcvm.report.html import render_html
+
+    return render_html(data, figures, out)
+
+
+def _html_compare(c: Comparison, figures: Sequence[FigureFile], out: Path) -> str:
+    from hpcvm.report.html import render_compare_html
+
+    return render_compare_html(c, figures, out)
+
+
+def _markdown(data: ReportData, figures: Sequence[FigureFile], _out: Path) -> str:
+    from hpcvm.report.markdown import render_markdown
+
+    return render_markdown(data, figures)
+
+
+def _markdown_compare(c: Comparison, figures: Sequence[FigureFile], _out: Path) -> str:
+    from hpcvm.report.markdown import render_compare_markdown
+
+    return render_compare_markdown(c, figures)
+
+
 register(
     ReportFormat(
         name="html",
         suffix="html",
         figures=True,
-        render=render_html,
-        render_compare=render_compare_html,
+        render=_html,
+        render_compare=_html_compare,
         description="one self-contained page with the figures embedded",
     )
 )
@@ -109,8 +136,8 @@ register(
         name="md",
         suffix="md",
         figures=True,
-        render=lambda data, figures, _out: render_markdown(data, figures),
-        render_compare=lambda c, figures, _out: render_compare_markdown(c, figures),
+        render=_markdown,
+        render_compare=_markdown_compare,
         description="Markdown for issues and papers, figures as PNG files beside it",
     )
 )

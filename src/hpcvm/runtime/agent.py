@@ -31,6 +31,8 @@ _SYNC_ATTEMPT = 1.0  # seconds to wait for one guest-sync reply while the guest 
 _CONNECT_RETRY = 0.1
 _POLL_FIRST = 0.01  # guest-exec-status polling: short commands answer in ~0.1 s
 _POLL_MAX = 0.25
+_SIGNALLED_POLL = 1.0  # status asked this often while a completion signal is awaited
+_POLL_SIGNALLED = 0.005  # the first status poll after the signal (the exit follows it)
 _READ_CHUNK = 48 * 1024  # guest-file-read count
 
 
@@ -255,6 +257,7 @@ class GuestAgent:
         *,
         input: bytes | None = None,
         env: list[str] | None = None,
+        finished: Callable[[float], bool] | None = None,
     ) -> ExecResult:
         """Run ``argv`` in the guest (no shell; PATH is searched) and wait for it.
 
@@ -263,6 +266,10 @@ class GuestAgent:
         ``timeout`` seconds the process is sent SIGKILL (guest-exec has no kill, so a
         ``kill`` runs in the guest) and RuntimeFailure says it "timed out". qemu-ga
         keeps at most 16 MiB of each stream.
+
+        ``finished(seconds)``, where the command signals its own end (runtime/
+        completion.py), blocks up to ``seconds`` and says whether it has: the status is
+        then asked once a second while it runs, instead of polling that backs off.
         """
         if not argv:
             raise RuntimeFailure("nothing to run in the guest: empty command")
@@ -281,7 +288,7 @@ class GuestAgent:
                     f"cannot run {argv[0]!r} in the guest: {desc}", desc
                 ) from exc
             pid = int(started["pid"])
-            status = self._wait_exit(pid, argv, begin, timeout)
+            status = self._wait_exit(pid, argv, begin, timeout, finished)
         except AgentGone as exc:
             raise AgentGone(
                 f"the VM stopped while running {argv[0]!r} (the guest agent went away)"
@@ -289,10 +296,19 @@ class GuestAgent:
         return _result(status, time.monotonic() - begin)
 
     def _wait_exit(
-        self, pid: int, argv: list[str], begin: float, timeout: float | None
+        self,
+        pid: int,
+        argv: list[str],
+        begin: float,
+        timeout: float | None,
+        finished: Callable[[float], bool] | None = None,
     ) -> dict[str, Any]:
         delay = _POLL_FIRST
         while True:
+            if finished is not None:
+                left = _SIGNALLED_POLL if timeout is None else timeout - (time.monotonic() - begin)
+                if finished(max(0.0, min(_SIGNALLED_POLL, left))):
+                    finished, delay = None, _POLL_SIGNALLED  # its exit is a moment away
             status = self.call("guest-exec-status", {"pid": pid})
             if isinstance(status, dict) and status.get("exited"):
                 return status
@@ -303,8 +319,9 @@ class GuestAgent:
                     + ("it was killed" if killed else "it may still be running there"),
                     cause="timeout",
                 )
-            time.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX)
+            if finished is None:
+                time.sleep(delay)
+                delay = min(delay * 2, _POLL_MAX)
 
     def _kill(self, pid: int) -> bool:
         """SIGKILL a guest process; True when it is gone (its status collected)."""

@@ -9,11 +9,14 @@ extension point this is an ``hpcvm.registry.Registry``: a new backend plugs in w
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hpcvm.registry import Registry
-from hpcvm.runtime.model import Backend
 
-BackendFactory = Callable[[str | None], Backend]
+if TYPE_CHECKING:  # the names alone (for --help and option choices) import no model
+    from hpcvm.runtime.model import Backend
+
+BackendFactory = Callable[[str | None], "Backend"]
 
 
 def _qemu(connect_uri: str | None) -> Backend:

@@ -338,8 +338,9 @@ class LibvirtBackend:
         except BaseException:
             self._remove(dom)
             raise
-        if machine.boot.agent_socket:
-            paths.make_private(Path(machine.boot.agent_socket))
+        for sock in (machine.boot.agent_socket, machine.boot.done_socket):
+            if sock:
+                paths.make_private(Path(sock))
         return machine.model_copy(update={"pid": pid, "connect_uri": self.uri})
 
     def _refuse_existing(self, machine: Machine) -> None:
@@ -449,9 +450,10 @@ class LibvirtBackend:
                 "destroyed its domain",
                 cause="qemu",
             )
-        if machine.boot.agent_socket:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(machine.boot.agent_socket)
+        for sock in (machine.boot.agent_socket, machine.boot.done_socket):
+            if sock:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(sock)
 
     def _destroy(self, dom: Any, timeout: float) -> None:
         libvirt = _libvirt()

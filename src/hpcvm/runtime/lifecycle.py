@@ -17,7 +17,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,26 +38,20 @@ from hpcvm.runtime.boot import (
     with_shares,
 )
 from hpcvm.runtime.confine import QemuUser
-from hpcvm.runtime.model import Backend, ExecResult, Machine
+from hpcvm.runtime.model import Backend, Machine
 from hpcvm.runtime.options import UpOptions
+from hpcvm.runtime.timeouts import DOWN_TIMEOUT as DOWN_TIMEOUT  # re-exported
+from hpcvm.runtime.timeouts import ENV_READY_TIMEOUT as ENV_READY_TIMEOUT
+from hpcvm.runtime.timeouts import EXEC_TIMEOUT_EXIT as EXEC_TIMEOUT_EXIT
+from hpcvm.runtime.timeouts import READY_TIMEOUT as READY_TIMEOUT
 from hpcvm.signals import signals_deferred
 
 if TYPE_CHECKING:
     from hpcvm.runtime.agent import GuestAgent
 
-ENV_READY_TIMEOUT = "HPCVM_READY_TIMEOUT"
-READY_TIMEOUT = {"tcg": 90.0, "kvm": 30.0}  # seconds from QEMU start to the agent
-DOWN_TIMEOUT = 30.0
 ADDRESS_IN_USE_FILE = "/run/hpcvm/address-in-use"  # written by the guest (guest/scripts.py)
-EXEC_TIMEOUT_EXIT = 124  # like timeout(1)
 
 Warn = Callable[[str], None]
-
-
-class ExecTimeout(RuntimeFailure):
-    """A guest command outlived its timeout; exits 124 like timeout(1)."""
-
-    exit_code = EXEC_TIMEOUT_EXIT
 
 
 # -- up -----------------------------------------------------------------------------------
@@ -265,6 +259,7 @@ def _new_machine(
     boot = media_boot.model_copy(
         update={
             "agent_socket": str(run_dir / paths.AGENT_SOCKET),
+            "done_socket": str(run_dir / paths.DONE_SOCKET),
             "qmp_socket": str(run_dir / paths.QMP_SOCKET),
             "serial_log": str(run_dir / paths.CONSOLE_LOG),
             "pidfile": str(run_dir / paths.PID_FILE),
@@ -357,18 +352,14 @@ def _check_guest_nics(machine: Machine) -> None:
     """When the guest configured its NICs itself (``hpcvm.net=``), check from inside
     that it did: a VM that is up without its network would fail only later, in the
     middle of an MPI job on several hosts. One agent call, only for VMs with NICs."""
-    from hpcvm.runtime.agent import GuestAgent
+    from hpcvm.runtime.guest_exec import connected
     from hpcvm.runtime.verify_nics import check_nics
 
     if not machine.boot.nics or not machine.boot.share_table:
         return
-    assert machine.boot.agent_socket is not None
-    agent = GuestAgent(machine.boot.agent_socket, timeout=60.0)
-    try:
+    with connected(machine, timeout=60.0) as agent:
         failed = [c for c in check_nics(machine.boot.nics, agent) if not c.ok]
         taken = _addresses_in_use(agent) if failed else []
-    finally:
-        agent.close()
     if taken:
         raise RuntimeFailure(
             f"address {', '.join(taken)} is in use on the segment already (the guest's "
@@ -435,42 +426,6 @@ def _as_failure(exc: BaseException, machine: Machine, backend: Backend) -> BaseE
     if isinstance(exc, HpcvmError):
         return exc
     return RuntimeFailure(f"starting VM {machine.name} failed: {type(exc).__name__}: {exc}")
-
-
-# -- exec ---------------------------------------------------------------------------------
-
-
-def exec_in(machine: Machine, argv: Sequence[str], timeout: float | None = None) -> ExecResult:
-    """Run ``argv`` in the guest (no shell) and return its output and exit code.
-
-    Raises ExecTimeout after ``timeout`` seconds, RuntimeFailure when the VM dies.
-    """
-    from hpcvm.runtime.agent import GuestAgent
-
-    if not argv:
-        raise UsageError("nothing to run: give a command after --")
-    backend = get_backend(machine.backend, machine.connect_uri)
-    if not backend.alive(machine):
-        raise RuntimeFailure(
-            f"VM {machine.name} is not running (QEMU pid {machine.pid} gone)", cause="qemu"
-        )
-    assert machine.boot.agent_socket is not None
-    agent = GuestAgent(machine.boot.agent_socket, timeout=30.0, console_log=machine.boot.serial_log)
-    try:
-        return agent.exec(list(argv), timeout=timeout)
-    except HpcvmError as exc:
-        if not backend.alive(machine):
-            raise RuntimeFailure(
-                f"VM {machine.name} died while running {argv[0]!r}; see its console log "
-                f"{machine.boot.serial_log}"
-            ) from exc
-        if timeout is not None and exc.cause == "timeout":
-            raise ExecTimeout(
-                f"{argv[0]!r} did not finish within {timeout:g} s in VM {machine.name}"
-            ) from exc
-        raise
-    finally:
-        agent.close()
 
 
 # -- down ---------------------------------------------------------------------------------

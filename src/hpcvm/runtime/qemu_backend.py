@@ -36,7 +36,7 @@ from hpcvm.runtime.confine import QemuUser, qemu_user
 from hpcvm.runtime.model import Machine
 
 STARTUP_TIMEOUT = 60.0  # QEMU up to its QMP socket; huge page preallocation can be slow
-_POLL = 0.05
+_POLL = 0.01  # QMP socket checks while QEMU starts: each is a stat, waiting is boot time
 
 
 def log_tail(path: Path, lines: int = 4) -> str:
@@ -93,7 +93,7 @@ class QemuBackend:
             _kill(proc)
             network.release_nics(machine.boot.nics)
             raise
-        for sock in (machine.boot.qmp_socket, machine.boot.agent_socket):
+        for sock in (machine.boot.qmp_socket, machine.boot.agent_socket, machine.boot.done_socket):
             if sock:
                 paths.make_private(Path(sock))
         return started
@@ -189,7 +189,7 @@ class QemuBackend:
             if not wait_gone(machine, timeout, self.alive):
                 self.kill(machine)
         self._forget(machine)
-        for sock in (machine.boot.qmp_socket, machine.boot.agent_socket):
+        for sock in (machine.boot.qmp_socket, machine.boot.agent_socket, machine.boot.done_socket):
             if sock:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(sock)

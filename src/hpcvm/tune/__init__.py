@@ -8,6 +8,20 @@ what was there, also after a crash. ``snapshot_state`` is the cheap read-only vi
 ``bench`` records with every run.
 """
 
-from hpcvm.tune.snapshot import snapshot_state
+from typing import TYPE_CHECKING
 
-__all__ = ["snapshot_state"]
+from hpcvm.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from hpcvm.tune.snapshot import snapshot_state
+
+__all__ = [
+    "snapshot_state",
+]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "hpcvm.tune.snapshot": ("snapshot_state",),
+    },
+)

@@ -24,11 +24,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from hpcvm.lock import Holder, exclusive
+from hpcvm.tune.dirs import DEFAULT_DIR as DEFAULT_DIR  # re-exported
+from hpcvm.tune.dirs import ENV_DIR as ENV_DIR
 from hpcvm.tune.errors import TuneError
 from hpcvm.tune.model import SavedState, TuneTarget
 
-ENV_DIR = "HPCVM_TUNE_DIR"
-DEFAULT_DIR = Path("/var/lib/hpcvm/tune")
 STATE_FILE = "state.json"
 LOCK_FILE = "tune.lock"
 ENV_HOST_DIR = "HPCVM_TUNE_HOST_DIR"

@@ -1,0 +1,103 @@
+"""Commands in a running guest, through its agent, with one meaning for their errors:
+``ExecTimeout`` (exit 124, like timeout(1)) when the command outlives its timeout, a
+``RuntimeFailure`` naming the console log when the VM is gone or died meanwhile.
+
+``connected(machine)`` opens the agent connection a caller keeps for several commands
+(bench keeps one for a VM's life: a new connection costs some 100 ms of sync under
+TCG); ``exec_on`` runs one command on it; ``exec_in`` opens, runs and closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
+from hpcvm.runtime.backends import get_backend
+from hpcvm.runtime.model import ExecResult, Machine
+from hpcvm.runtime.timeouts import EXEC_TIMEOUT_EXIT
+
+if TYPE_CHECKING:
+    from hpcvm.runtime.agent import GuestAgent
+
+AGENT_TIMEOUT = 30.0  # seconds for the agent's own answers (not the command's run)
+
+
+class ExecTimeout(RuntimeFailure):
+    """A guest command outlived its timeout; exits 124 like timeout(1)."""
+
+    exit_code = EXEC_TIMEOUT_EXIT
+
+
+@contextlib.contextmanager
+def connected(machine: Machine, timeout: float = AGENT_TIMEOUT) -> Iterator[GuestAgent]:
+    """An open connection to ``machine``'s guest agent, closed after the block."""
+    from hpcvm.runtime.agent import GuestAgent
+
+    if not machine.boot.agent_socket:
+        raise RuntimeFailure(f"VM {machine.name} has no guest agent socket")
+    agent = GuestAgent(
+        machine.boot.agent_socket, timeout=timeout, console_log=machine.boot.serial_log
+    )
+    try:
+        yield agent
+    finally:
+        agent.close()
+
+
+def exec_on(
+    machine: Machine,
+    agent: GuestAgent,
+    argv: Sequence[str],
+    timeout: float | None = None,
+    *,
+    input: bytes | None = None,
+    env: Sequence[str] | None = None,
+    finished: Callable[[float], bool] | None = None,
+    alive: Callable[[Machine], bool] | None = None,
+) -> ExecResult:
+    """Run ``argv`` (no shell) on an open connection; its output and exit code.
+    ``alive`` says whether the VM runs (default: its backend's answer)."""
+    if not argv:
+        raise UsageError("nothing to run: give a command after --")
+    if alive is None:
+        alive = get_backend(machine.backend, machine.connect_uri).alive
+    if not alive(machine):
+        raise RuntimeFailure(
+            f"VM {machine.name} is not running (QEMU pid {machine.pid} gone)", cause="qemu"
+        )
+    try:
+        return agent.exec(
+            list(argv),
+            timeout=timeout,
+            input=input,
+            env=list(env) if env is not None else None,
+            finished=finished,
+        )
+    except HpcvmError as exc:
+        if not alive(machine):
+            raise RuntimeFailure(
+                f"VM {machine.name} died while running {argv[0]!r}; see its console log "
+                f"{machine.boot.serial_log}"
+            ) from exc
+        if timeout is not None and exc.cause == "timeout":
+            raise ExecTimeout(
+                f"{argv[0]!r} did not finish within {timeout:g} s in VM {machine.name}"
+            ) from exc
+        raise
+
+
+def exec_in(
+    machine: Machine,
+    argv: Sequence[str],
+    timeout: float | None = None,
+    *,
+    input: bytes | None = None,
+    env: Sequence[str] | None = None,
+) -> ExecResult:
+    """``exec_on`` on a connection of its own."""
+    if not argv:
+        raise UsageError("nothing to run: give a command after --")
+    with connected(machine) as agent:
+        return exec_on(machine, agent, argv, timeout, input=input, env=env)

@@ -1,0 +1,9 @@
+"""How long hpcvm waits for a VM, as plain numbers: the CLI shows them in ``--help``
+without importing the runtime that uses them (runtime/lifecycle.py)."""
+
+from __future__ import annotations
+
+ENV_READY_TIMEOUT = "HPCVM_READY_TIMEOUT"
+READY_TIMEOUT = {"tcg": 90.0, "kvm": 30.0}  # seconds from QEMU start to the agent
+DOWN_TIMEOUT = 30.0
+EXEC_TIMEOUT_EXIT = 124  # like timeout(1)
