@@ -29,6 +29,8 @@ COMMAND_MODULES: dict[str, str] = {
     "report": "report_cmd",
     "tune": "tune_cmd",
     "cluster": "cluster_cmd",
+    "checkpoint": "checkpoint_cmd",
+    "restore": "checkpoint_cmd",
 }
 
 
