@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from hpcvm.runtime.checkpoint_model import (
     MANIFEST,
     PLAN_FILE,
     STATE_FILE,
+    BaseImage,
     Emulator,
     Manifest,
     guest_abi,
@@ -195,3 +197,22 @@ def test_another_qemu_is_refused_and_another_build_warned(
     rebuilt = EMULATOR.model_copy(update={"package": "Debian 1:7.2 rebuilt"})
     checkpoint.check_emulator(loaded, rebuilt, warnings.append)
     assert len(warnings) == 1 and "rebuilt" in warnings[0]
+
+
+def test_the_image_under_the_overlay_must_be_the_one_saved_over(
+    tmp_path: Path, saved_plan: VMPlan
+) -> None:
+    image = tmp_path / "base.qcow2"
+    image.write_bytes(b"\0" * 4096)
+    info = image.stat()
+    loaded = checkpoint_dir.load(write(tmp_path / "ck", saved_plan))
+    base = BaseImage(path=str(image), size=info.st_size, mtime_ns=info.st_mtime_ns)
+    with_base = replace(loaded, manifest=loaded.manifest.model_copy(update={"base_image": base}))
+    checkpoint.check_base_image(with_base)  # unchanged: accepted
+    with image.open("ab") as fh:
+        fh.write(b"written by someone since")
+    with pytest.raises(UsageError, match="changed since checkpoint"):
+        checkpoint.check_base_image(with_base)
+    image.unlink()
+    with pytest.raises(UsageError, match="is not there"):
+        checkpoint.check_base_image(with_base)
