@@ -13,7 +13,8 @@ repetition by repetition, in random order within each pair:
   file, re-plan, start QEMU, load the state, resume, until the agent answers; the
   restored VM is stopped afterwards) against ``dd if=DIR/dd of=/dev/null bs=4M``;
   beside it, untimed by the ratio, how long ``checkpoint.load`` (reading and hashing
-  every file, the first step of a restore) takes alone.
+  every file, the first step of a restore) takes alone, and of each save how long QEMU
+  took to write the state (the rest: hashing, copying the disk, fsync, rename).
   Before each read both files are dropped from the page cache (posix_fadvise
   DONTNEED on those files only), so both sides read from the disk.
 
@@ -76,19 +77,20 @@ def dd_read(path: Path) -> float:
     return time.monotonic() - begin
 
 
-def save(name: str, target: Path) -> tuple[int, float]:
-    """Pause, save, resume; (checkpoint bytes, seconds of the save alone)."""
+def save(name: str, target: Path) -> tuple[int, float, float]:
+    """Pause, save, resume; (checkpoint bytes, seconds of the save alone, of which
+    QEMU writing the state)."""
     from hpcvm.runtime.state import load_machine
 
     machine = load_machine(name)
     checkpoint.pause(machine)
     try:
         begin = time.monotonic()
-        checkpoint.save(machine, target)
+        saved = checkpoint.save(machine, target)
         seconds = time.monotonic() - begin
     finally:
         checkpoint.resume(machine)
-    return sum(p.stat().st_size for p in target.iterdir()), seconds
+    return sum(p.stat().st_size for p in target.iterdir()), seconds, saved.state_seconds
 
 
 def checking(target: Path) -> float:
@@ -120,7 +122,8 @@ def one_rep(name: str, work: Path, rep: int, dd_bytes: int) -> dict[str, float]:
         if side == "dd":
             rates["dd_write"] = dd_bytes / dd_write(dd_file, dd_bytes)
         else:
-            nbytes, seconds = save(name, target)
+            nbytes, seconds, rates["state_s"] = save(name, target)
+            rates["checkpoint_s"] = seconds
             rates["checkpoint"] = nbytes / seconds
     random.shuffle(sides)
     for side in sides:
@@ -177,7 +180,7 @@ def main() -> None:
     try:
         print(f"booting {args.image} ({args.memory}, filling {args.fill}) ...", flush=True)
         boot(name, args.image, parse_size(args.memory), parse_size(args.fill))
-        warmup, _ = save(name, work / "warmup")  # sizes dd's side; not counted
+        warmup, _, _ = save(name, work / "warmup")  # sizes dd's side; not counted
         restore(work / "warmup", f"{name}-warmup")
         shutil.rmtree(work / "warmup")
         print(f"checkpoint size {warmup / 2**20:.1f} MiB; dd of the same size in {work}")
@@ -189,7 +192,9 @@ def main() -> None:
             ratios["read"].append(rates["restore"] / rates["dd_read"])
             print(
                 f"rep {rep}: checkpoint {rates['checkpoint'] / 2**20:6.1f} MiB/s, dd write "
-                f"{rates['dd_write'] / 2**20:6.1f} MiB/s (x{ratios['write'][-1]:.2f}); restore "
+                f"{rates['dd_write'] / 2**20:6.1f} MiB/s (x{ratios['write'][-1]:.2f}; save "
+                f"{rates['checkpoint_s']:.1f} s, of which QEMU writing the state "
+                f"{rates['state_s']:.1f} s); restore "
                 f"{rates['restore'] / 2**20:6.1f} MiB/s, dd read "
                 f"{rates['dd_read'] / 2**20:6.1f} MiB/s (x{ratios['read'][-1]:.2f}); restore "
                 f"{rates['restore_s']:.1f} s, of which checking the files alone takes "
