@@ -117,6 +117,7 @@ class BootSpec(Frozen):
     qmp_socket: str | None = None  # QMP unix socket (QEMU backend)
     pidfile: str | None = None
     paused: bool = False  # start with vCPUs stopped (-S)
+    incoming: bool = False  # wait for a saved state (-incoming defer; runtime/checkpoint.py)
     run_as: str | None = None  # QEMU drops to this user once set up (-runas)
     sandbox: bool = False  # QEMU's seccomp sandbox (-sandbox on,...)
     nics: tuple[Nic, ...] = ()  # network interfaces (runtime/network.py)

@@ -326,6 +326,8 @@ def test_disk_and_seed_on_iothreads() -> None:
         ("/img/guest.QCOW2", "qcow2", None),
         ("/img/seed.img", "raw", "on"),
     ]
+    # held read-write: a QEMU under -runas cannot reopen it when a checkpoint hands it over
+    assert [d.get("auto-read-only") for d in drives] == ["off", None]
     blk = [o for o in map(rp.parse_opts, rp.values(argv, "-device")) if o.head == "virtio-blk-pci"]
     assert [b.get("drive") for b in blk] == [d.get("id") for d in drives]
     assert [b.get("id") for b in blk] == ["virtio-disk0", "virtio-seed0"]

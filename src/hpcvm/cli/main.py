@@ -78,6 +78,16 @@ COMMANDS: dict[str, LazyCommand] = {
         "cluster_cmd",
         "Tuned VMs on every node of a batch job, joined by a network, running MPI.",
     ),
+    "checkpoint": LazyCommand(
+        "checkpoint_cmd",
+        "Pause VM NAME, save its RAM, devices and disk into DIRECTORY (a new directory), "
+        "then stop it, or with --resume run it on.",
+    ),
+    "restore": LazyCommand(
+        "checkpoint_cmd",
+        "Start the VM saved in DIRECTORY on this host: re-planned here (pins, memory "
+        "binding, huge pages), with the very same guest; its clock is stepped to the host's.",
+    ),
 }
 # Command name -> the module under hpcvm.cli that registers it. Modules are imported only
 # when their command runs or shows its own help, so `hpcvm exec` does not pay for scipy

@@ -312,7 +312,12 @@ def _disks(plan: VMPlan, boot: BootSpec) -> Args:
     """The disk image (boot disk) and the NoCloud seed (raw, read-only), each as
     ``-drive if=none`` plus an explicit ``virtio-blk-pci``, which is what lets the
     device run on a planned I/O thread (``if=virtio`` cannot say ``iothread=``). Device
-    ids (virtio-disk0, virtio-seed0, as libvirt names them) make them findable in QOM."""
+    ids (virtio-disk0, virtio-seed0, as libvirt names them) make them findable in QOM.
+    The writable disk is held open read-write from the start (``auto-read-only=off``):
+    otherwise QEMU reopens it by path when a checkpoint hands the disk over and when a
+    restore or ``cont`` takes it back, which a QEMU that dropped to its own user
+    (``-runas``) may not do in hpcvm's private run dir (measured, QEMU 7.2:
+    "bdrv_inactivate_all() failed"; runtime/checkpoint_qemu.py)."""
     disks = [("disk0", boot.disk_image, False), ("seed0", boot.seed_image, True)]
     iothreads = iothread_ids(plan)
     argv: Args = []
@@ -320,8 +325,7 @@ def _disks(plan: VMPlan, boot: BootSpec) -> Args:
         assert path is not None
         fmt = "raw" if readonly else disk_format(path)
         drive = [("file", path), ("if", "none"), ("id", ident), ("format", fmt)]
-        if readonly:
-            drive.append(("readonly", "on"))
+        drive.append(("readonly", "on") if readonly else ("auto-read-only", "off"))
         device: list[tuple[str, str | int]] = [("drive", ident), ("id", f"virtio-{ident}")]
         if ident == "disk0":
             device.append(("bootindex", 0))
@@ -435,8 +439,9 @@ def _console(plan: VMPlan, boot: BootSpec) -> Args:
 
 
 def _control(plan: VMPlan, boot: BootSpec) -> Args:
-    """QMP on a unix socket (the runtime's control channel), the pidfile, and ``-S`` to
-    start with vCPUs stopped (pin first, then ``cont``)."""
+    """QMP on a unix socket (the runtime's control channel), the pidfile, ``-S`` to
+    start with vCPUs stopped (pin first, then ``cont``), and ``-incoming defer`` for a
+    restore: QEMU waits for the saved state, handed over QMP (runtime/checkpoint_qemu.py)."""
     argv: Args = []
     if boot.qmp_socket is not None:
         qmp = opts(f"unix:{opt_value(boot.qmp_socket)}", ("server", "on"), ("wait", "off"))
@@ -445,6 +450,8 @@ def _control(plan: VMPlan, boot: BootSpec) -> Args:
         argv += ["-pidfile", boot.pidfile]
     if boot.paused:
         argv.append("-S")
+    if boot.incoming:
+        argv += ["-incoming", "defer"]
     return argv
 
 

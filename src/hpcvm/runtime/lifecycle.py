@@ -39,7 +39,7 @@ from hpcvm.runtime.boot import (
 )
 from hpcvm.runtime.confine import QemuUser
 from hpcvm.runtime.model import Backend, Machine
-from hpcvm.runtime.options import UpOptions
+from hpcvm.runtime.options import UpOptions, VmOptions
 from hpcvm.runtime.timeouts import DOWN_TIMEOUT as DOWN_TIMEOUT  # re-exported
 from hpcvm.runtime.timeouts import ENV_READY_TIMEOUT as ENV_READY_TIMEOUT
 from hpcvm.runtime.timeouts import EXEC_TIMEOUT_EXIT as EXEC_TIMEOUT_EXIT
@@ -108,13 +108,22 @@ def up(
     *,
     host: HostTopology | None = None,
     warn: Warn | None = None,
+    media: BootMedia | None = None,
+    load_state: Callable[[Machine], None] | None = None,
 ) -> Machine:
     """Start a VM for a request (planned here) or a ready plan; return when the guest
-    agent answers. Raises HpcvmError (one line) with nothing left behind on failure."""
+    agent answers. Raises HpcvmError (one line) with nothing left behind on failure.
+
+    A restore (runtime/checkpoint.py) gives the boot ``media`` itself (instead of
+    those ``options`` name) and ``load_state``, called once QEMU runs paused and is
+    pinned, before its vCPUs run: it loads the saved state into that QEMU."""
     name = paths.check_name(options.name)
     requests = sharing.parse_shares(options.shares)
     _refuse_if_in_use(name)
-    media = resolve_boot_media(kernel=options.kernel, initrd=options.initrd, image=options.image)
+    if media is None:
+        media = resolve_boot_media(
+            kernel=options.kernel, initrd=options.initrd, image=options.image
+        )
     nics = network.resolve_nics(
         options.network,
         options.address,
@@ -145,7 +154,7 @@ def up(
     with _claimed_run_dir(name) as run_dir:
         machine = _new_machine(name, run_dir, plan, media, backend, options, user)
         try:
-            return _start(machine, backend, ready_timeout)
+            return _start(machine, backend, ready_timeout, load_state)
         except BaseException as exc:
             with signals_deferred():
                 teardown(machine, backend, keep_logs=not _interrupted(exc))
@@ -280,6 +289,7 @@ def _new_machine(
         image=media.label,
         connect_uri=options.connect_uri,
         hugetlbfs_dirs=tuple(vm_dirs),
+        options=VmOptions.model_validate(options.model_dump(include=set(VmOptions.model_fields))),
     )
     state.save_machine(machine)
     return machine
@@ -329,7 +339,12 @@ def env_ready_timeout() -> float | None:
     return seconds
 
 
-def _start(machine: Machine, backend: Backend, ready_timeout: float) -> Machine:
+def _start(
+    machine: Machine,
+    backend: Backend,
+    ready_timeout: float,
+    load_state: Callable[[Machine], None] | None = None,
+) -> Machine:
     # A SIGTERM between QEMU's start and its record would leave a QEMU nobody knows
     # (teardown finds no pid): the signal waits until the record is written.
     with signals_deferred():
@@ -341,6 +356,8 @@ def _start(machine: Machine, backend: Backend, ready_timeout: float) -> Machine:
         pinning.check(started.plan, started.pid, threads)
     else:
         pinning.pin(started.plan, started.pid, threads)
+    if load_state is not None:
+        load_state(started)
     if started.boot.paused:
         backend.resume(started)
     _wait_for_agent(started, backend, time.monotonic() + ready_timeout, ready_timeout)

@@ -14,6 +14,7 @@ from hpcvm.bootspec import BootSpec
 from hpcvm.model import Frozen
 from hpcvm.plan.model import VMPlan
 from hpcvm.runtime.confine import QemuUser
+from hpcvm.runtime.options import VmOptions
 
 MACHINE_SCHEMA_VERSION = 1
 
@@ -32,6 +33,7 @@ class Machine(Frozen):
     image: str  # "builtin:<kernel version>" or the disk image path
     connect_uri: str | None = None  # libvirt connection URI (libvirt backend)
     hugetlbfs_dirs: tuple[str, ...] = ()  # where QEMU's hugetlbfs files live (cleanup)
+    options: VmOptions | None = None  # how it was booted (a checkpoint restores it so)
 
 
 class ExecResult(Frozen):

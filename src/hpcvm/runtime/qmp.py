@@ -19,10 +19,14 @@ from hpcvm.errors import RuntimeFailure
 QmpCommand = tuple[str, Mapping[str, object] | None]
 
 
-async def _run(socket_path: str, commands: Sequence[QmpCommand], timeout: float) -> list[object]:
+async def _run(
+    socket_path: str, commands: Sequence[QmpCommand], timeout: float, fd: int | None = None
+) -> list[object]:
     client = QMPClient("hpcvm")
     try:
         await asyncio.wait_for(client.connect(socket_path), timeout)
+        if fd is not None:
+            client.send_fd_scm(fd)  # rides with the next command (QMP ``getfd``)
         results: list[object] = []
         for name, args in commands:
             results.append(await asyncio.wait_for(client.execute(name, args), timeout))
@@ -32,14 +36,20 @@ async def _run(socket_path: str, commands: Sequence[QmpCommand], timeout: float)
 
 
 def execute_many(
-    socket_path: str | Path, commands: Sequence[QmpCommand], *, timeout: float = 10.0
+    socket_path: str | Path,
+    commands: Sequence[QmpCommand],
+    *,
+    timeout: float = 10.0,
+    fd: int | None = None,
 ) -> list[object]:
-    """Run QMP ``commands`` in order on one connection; their return values.
+    """Run QMP ``commands`` in order on one connection; their return values. With
+    ``fd``, that descriptor is passed to QEMU first (SCM_RIGHTS), for a first command
+    ``getfd`` to name it.
 
     Raises RuntimeFailure naming the socket when QEMU cannot be reached or refuses.
     """
     try:
-        return asyncio.run(_run(str(socket_path), commands, timeout))
+        return asyncio.run(_run(str(socket_path), commands, timeout, fd))
     except ExecuteError as exc:
         raise RuntimeFailure(f"QEMU refused {exc.sent['execute']}: {exc.error.error.desc}") from exc
     except (ConnectError, QMPError, OSError, EOFError, TimeoutError) as exc:
