@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime import checkpoint, lifecycle, paths
+from hpcvm.runtime import checkpoint, guest_exec, inventory, lifecycle, paths, stopping
 from hpcvm.runtime.options import UpOptions
 from hpcvm.stats.summary import summarize
 from hpcvm.units import parse_size
@@ -107,7 +107,7 @@ def restore(target: Path, name: str) -> float:
     begin = time.monotonic()
     restored = checkpoint.restore(target, name=name, step_clock=False)
     seconds = time.monotonic() - begin
-    lifecycle.stop(restored.machine, timeout=10.0)
+    stopping.stop(restored.machine, timeout=10.0)
     return seconds
 
 
@@ -141,7 +141,7 @@ def one_rep(name: str, work: Path, rep: int, dd_bytes: int) -> dict[str, float]:
 def boot(name: str, image: Path, memory: int, fill: int) -> None:
     request = PlanRequest(profile="pinned", vcpus=1, memory_bytes=memory, accel="tcg")
     machine = lifecycle.up(request, UpOptions(name=name, image=str(image)))
-    result = lifecycle.exec_in(
+    result = guest_exec.exec_in(
         machine,
         ["sh", "-c", f"head -c {fill} /dev/urandom > /dev/shm/fill && sync"],
         timeout=600,
@@ -208,9 +208,9 @@ def main() -> None:
                   f"({s.confidence:.0%} CI, n={s.n})")  # fmt: skip
         print(f"conditions at end: {conditions()}")
     finally:
-        for vm in lifecycle.running_machines():
-            lifecycle.stop(vm, timeout=10.0)
-        lifecycle.list_vms()
+        for vm in inventory.running_machines():
+            stopping.stop(vm, timeout=10.0)
+        inventory.list_vms()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(runtime, ignore_errors=True)
 

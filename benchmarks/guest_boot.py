@@ -45,7 +45,7 @@ RECORD_NAME = f"bootrec{os.getpid()}"
 def record_argv(profile: str, memory: str) -> tuple[list[str], str]:
     """The argv hpcvm's QEMU backend starts for this VM, and the run directory in it."""
     from hpcvm.plan.model import PlanRequest
-    from hpcvm.runtime import lifecycle, paths, qemu_backend
+    from hpcvm.runtime import lifecycle, paths, qemu_backend, stopping
     from hpcvm.units import parse_size
 
     seen: list[list[str]] = []
@@ -63,7 +63,7 @@ def record_argv(profile: str, memory: str) -> tuple[list[str], str]:
             profile=profile, vcpus=1, memory_bytes=parse_size(memory, what="--memory")
         )
         lifecycle.up(request, lifecycle.UpOptions(name=RECORD_NAME))
-        lifecycle.down(RECORD_NAME)
+        stopping.down(RECORD_NAME)
     finally:
         qemu_backend.subprocess.Popen = real  # type: ignore[misc]
     return seen[0], str(paths.run_dir(RECORD_NAME))

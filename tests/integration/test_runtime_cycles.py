@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime import lifecycle, paths, state
+from hpcvm.runtime import guest_exec, lifecycle, paths, state, stopping
 from tests.runtime_support import Residue, assert_nothing_left, open_fds
 
 pytestmark = pytest.mark.integration
@@ -26,7 +26,7 @@ def test_twenty_cycles_leave_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(root))
     request = PlanRequest(profile="naive", vcpus=1, memory_bytes=256 * MIB, accel="tcg")
     # One warm-up cycle first: imports and caches opened once (not leaks) settle there.
-    lifecycle.down(lifecycle.up(request, lifecycle.UpOptions(name="warm")).name)
+    stopping.down(lifecycle.up(request, lifecycle.UpOptions(name="warm")).name)
     before = Residue.take(root)
     fds = open_fds()
     pids: list[int] = []
@@ -34,9 +34,9 @@ def test_twenty_cycles_leave_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
         machine = lifecycle.up(request, lifecycle.UpOptions(name=f"c{i}"))
         assert machine.pid is not None
         pids.append(machine.pid)
-        result = lifecycle.exec_in(machine, ["cat", "/proc/sys/kernel/hostname"], timeout=60)
+        result = guest_exec.exec_in(machine, ["cat", "/proc/sys/kernel/hostname"], timeout=60)
         assert result.exit_code == 0
-        lifecycle.down(machine.name, timeout=30)
+        stopping.down(machine.name, timeout=30)
         assert not state.pid_alive(machine.pid)
     assert len(set(pids)) == CYCLES  # twenty distinct QEMUs really ran
     assert open_fds() == fds

@@ -84,7 +84,8 @@ def test_plan_takes_what_the_kernel_can_give_and_refuses_beyond() -> None:
     # other processes move MemAvailable meanwhile: bound by both readings, 2% slack
     most = max(available, _meminfo(Path("/proc/meminfo"), "MemAvailable")) * 1.02
     assert size <= named * MIB <= most
-    again = plan("--profile", "naive", "--vcpus", "1", "--memory", f"{named}M")
+    # the named size plans (MemAvailable may have moved down a little meanwhile: 2%)
+    again = plan("--profile", "naive", "--vcpus", "1", "--memory", f"{int(named * 0.98)}M")
     assert again.returncode == 0, again.stderr
 
 

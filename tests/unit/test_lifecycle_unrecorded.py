@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bootspec import BootSpec
-from hpcvm.runtime import lifecycle, paths
+from hpcvm.runtime import paths, stopping
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_down_kills_the_qemu_its_pidfile_names_and_removes_the_run_dir(
 ) -> None:
     proc = sleeper("-name", "guest=vm1,debug-threads=on")
     run_dir = _unrecorded(runtime_root, "vm1", proc.pid)
-    lifecycle.down("vm1")
+    stopping.down("vm1")
     try:
         code = proc.wait(timeout=10)
     except subprocess.TimeoutExpired:  # say what down saw (one CI run got here once)
@@ -101,7 +101,7 @@ def test_a_record_without_a_pid_is_no_reason_to_leave_qemu_running(
     proc = sleeper("-name", "guest=vm2,debug-threads=on")
     run_dir = _unrecorded(runtime_root, "vm2", proc.pid)
     (run_dir / paths.MACHINE_FILE).write_text(_record("vm2", run_dir))
-    lifecycle.down("vm2")
+    stopping.down("vm2")
     assert proc.wait(timeout=10) == -9
     assert not run_dir.exists()
 
@@ -111,6 +111,6 @@ def test_down_leaves_a_process_that_is_not_this_vms_qemu(
 ) -> None:
     other = sleeper("-name", "guest=vm10,debug-threads=on")
     run_dir = _unrecorded(runtime_root, "vm1", other.pid)  # a recycled pid
-    lifecycle.down("vm1")
+    stopping.down("vm1")
     assert other.poll() is None
     assert not run_dir.exists()

@@ -82,18 +82,18 @@ def _down_dead_writers_vms(previous: Holder | None, warn: Warn | None) -> None:
     PUs the resumed run needs nor run beside its measurements. This process holds the
     lock, so that writer is gone; were its pid running again (reused), the VMs by that
     name could be another bench's, and are left alone."""
-    from hpcvm.runtime import lifecycle, state  # as bench/vm.py: only a VM run needs it
+    from hpcvm.runtime import inventory, state, stopping  # only a VM run needs them
 
     if previous is None or previous.host != socket.gethostname():
         return
     if previous.pid == os.getpid() or state.pid_alive(previous.pid):
         return
     prefix = f"bench{previous.pid}-"
-    for vm in lifecycle.list_vms():
+    for vm in inventory.list_vms():
         if vm.name.startswith(prefix) and vm.state != "stale":
             if warn:
                 warn(f"{vm.name} was left running by pid {previous.pid}, killed; taking it down")
-            lifecycle.down(vm.name)
+            stopping.down(vm.name)
 
 
 @dataclass

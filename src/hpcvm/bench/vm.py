@@ -200,12 +200,12 @@ class VmEnvironment:
             get_backend(machine.backend, machine.connect_uri).pause(machine)
 
     def close(self) -> None:
-        from hpcvm.runtime import lifecycle
+        from hpcvm.runtime import stopping
 
         sampler, self.sampler = self.sampler, None
         if sampler is not None:
             sampler.close()
-            lifecycle.teardown(sampler.machine)
+            stopping.teardown(sampler.machine)
 
     def describe(self) -> NewEnvironment:
         facts = self.sampler.facts if self.sampler is not None else ()

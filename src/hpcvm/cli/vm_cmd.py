@@ -87,9 +87,9 @@ def ps_cmd(as_json: bool) -> int:
     """List VMs; remove the records of VMs whose QEMU is gone (stale)."""
     from rich.table import Table
 
-    from hpcvm.runtime import lifecycle
+    from hpcvm.runtime import inventory
 
-    rows = lifecycle.list_vms()
+    rows = inventory.list_vms()
     if as_json:
         click.echo(json.dumps([row.__dict__ for row in rows], indent=2))
         return 0
@@ -159,18 +159,18 @@ def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
 )
 def down_cmd(name: str | None, all_: bool, timeout: float) -> int:
     """Shut a VM down (guest shutdown, QMP quit, then kill) and remove its files."""
-    from hpcvm.runtime import lifecycle
+    from hpcvm.runtime import inventory, stopping
 
     if all_ == (name is not None):
         raise click.UsageError("give a VM name or --all")
     if name is not None:
-        lifecycle.down(name, timeout)
+        stopping.down(name, timeout)
         console.print(f"{name}: down", highlight=False)
         return 0
-    for machine in lifecycle.running_machines():
-        lifecycle.stop(machine, timeout)
+    for machine in inventory.running_machines():
+        stopping.stop(machine, timeout)
         console.print(f"{machine.name}: down", highlight=False)
-    lifecycle.list_vms()  # cleans what is stale
+    inventory.list_vms()  # cleans what is stale
     return 0
 
 
@@ -187,7 +187,7 @@ def down_cmd(name: str | None, all_: bool, timeout: float) -> int:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(name: str | None, timeout: float | None, argv: tuple[str, ...], **kw: Any) -> int:
     """Boot a VM, run one command in it, and always take the VM down again."""
-    from hpcvm.runtime import lifecycle
+    from hpcvm.runtime import stopping
     from hpcvm.runtime.guest_exec import exec_in
 
     request = vm_request(kw)
@@ -198,7 +198,7 @@ def run_cmd(name: str | None, timeout: float | None, argv: tuple[str, ...], **kw
         try:
             result = exec_in(machine, command, timeout)
         finally:
-            lifecycle.stop(machine)
+            stopping.stop(machine)
     return _print_result(result)
 
 

@@ -30,7 +30,7 @@ from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.spec import SPEC_ENV, ClusterSpec, EventKind, NodeEvent
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime import lifecycle
+from hpcvm.runtime import lifecycle, stopping
 from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.model import Machine
 from hpcvm.runtime.network import ADDRESS_IN_USE, node_address
@@ -120,7 +120,7 @@ def _boot_at(spec: ClusterSpec, name: str, address: IPv4Interface) -> Machine:
             machine, guest_mpi.sshd_script(name, address), spec.public_key, "starting sshd"
         )
     except BaseException:
-        lifecycle.teardown(machine)
+        stopping.teardown(machine)
         raise
     return machine
 
@@ -185,7 +185,7 @@ def run() -> int:
     )
     ended = _hold(machine)
     with signals_deferred():  # a second SIGTERM must not cut the teardown short
-        lifecycle.teardown(machine)
+        stopping.teardown(machine)
         if held is not None:
             held.release()
     if ended:

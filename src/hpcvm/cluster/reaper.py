@@ -44,11 +44,11 @@ def start(vm_name: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from hpcvm.runtime import lifecycle
+    from hpcvm.runtime import stopping
 
     [vm_name] = argv
     with contextlib.suppress(OSError):
         sys.stdin.buffer.read()  # returns at EOF: the task has ended
     with contextlib.suppress(HpcvmError):
-        lifecycle.down(vm_name, timeout=STOP_TIMEOUT)
+        stopping.down(vm_name, timeout=STOP_TIMEOUT)
     return 0

@@ -47,7 +47,7 @@ from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageE
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
 from hpcvm.registry import Registry
-from hpcvm.runtime import checkpoint_dir, lifecycle, network, state
+from hpcvm.runtime import checkpoint_dir, lifecycle, network, state, stopping
 from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.boot import BootMedia
 from hpcvm.runtime.checkpoint_dir import Checkpoint
@@ -185,7 +185,7 @@ def resume(machine: Machine) -> None:
 
 def discard(machine: Machine) -> None:
     """End a VM whose state was saved: QEMU quits, its run directory goes."""
-    lifecycle.teardown(machine)
+    stopping.teardown(machine)
 
 
 def save(machine: Machine, directory: Path) -> Saved:

@@ -14,11 +14,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,8 +37,10 @@ from hpcvm.runtime.boot import (
     with_shares,
 )
 from hpcvm.runtime.confine import QemuUser
+from hpcvm.runtime.inventory import clean_stale
 from hpcvm.runtime.model import Backend, Machine
 from hpcvm.runtime.options import UpOptions, VmOptions
+from hpcvm.runtime.stopping import teardown
 from hpcvm.runtime.timeouts import DOWN_TIMEOUT as DOWN_TIMEOUT  # re-exported
 from hpcvm.runtime.timeouts import ENV_READY_TIMEOUT as ENV_READY_TIMEOUT
 from hpcvm.runtime.timeouts import EXEC_TIMEOUT_EXIT as EXEC_TIMEOUT_EXIT
@@ -209,7 +210,7 @@ def _refuse_if_in_use(name: str) -> None:
         return
     entry = state.entry_for(directory)
     if entry.state == "stale":
-        _clean_stale(entry)
+        clean_stale(entry)
         return
     pid = f", pid {entry.machine.pid}" if entry.machine and entry.machine.pid else ""
     raise UsageError(
@@ -445,169 +446,5 @@ def _as_failure(exc: BaseException, machine: Machine, backend: Backend) -> BaseE
     return RuntimeFailure(f"starting VM {machine.name} failed: {type(exc).__name__}: {exc}")
 
 
-# -- down ---------------------------------------------------------------------------------
-
-
-def down(name: str, timeout: float = DOWN_TIMEOUT) -> None:
-    """Stop VM ``name``: guest shutdown, then QMP quit, then SIGKILL; remove its files."""
-    directory = paths.run_dir(name)
-    entry = state.entry_for(directory) if directory.exists() else None
-    if entry is None:
-        raise UsageError(f"no VM named {name!r}; `hpcvm ps` lists them")
-    if entry.machine is None or entry.machine.pid is None:
-        # never recorded as started: QEMU's own pidfile may still name a live QEMU
-        _kill_unrecorded_qemu(entry)
-        if entry.machine is not None:
-            _release_nics(entry.machine)
-        state.clean_stale(entry)
-        return
-    stop(entry.machine, timeout=timeout)
-
-
-def stop(machine: Machine, timeout: float = DOWN_TIMEOUT) -> None:
-    """Stop a VM from its record: polite first, forceful after ``timeout``."""
-    backend = get_backend(machine.backend, machine.connect_uri)
-    with signals_deferred():
-        if backend.alive(machine):
-            _guest_shutdown(machine, backend, timeout / 2)
-        backend.stop(machine, timeout=timeout / 2)
-        _release_nics(machine)
-        state.remove_run_dir(Path(machine.run_dir), machine.hugetlbfs_dirs)
-
-
-def _guest_shutdown(machine: Machine, backend: Backend, timeout: float) -> None:
-    """Ask the guest to power off and wait for QEMU to exit (errors only logged away)."""
-    from hpcvm.runtime.agent import GuestAgent
-    from hpcvm.runtime.qemu_backend import wait_gone
-
-    if not machine.boot.agent_socket or not Path(machine.boot.agent_socket).exists():
-        return
-    agent = GuestAgent(machine.boot.agent_socket, timeout=min(5.0, timeout))
-    try:
-        agent.shutdown()
-    except (HpcvmError, OSError):
-        return
-    finally:
-        agent.close()
-    wait_gone(machine, timeout, backend.alive)
-
-
 def _interrupted(exc: BaseException) -> bool:
     return isinstance(exc, KeyboardInterrupt | SystemExit)
-
-
-def teardown(machine: Machine, backend: Backend | None = None, *, keep_logs: bool = False) -> None:
-    """Remove a VM at once, whatever state it is in (used when ``up`` fails). With
-    ``keep_logs`` its console and QEMU logs survive (paths.kept_log), because the error
-    that made ``up`` fail names them."""
-    backend = backend or get_backend(machine.backend, machine.connect_uri)
-    # The record on disk may know the pid when ``machine`` (an earlier copy) does not.
-    on_disk = state.read_machine(Path(machine.run_dir))
-    current = on_disk if on_disk is not None and on_disk.pid is not None else machine
-    with contextlib.suppress(HpcvmError):
-        backend.stop(current, timeout=2.0)
-    with contextlib.suppress(HpcvmError):
-        _release_nics(machine)
-    if keep_logs:
-        state.keep_failed_logs(Path(machine.run_dir), machine.name)
-    state.remove_run_dir(Path(machine.run_dir), machine.hugetlbfs_dirs)
-
-
-def _release_nics(machine: Machine) -> None:
-    """What hpcvm made for the NICs and QEMU does not take with it (a macvtap link)."""
-    backend = get_backend(machine.backend, machine.connect_uri)
-    network.release_nics(machine.boot.nics, by_daemon=backend.nics_by_daemon)
-
-
-# -- ps -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class VmStatus:
-    """One line of ``ps``."""
-
-    name: str
-    backend: str
-    state: str  # running, paused, starting, stale
-    pid: int | None
-    uptime: float | None
-    profile: str | None
-    vcpus: int | None
-    memory_bytes: int | None
-    note: str = ""
-    addresses: tuple[str, ...] = ()  # the guest's planned IPv4 addresses (--address)
-    nics: tuple[dict[str, object], ...] = ()  # bootspec.Nic as JSON, for `ps --json`
-
-
-def list_vms(*, clean: bool = True) -> list[VmStatus]:
-    """Every VM under the runtime root; stale ones are reported and (by default) removed."""
-    out: list[VmStatus] = []
-    for entry in state.list_entries():
-        m = entry.machine
-        status: str = entry.state
-        if entry.state == "stale" and clean:
-            _clean_stale(entry)
-        elif entry.state == "running" and m is not None:
-            status = _live_status(m)
-        out.append(
-            VmStatus(
-                name=entry.name,
-                backend=m.backend if m else "?",
-                state=status,
-                pid=m.pid if m else None,
-                uptime=state.uptime(m) if m and entry.state != "stale" else None,
-                profile=m.plan.profile if m else None,
-                vcpus=m.plan.vcpus if m else None,
-                memory_bytes=m.plan.memory_bytes if m else None,
-                note=(f"{entry.reason}; cleaned" if clean else entry.reason)
-                if entry.state == "stale"
-                else "",
-                addresses=tuple(n.address for n in m.boot.nics if n.address) if m else (),
-                nics=tuple(n.model_dump() for n in m.boot.nics) if m else (),
-            )
-        )
-    return out
-
-
-def _clean_stale(entry: state.Entry) -> None:
-    """Let the backend remove what it made (sockets, a libvirt definition), then the
-    run dir and hugetlbfs directories."""
-    if entry.machine is not None:
-        with contextlib.suppress(HpcvmError):
-            get_backend(entry.machine.backend, entry.machine.connect_uri).stop(
-                entry.machine, timeout=2.0
-            )
-        with contextlib.suppress(HpcvmError):
-            _release_nics(entry.machine)
-    else:
-        _kill_unrecorded_qemu(entry)
-    state.clean_stale(entry)
-
-
-def _kill_unrecorded_qemu(entry: state.Entry) -> None:
-    """A VM whose ``up`` was killed outright (SIGKILL: Slurm's KillWait, srun aborting a
-    step) between starting QEMU and recording its pid: QEMU's own pidfile names it. Killed
-    only when that process is this VM's QEMU (``-name guest=NAME,``), never a pid the
-    kernel has since given to another process."""
-    try:
-        pid = int((entry.run_dir / paths.PID_FILE).read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return
-    if f"guest={entry.name},".encode() not in b" ".join(cmdline):
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _live_status(machine: Machine) -> str:
-    backend = get_backend(machine.backend, machine.connect_uri)
-    try:
-        return backend.status(machine)
-    except HpcvmError:
-        return "running"
-
-
-def running_machines() -> list[Machine]:
-    """Records of the VMs whose QEMU runs (for ``down --all`` and ``bench``)."""
-    return [e.machine for e in state.list_entries() if e.state == "running" and e.machine]
