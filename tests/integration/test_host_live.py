@@ -10,7 +10,7 @@ import pytest
 
 from hpcvm.cli.main import main
 from hpcvm.host import HostTopology, discover
-from hpcvm.units import KIB, parse_cpu_list
+from hpcvm.units import KIB, parse_cpu_list, parse_size
 
 pytestmark = pytest.mark.integration
 
@@ -118,15 +118,36 @@ def test_thp_and_iommu_from_this_host(host: HostTopology) -> None:
 
 
 def test_hugetlbfs_mounts_are_real_mounts(host: HostTopology) -> None:
-    mounts = [
-        line.split()[1]
-        for line in Path("/proc/mounts").read_text().splitlines()
-        if line.split()[2] == "hugetlbfs"
-    ]
-    assert sorted(set(host.hugetlbfs_mounts.values())) == sorted(set(mounts))
+    """Every page size the kernel has a hugetlbfs mount of is reported, at one of its
+    mounts, and one this process may write where there is such a mount (a site's group
+    mount beside root's /dev/hugepages). Oracle: /proc/mounts and access(2)."""
+    default = int(_meminfo("Hugepagesize")) * 1024
+    by_size: dict[int, list[str]] = {}
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[2] != "hugetlbfs":
+            continue
+        size = default
+        for option in fields[3].split(","):
+            if option.startswith("pagesize="):
+                size = parse_size(option.removeprefix("pagesize="))
+        by_size.setdefault(size, []).append(fields[1])
+    assert sorted(host.hugetlbfs_mounts) == sorted(by_size)
+    for size, path in host.hugetlbfs_mounts.items():
+        assert path in by_size[size]
+        writable = [p for p in by_size[size] if os.access(p, os.W_OK | os.X_OK)]
+        if writable:
+            assert path in writable, (size, path, by_size[size])
 
 
 def test_cli_on_this_host(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["host"]) == 0
     out = capsys.readouterr().out
     assert "live" in out and "kvm_pvm" in out
+
+
+def _meminfo(key: str) -> str:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return line.split()[1]
+    raise AssertionError(f"no {key} in /proc/meminfo")
