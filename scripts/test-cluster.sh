@@ -212,6 +212,20 @@ remove_cpusets() {
 # given to a job. A job on node K then gets node K's PUs (its cpuset) from Slurm itself,
 # and TaskPluginParam=SlurmdOffSpec keeps slurmd on them too.
 
+confinement() {
+  # "cgroup" where Slurm 22.05's cgroup/v1 plugin has every controller it uses mounted
+  # (freezer: proctrack; cpuset, memory, devices: task), else "none": the cluster then
+  # runs without Slurm's cgroups (proctrack/pgid, task/none, CPUs= each node's share),
+  # as on a cgroup v2 host, which this script does not configure Slurm for.
+  # HPCVM_TEST_CLUSTER_CGROUPS=no chooses "none" anywhere.
+  local c
+  [ "${HPCVM_TEST_CLUSTER_CGROUPS:-yes}" != no ] || { echo none; return 0; }
+  for c in freezer cpuset memory devices; do
+    [ -f "/sys/fs/cgroup/$c/tasks" ] || { echo none; return 0; }
+  done
+  echo cgroup
+}
+
 machine_pus() {
   # Every online PU's OS index, in order.
   expand_list "$(cat /sys/devices/system/cpu/online)"
@@ -283,8 +297,9 @@ remove_test_user() {
       groupdel "$TEST_USER" 2>/dev/null || true
     fi
   fi
+  # The group stays if the node install has run since (its grants name the group).
   if [ -f "$DIR/created-group" ] && getent group "$HPCVM_GROUP" >/dev/null &&
-    [ -z "$(getent group "$HPCVM_GROUP" | cut -d: -f4)" ]; then
+    [ -z "$(getent group "$HPCVM_GROUP" | cut -d: -f4)" ] && [ ! -d /var/lib/hpcvm-node ]; then
     groupdel "$HPCVM_GROUP" || true
   fi
 }
@@ -376,8 +391,25 @@ make_network() {
 }
 
 write_config() {
-  local n=$1 k spec
+  local n=$1 mode=$2 k spec="" tracking nodes
   mkdir -p "$DIR"/{etc,log,run,munge,ctld}
+  if [ "$mode" = cgroup ]; then
+    tracking="# Slurm's cgroups, as a production site has them (cgroup.conf: cgroup v1, each slurmd
+# in its own slurm_nodeK subtree): a job's processes are tracked by its cgroup, so
+# scancel ends whatever it started, setsid or not; each job gets only its CPUs, memory
+# and (GRES) devices. A node's PUs outside its cpuset are its CpuSpecList (below), and
+# SlurmdOffSpec keeps slurmd itself off them: docs/cluster-testing.md.
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup,task/affinity
+TaskPluginParam=SlurmdOffSpec"
+    nodes=$(node_hardware)
+  else
+    tracking="# No Slurm cgroups here (no cgroup v1 controllers): processes tracked by process
+# group, each slurmd put in its node's cpuset by this script: docs/cluster-testing.md.
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none"
+    nodes="CPUs=$(cat "$DIR/node-cpus")"
+  fi
   # Clients of every user reach munged's socket here; the key in it is root's alone (0400).
   chmod 755 "$DIR/munge"
   {
@@ -405,14 +437,7 @@ SlurmdLogFile=$DIR/log/slurmd-%n.log
 SlurmdParameters=config_overrides
 # Per node: the nodes share one /tmp, and PMIx names its directories by job and step only.
 TmpFS=$DIR/tmp/%n
-# Slurm's cgroups, as a production site has them (cgroup.conf: cgroup v1, each slurmd
-# in its own slurm_nodeK subtree): a job's processes are tracked by its cgroup, so
-# scancel ends whatever it started, setsid or not; each job gets only its CPUs, memory
-# and (GRES) devices. A node's PUs outside its cpuset are its CpuSpecList (below), and
-# SlurmdOffSpec keeps slurmd itself off them: docs/cluster-testing.md.
-ProctrackType=proctrack/cgroup
-TaskPlugin=task/cgroup,task/affinity
-TaskPluginParam=SlurmdOffSpec
+$tracking
 JobAcctGatherType=jobacct_gather/none
 # A stand-in for a passthrough device a job must ask for (gres.conf): ConstrainDevices
 # denies it to every other job.
@@ -433,10 +458,10 @@ SlurmctldTimeout=120
 InactiveLimit=0
 KillWait=30
 MinJobAge=30
-NodeName=DEFAULT $(node_hardware) RealMemory=$MEM_MB Gres=nic:1 State=UNKNOWN
+NodeName=DEFAULT $nodes RealMemory=$MEM_MB Gres=nic:1 State=UNKNOWN
 EOF
   for k in $(seq 1 "$n"); do
-    spec=$(spec_list "node$k")
+    [ "$mode" != cgroup ] || spec=$(spec_list "node$k")
     echo "NodeName=node$k NodeAddr=$NET.$k NodeHostname=node$k${spec:+ CpuSpecList=$spec}" \
       >>"$DIR/etc/slurm.conf"
     mkdir -p "$DIR/spool/node$k" "$DIR/tmp/node$k"
@@ -447,6 +472,8 @@ EOF
   # every job is denied unless it was given the GRES (--gres=nic:1). Nothing hpcvm or
   # a test job needs opens it.
   echo "Name=nic File=$GRES_DEVICE" >"$DIR/etc/gres.conf"
+  echo "$mode" >"$DIR/confinement"
+  [ "$mode" = cgroup ] || return 0
   cat >"$DIR/etc/cgroup.conf" <<EOF
 # Written by scripts/test-cluster.sh. Slurm 22.05 names each slurmd's subtree
 # /slurm_<node name> (built with multiple-slurmd support), so the nodes never share one.
@@ -455,7 +482,6 @@ ConstrainCores=yes
 ConstrainRAMSpace=yes
 ConstrainDevices=yes
 EOF
-  echo "$n" >"$DIR/nodes"
 }
 
 start_daemons() {
@@ -530,7 +556,10 @@ do_up() {
   touch "$DIR/$MARKER"
   make_cpusets "$n" >"$DIR/node-cpus"
   ensure_test_user
-  write_config "$n"
+  write_config "$n" "$(confinement)"
+  [ "$(cat "$DIR/confinement")" = cgroup ] ||
+    say "no cgroup v1 controllers here: Slurm's cgroup plugins are off (docs/cluster-testing.md)"
+  echo "$n" >"$DIR/nodes"
   make_network "$n"
   start_daemons "$n"
   trap - EXIT INT TERM

@@ -162,6 +162,20 @@ class LocalCluster:
         return "\n".join(out)
 
 
+def confinement() -> str:
+    """How the running cluster confines jobs: "cgroup" (Slurm's cgroup plugins, cgroup
+    v1) or "none" (a host without cgroup v1 controllers: process groups and the nodes'
+    cpusets only), as the script recorded it."""
+    path = STATE_DIR / "confinement"
+    return path.read_text().strip() if path.exists() else "none"  # (an older script's)
+
+
+def needs_slurm_cgroups() -> None:
+    """Skip, saying why, where the cluster runs without Slurm's cgroup plugins."""
+    if confinement() != "cgroup":
+        pytest.skip("no cgroup v1 controllers here: the test cluster runs without Slurm's cgroups")
+
+
 def slurm_cgroup_root(node: str) -> str:
     """The cgroup (v1, every controller) under which ``node``'s slurmd puts its jobs:
     ``/slurm_<node>``, then ``/uid_<uid>/job_<id>/step_<step>`` (Slurm 22.05 with

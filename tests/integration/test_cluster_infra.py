@@ -197,6 +197,7 @@ def test_constrain_cores_gives_each_job_its_nodes_own_pus(
     """task/cgroup's cpuset is the node's share of the PUs (its CpuSpecList reserves the
     rest): the task's allowed CPUs, its cgroup's cpuset.cpus and the node's cpuset agree,
     and two nodes' differ (where the machine has two PUs to give)."""
+    cluster_support.needs_slurm_cgroups()
     if cluster_support.node_cpuset("node1") is None:
         pytest.skip("no cpuset cgroups on this machine: the nodes share every PU")
     report = (
@@ -220,6 +221,7 @@ def test_constrain_ram_space_limits_a_job_to_its_mem_and_kills_beyond(
 ) -> None:
     """--mem=200M is the job's memory.limit_in_bytes (job and step), and the kernel's
     OOM killer ends a task that touches 400 MiB, while 100 MiB run to the end."""
+    cluster_support.needs_slurm_cgroups()
     report = (
         CGROUP_OF_TASK + "job=${m%/step_*}; step=${m%/task_*};"
         " echo $(hostname) $(cat /sys/fs/cgroup/memory$job/memory.limit_in_bytes)"
@@ -253,6 +255,7 @@ def test_constrain_devices_denies_a_device_the_job_was_not_given(
     """The GRES device (/dev/full standing in for a VFIO group: every user may open it,
     mode 0666) is refused by the job's devices cgroup (EPERM, not DAC's EACCES) unless
     the job asked for it (--gres=nic:1); /dev/kvm, which no GRES names, stays open."""
+    cluster_support.needs_slurm_cgroups()
     device = cluster_support.GRES_DEVICE
     (user_dir / "open.py").write_text(OPEN_DEVICES)
     paths = [device] + (["/dev/kvm"] if Path("/dev/kvm").exists() else [])
@@ -395,6 +398,7 @@ def test_a_users_job_lives_in_its_cgroups_and_scancel_ends_all_of_it(
     listed in the cgroup's own tasks file), also a process that left the job's session
     with setsid (which process-group tracking would lose); the user's scancel ends them
     all (proctrack/cgroup)."""
+    cluster_support.needs_slurm_cgroups()
     mark = str(3000 + os.getpid() % 1000)  # marks this test's sleeps
     batch = user_dir / "long.sh"
     task = f"setsid sleep {mark} & exec sleep {mark}"
