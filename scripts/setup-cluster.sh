@@ -16,6 +16,7 @@ APT_PACKAGES=(
   munge                           # Slurm's authentication (one munged for the test cluster)
   openmpi-bin libopenmpi-dev      # MPI across the simulated nodes
   iproute2                        # ip netns, veth, bridges
+  hwloc                           # hwloc-calc: Slurm's CPU numbering of each node's PUs
   openssh-server openssh-client   # hpcvm cluster: guests run the host's sshd to start MPI ranks
 )
 

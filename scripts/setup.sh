@@ -61,24 +61,15 @@ else
   echo "setup: $have 2M huge pages reserved (>= $want wanted)"
 fi
 
-# libvirt checks that its QEMU user (libvirt-qemu, group kvm) can open /dev/kvm, and
-# re-probes QEMU on every call while that disagrees with its cached capabilities (each
-# `virsh define` then takes minutes on a busy machine). Without udev, /dev/kvm stays
-# root:root 0600; give it Debian's udev default, root:kvm 0660.
-if [ -c /dev/kvm ] && getent group kvm >/dev/null && [ "$(stat -c %G:%a /dev/kvm)" != "kvm:660" ]; then
-  $SUDO chgrp kvm /dev/kvm && $SUDO chmod 0660 /dev/kvm
-  echo "setup: /dev/kvm is now root:kvm 0660 (as udev makes it; libvirt needs it)"
+# This machine is a node too: the node install's accounts and grants (docs/site.md):
+# the group hpcvm and QEMU's user hpcvm-qemu (fixed ids), /dev/kvm root:kvm 0660 (libvirt
+# checks that its QEMU user, libvirt-qemu in group kvm, can open it, and re-probes QEMU
+# on every call while that disagrees with its cached capabilities; without udev it stays
+# root:root 0600), QEMU's bridge helper setuid with an ACL for the group, and a hugetlbfs
+# mount for the group. An hpcvm-qemu made by an earlier setup keeps its ids (fixed ids
+# matter across a cluster's nodes); the pool above stays this script's (not persisted).
+node_env=(HPCVM_HUGEPAGES=)
+if getent passwd hpcvm-qemu >/dev/null; then
+  node_env+=("HPCVM_QEMU_UID=$(id -u hpcvm-qemu)" "HPCVM_QEMU_GID=$(id -g hpcvm-qemu)")
 fi
-
-# The unprivileged user QEMU runs as (qemu backend: -runas; libvirt backend: its DAC
-# label) once hpcvm, as root, has opened what needs root. A system user with no home,
-# no shell and a group of its own: it can read only what any user may read, so a guest
-# cannot reach the host's root-only files whatever is shared. Not in group kvm: under
-# -runas QEMU opened /dev/kvm before dropping privileges; libvirt passes it in.
-if ! getent passwd hpcvm-qemu >/dev/null; then
-  $SUDO useradd --system --user-group --no-create-home --home-dir /nonexistent \
-    --shell /usr/sbin/nologin --comment "hpcvm unprivileged QEMU" hpcvm-qemu
-  echo "setup: created system user hpcvm-qemu (QEMU runs as it)"
-else
-  echo "setup: system user hpcvm-qemu exists"
-fi
+$SUDO env "${node_env[@]}" bash scripts/install-node.sh --only packages,accounts,kvm,bridge,hugepages

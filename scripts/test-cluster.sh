@@ -3,9 +3,10 @@
 #
 #   scripts/test-cluster.sh up [--nodes N]     start N simulated nodes (default 2)
 #   scripts/test-cluster.sh status             nodes as Slurm sees them, and the namespaces
-#   scripts/test-cluster.sh exec [--node nodeK] -- CMD...
+#   scripts/test-cluster.sh exec [--node nodeK] [--user USER] -- CMD...
 #                                              run CMD where Slurm is reachable (the login
-#                                              namespace, or node K's) with SLURM_CONF set
+#                                              namespace, or node K's) with SLURM_CONF set,
+#                                              as root or as USER (e.g. hpcvm-test)
 #   scripts/test-cluster.sh down               stop everything and remove every trace
 #
 # Each node is a network namespace hpcvm-nK with its own address (10.77.0.K/24) on its own
@@ -16,9 +17,14 @@
 # 10.77.0.254. The host's own interfaces, routes and firewall are never touched: every
 # link is created directly inside a namespace made here. All state (slurm.conf, spool,
 # logs, munge key and socket) lives under $HPCVM_TEST_CLUSTER_DIR
-# (default /run/hpcvm-test-cluster). `down` kills every process in the namespaces,
-# deletes the namespaces (and with them the veths and bridges) and the state directory;
-# a failing `up` runs `down` itself. Why each choice: docs/cluster-testing.md.
+# (default /run/hpcvm-test-cluster). Jobs are confined as on a production site: Slurm's
+# cgroup plugins (proctrack/cgroup, task/cgroup with ConstrainCores, ConstrainRAMSpace,
+# ConstrainDevices; cgroup v1, each slurmd its own slurm_nodeK subtree), and an
+# unprivileged test user (hpcvm-test, in the site's group hpcvm and in kvm) that `up`
+# creates to submit them. `down` kills every process in the namespaces, deletes the
+# namespaces (and with them the veths and bridges), Slurm's cgroups, the test user and
+# the state directory; a failing `up` runs `down` itself. Why each choice:
+# docs/cluster-testing.md.
 set -euo pipefail
 
 DIR=${HPCVM_TEST_CLUSTER_DIR:-/run/hpcvm-test-cluster}
@@ -31,6 +37,15 @@ CTL_NAME=ctl
 READY_TIMEOUT=${HPCVM_TEST_CLUSTER_TIMEOUT:-90}   # seconds; the machine may be loaded
 IDLE_TIMEOUT=30   # seconds a running cluster's nodes get to become idle again
 CG_NAME=hpcvm-test-cluster   # the cpuset cgroup holding one child per node
+MEM_MB=${HPCVM_TEST_CLUSTER_MEM:-4096}   # each node's RealMemory (MB); jobs get half by default
+GRES_DEVICE=/dev/full   # the one GRES device (nic): ConstrainDevices denies it to other jobs
+# The unprivileged user jobs are submitted as (fixed ids: files it leaves are recognisable).
+TEST_USER=${HPCVM_TEST_USER:-hpcvm-test}
+TEST_UID=${HPCVM_TEST_UID:-2390}
+TEST_MARK="hpcvm test cluster user (scripts/test-cluster.sh)"   # its GECOS: down removes only it
+# The site's group (scripts/site-ids.sh, shared with scripts/install-node.sh).
+# shellcheck source=scripts/site-ids.sh
+. "$(dirname "$0")/site-ids.sh"
 
 die() {
   echo "test-cluster: $*" >&2
@@ -39,7 +54,7 @@ die() {
 say() { echo "test-cluster: $*"; }
 
 usage() {
-  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -189,6 +204,106 @@ remove_cpusets() {
   rmdir "$parent" 2>/dev/null || echo "test-cluster: could not remove $parent (processes left?)" >&2
 }
 
+# --- Slurm's own confinement -------------------------------------------------------
+# Slurm's task/cgroup confines each job to the CPUs it allocated, and Slurm counts a
+# node's CPUs from 0 (its hwloc view is the whole machine, and an abstract CPU maps to
+# the machine CPU of the same rank). So every node is declared with the whole machine's
+# CPUs, and the PUs that are not the node's own are its CpuSpecList: reserved, never
+# given to a job. A job on node K then gets node K's PUs (its cpuset) from Slurm itself,
+# and TaskPluginParam=SlurmdOffSpec keeps slurmd on them too.
+
+confinement() {
+  # "cgroup" where Slurm 22.05's cgroup/v1 plugin has every controller it uses mounted
+  # (freezer: proctrack; cpuset, memory, devices: task), else "none": the cluster then
+  # runs without Slurm's cgroups (proctrack/pgid, task/none, CPUs= each node's share),
+  # as on a cgroup v2 host, which this script does not configure Slurm for.
+  # HPCVM_TEST_CLUSTER_CGROUPS=no chooses "none" anywhere.
+  local c
+  [ "${HPCVM_TEST_CLUSTER_CGROUPS:-yes}" != no ] || { echo none; return 0; }
+  for c in freezer cpuset memory devices; do
+    [ -f "/sys/fs/cgroup/$c/tasks" ] || { echo none; return 0; }
+  done
+  echo cgroup
+}
+
+machine_pus() {
+  # Every online PU's OS index, in order.
+  expand_list "$(cat /sys/devices/system/cpu/online)"
+}
+
+spec_list() {
+  # Node $1's CpuSpecList: Slurm's abstract ids (hwloc's logical PU index, the order
+  # Slurm numbers CPUs in) of the PUs outside the node's cpuset; nothing without one.
+  local cg pu mine spec=()
+  cg=$(node_cgroup "$1")
+  [ -n "$cg" ] || return 0
+  read -r -a mine <<<"$(expand_list "$(cat "$cg/cpuset.cpus")")"
+  for pu in $(machine_pus); do
+    if [[ " ${mine[*]} " != *" $pu "* ]]; then
+      spec+=("$(hwloc-calc --whole-system --physical-input "pu:$pu" --logical-output --intersect pu)")
+    fi
+  done
+  [ "${#spec[@]}" -eq 0 ] || (IFS=,; echo "${spec[*]}")
+}
+
+node_hardware() {
+  # The machine as slurmd itself counts it: CPUs, boards, sockets, cores, threads.
+  slurmd -C | head -n 1 | tr ' ' '\n' |
+    grep -E '^(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore)=' | paste -sd' ' -
+}
+
+remove_slurm_cgroups() {
+  # The cgroups each slurmd made (cgroup v1: <controller>/slurm_nodeK/...), deepest
+  # first, once no process is left in them. slurmd never removes its own top level.
+  local dir
+  for dir in /sys/fs/cgroup/*/slurm_node[0-9]*; do
+    [ -d "$dir" ] || continue
+    find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    [ ! -d "$dir" ] || echo "test-cluster: could not remove $dir (processes left?)" >&2
+  done
+}
+
+# --- the test user ------------------------------------------------------------------
+# Jobs are submitted as an unprivileged user, as on a real site. The user (fixed uid,
+# its own group of the same id, a home under /home) is a member of the site's group
+# and of kvm, as install-node.sh's --add-user makes a site's users. `up` creates it,
+# and the site's group if missing; `down` removes what `up` created: the user only if it
+# carries the test cluster's mark, the group only if the state says `up` made it.
+
+ensure_test_user() {
+  if ! getent group "$HPCVM_GROUP" >/dev/null; then
+    groupadd --gid "$HPCVM_GID" "$HPCVM_GROUP"
+    touch "$DIR/created-group"
+  fi
+  local groups=$HPCVM_GROUP
+  getent group kvm >/dev/null && groups=$groups,kvm
+  if getent passwd "$TEST_USER" >/dev/null; then
+    [ "$(getent passwd "$TEST_USER" | cut -d: -f5)" = "$TEST_MARK" ] ||
+      die "a user $TEST_USER exists that the test cluster did not make; set HPCVM_TEST_USER to another name"
+    usermod -a -G "$groups" "$TEST_USER"
+    return 0
+  fi
+  getent group "$TEST_UID" >/dev/null || groupadd --gid "$TEST_UID" "$TEST_USER"
+  useradd --uid "$TEST_UID" --gid "$TEST_UID" --groups "$groups" --create-home \
+    --home-dir "/home/$TEST_USER" --shell /bin/sh --comment "$TEST_MARK" "$TEST_USER"
+}
+
+remove_test_user() {
+  if [ "$(getent passwd "$TEST_USER" | cut -d: -f5)" = "$TEST_MARK" ]; then
+    userdel --remove "$TEST_USER" 2>/dev/null || userdel "$TEST_USER" ||
+      echo "test-cluster: could not remove user $TEST_USER" >&2
+    # userdel removes the user's own group with it (USERGROUPS_ENAB); an older one not.
+    if getent group "$TEST_USER" >/dev/null && [ -z "$(getent group "$TEST_USER" | cut -d: -f4)" ]; then
+      groupdel "$TEST_USER" 2>/dev/null || true
+    fi
+  fi
+  # The group stays if the node install has run since (its grants name the group).
+  if [ -f "$DIR/created-group" ] && getent group "$HPCVM_GROUP" >/dev/null &&
+    [ -z "$(getent group "$HPCVM_GROUP" | cut -d: -f4)" ] && [ ! -d /var/lib/hpcvm-node ]; then
+    groupdel "$HPCVM_GROUP" || true
+  fi
+}
+
 # --- down ---------------------------------------------------------------------------
 
 ns_pids() {
@@ -223,7 +338,9 @@ do_down() {
   # shellcheck disable=SC2086
   kill_ns_processes $all
   for ns in $all; do ip netns del "$ns" 2>/dev/null || true; done
+  remove_slurm_cgroups
   remove_cpusets
+  remove_test_user
   # Only a directory this script made (it carries the marker) is ever removed.
   if [ -f "$DIR/$MARKER" ]; then rm -rf "$DIR"; fi
   # `ip netns add` turned /run/netns into a mount point; undo that if it was ours and
@@ -242,7 +359,7 @@ do_down() {
 check_tools() {
   [ "$(id -u)" -eq 0 ] || die "must run as root (namespaces, bridges); try: sudo $0 $*"
   local t missing=()
-  for t in ip nsenter unshare munged slurmctld slurmd sinfo; do
+  for t in ip nsenter unshare munged slurmctld slurmd sinfo hwloc-calc useradd runuser; do
     command -v "$t" >/dev/null 2>&1 || missing+=("$t")
   done
   [ "${#missing[@]}" -eq 0 ] || die "missing ${missing[*]}; install with: scripts/setup-cluster.sh"
@@ -274,9 +391,27 @@ make_network() {
 }
 
 write_config() {
-  local n=$1 cpus=$2 k
+  local n=$1 mode=$2 k spec="" tracking nodes
   mkdir -p "$DIR"/{etc,log,run,munge,ctld}
-  chmod 700 "$DIR/munge"
+  if [ "$mode" = cgroup ]; then
+    tracking="# Slurm's cgroups, as a production site has them (cgroup.conf: cgroup v1, each slurmd
+# in its own slurm_nodeK subtree): a job's processes are tracked by its cgroup, so
+# scancel ends whatever it started, setsid or not; each job gets only its CPUs, memory
+# and (GRES) devices. A node's PUs outside its cpuset are its CpuSpecList (below), and
+# SlurmdOffSpec keeps slurmd itself off them: docs/cluster-testing.md.
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup,task/affinity
+TaskPluginParam=SlurmdOffSpec"
+    nodes=$(node_hardware)
+  else
+    tracking="# No Slurm cgroups here (no cgroup v1 controllers): processes tracked by process
+# group, each slurmd put in its node's cpuset by this script: docs/cluster-testing.md.
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none"
+    nodes="CPUs=$(cat "$DIR/node-cpus")"
+  fi
+  # Clients of every user reach munged's socket here; the key in it is root's alone (0400).
+  chmod 755 "$DIR/munge"
   {
     echo "127.0.0.1 localhost"
     echo "$CTL_ADDR $CTL_NAME"
@@ -302,18 +437,19 @@ SlurmdLogFile=$DIR/log/slurmd-%n.log
 SlurmdParameters=config_overrides
 # Per node: the nodes share one /tmp, and PMIx names its directories by job and step only.
 TmpFS=$DIR/tmp/%n
-# No Slurm cgroups: every slurmd shares the machine's one cgroup tree (each slurmd is
-# put in its node's cpuset by this script instead: docs/cluster-testing.md).
-ProctrackType=proctrack/pgid
-TaskPlugin=task/none
+$tracking
 JobAcctGatherType=jobacct_gather/none
+# A stand-in for a passthrough device a job must ask for (gres.conf): ConstrainDevices
+# denies it to every other job.
+GresTypes=nic
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=CR_CPU_Memory
+DefMemPerNode=$((MEM_MB / 2))
 ReturnToService=2
 # A loaded 2-core machine answers slowly; be patient rather than mark nodes down.
 MessageTimeout=30
@@ -322,14 +458,30 @@ SlurmctldTimeout=120
 InactiveLimit=0
 KillWait=30
 MinJobAge=30
-NodeName=DEFAULT CPUs=$cpus State=UNKNOWN
+NodeName=DEFAULT $nodes RealMemory=$MEM_MB Gres=nic:1 State=UNKNOWN
 EOF
   for k in $(seq 1 "$n"); do
-    echo "NodeName=node$k NodeAddr=$NET.$k NodeHostname=node$k" >>"$DIR/etc/slurm.conf"
+    [ "$mode" != cgroup ] || spec=$(spec_list "node$k")
+    echo "NodeName=node$k NodeAddr=$NET.$k NodeHostname=node$k${spec:+ CpuSpecList=$spec}" \
+      >>"$DIR/etc/slurm.conf"
     mkdir -p "$DIR/spool/node$k" "$DIR/tmp/node$k"
+    chmod 1777 "$DIR/tmp/node$k"   # jobs of every user make their PMIx directories here
   done
   echo "PartitionName=test Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP" >>"$DIR/etc/slurm.conf"
-  echo "$n" >"$DIR/nodes"
+  # /dev/full stands in for a passthrough NIC's /dev/vfio/N (none exists here): a device
+  # every job is denied unless it was given the GRES (--gres=nic:1). Nothing hpcvm or
+  # a test job needs opens it.
+  echo "Name=nic File=$GRES_DEVICE" >"$DIR/etc/gres.conf"
+  echo "$mode" >"$DIR/confinement"
+  [ "$mode" = cgroup ] || return 0
+  cat >"$DIR/etc/cgroup.conf" <<EOF
+# Written by scripts/test-cluster.sh. Slurm 22.05 names each slurmd's subtree
+# /slurm_<node name> (built with multiple-slurmd support), so the nodes never share one.
+CgroupPlugin=cgroup/v1
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+ConstrainDevices=yes
+EOF
 }
 
 start_daemons() {
@@ -403,7 +555,11 @@ do_up() {
   chmod 755 "$DIR"
   touch "$DIR/$MARKER"
   make_cpusets "$n" >"$DIR/node-cpus"
-  write_config "$n" "$(cat "$DIR/node-cpus")"
+  ensure_test_user
+  write_config "$n" "$(confinement)"
+  [ "$(cat "$DIR/confinement")" = cgroup ] ||
+    say "no cgroup v1 controllers here: Slurm's cgroup plugins are off (docs/cluster-testing.md)"
+  echo "$n" >"$DIR/nodes"
   make_network "$n"
   start_daemons "$n"
   trap - EXIT INT TERM
@@ -424,17 +580,32 @@ do_status() {
 }
 
 do_exec() {
-  local ns=$SW_NS name=$CTL_NAME
-  if [ "${1:-}" = "--node" ]; then
-    name=${2:?--node needs a node name, e.g. node1}
-    [[ "$name" =~ ^node([0-9]+)$ ]] || die "unknown node '$name' (nodes are node1, node2, ...)"
-    ns=$NODE_NS_PREFIX${BASH_REMATCH[1]}
-    shift 2
-  fi
+  local ns=$SW_NS name=$CTL_NAME user=""
+  while [ "$#" -gt 0 ]; do
+    case "$1" in
+      --node)
+        name=${2:?--node needs a node name, e.g. node1}
+        [[ "$name" =~ ^node([0-9]+)$ ]] || die "unknown node '$name' (nodes are node1, node2, ...)"
+        ns=$NODE_NS_PREFIX${BASH_REMATCH[1]}
+        shift 2
+        ;;
+      --user)
+        user=${2:?--user needs a user name, e.g. $TEST_USER}
+        getent passwd "$user" >/dev/null || die "no user '$user' (the test cluster's is $TEST_USER)"
+        shift 2
+        ;;
+      *) break ;;
+    esac
+  done
   [ "${1:-}" = "--" ] && shift
   [ "$#" -gt 0 ] || die "exec needs a command after --"
   [ -f "$DIR/nodes" ] || die "no test cluster is up; run '$0 up' first"
   ip netns list | awk '{print $1}' | grep -qx "$ns" || die "no namespace $ns; is $name part of the cluster?"
+  if [ -n "$user" ]; then
+    # runuser keeps the environment but sets HOME, USER, LOGNAME and SHELL to the user's
+    # (and PATH from login.defs); SLURM_CONF is passed on by env.
+    set -- runuser -u "$user" -- env "SLURM_CONF=$DIR/etc/slurm.conf" "$@"
+  fi
   SLURM_CONF=$DIR/etc/slurm.conf in_ns "$ns" "$name" "$@"
 }
 

@@ -15,14 +15,26 @@ It skips, saying what to install, when Slurm, munge or the namespace tools are m
 or the tests do not run as root. A cluster that was already up when the session began
 (a developer's, started by hand) is reused and left up. How it is built and why:
 docs/cluster-testing.md.
+
+Jobs are confined by Slurm's cgroup plugins and may be submitted as an unprivileged
+test user, as on a real site: ``run(..., user=TEST_USER)`` runs a command as that user
+(``runuser``), ``user_dir()`` makes a working directory the user owns, and the session
+fixture ``user_hpcvm`` gives an ``hpcvm`` command the user can run (a venv built with
+Debian's Python by ``scripts/install-node.sh --only venv``; the default Python here lives
+under /root, which other users cannot read).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import ipaddress
 import os
+import pwd
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,13 +43,45 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "test-cluster.sh"
-CLUSTER_NODES = 2
+INSTALL_NODE = REPO / "scripts" / "install-node.sh"
+# Four nodes: two 2-node jobs can run at once (a job of -N 2 alone gets node1 and node2).
+CLUSTER_NODES = int(os.environ.get("HPCVM_TEST_CLUSTER_NODES", "4"))
+# The unprivileged user jobs are submitted as (made by the script's `up`, in the site's
+# group and in kvm; ids as in scripts/test-cluster.sh and scripts/site-ids.sh).
+TEST_USER = os.environ.get("HPCVM_TEST_USER", "hpcvm-test")
+TEST_UID = int(os.environ.get("HPCVM_TEST_UID", "2390"))
+SITE_GROUP = os.environ.get("HPCVM_GROUP", "hpcvm")
+SITE_GID = int(os.environ.get("HPCVM_GID", "2300"))
+# hpcvm for the test user: one venv per checkout (in <this>/venv, with the install's
+# state and a build lock beside it), rebuilt when its inputs change.
+USER_VENV_HOME = Path(
+    os.environ.get(
+        "HPCVM_TEST_USER_VENV",
+        f"/var/tmp/hpcvm-test-venv-{hashlib.sha256(str(REPO).encode()).hexdigest()[:8]}",
+    )
+)
+VENV_TIMEOUT = 900.0  # a first build downloads numpy, scipy, matplotlib
+# The device of the cluster's one GRES (nic:1 per node, a stand-in for a VFIO group):
+# Slurm's ConstrainDevices denies it to every job that did not ask --gres=nic:1.
+GRES_DEVICE = "/dev/full"
 STATE_DIR = Path(os.environ.get("HPCVM_TEST_CLUSTER_DIR", "/run/hpcvm-test-cluster"))
 NET_PREFIX = os.environ.get("HPCVM_TEST_CLUSTER_NET", "10.77.0")
 SWITCH_NAMESPACE = "hpcvm-sw"
 NODE_NAMESPACE_PREFIX = "hpcvm-n"
 # The programs the script runs; a missing one skips the cluster tests with this hint.
-REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "flock", "munged", "slurmctld", "slurmd", "sinfo")
+REQUIRED_TOOLS = (
+    "ip",
+    "nsenter",
+    "unshare",
+    "flock",
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sinfo",
+    "hwloc-calc",
+    "useradd",
+    "runuser",
+)
 INSTALL_HINT = "install with scripts/setup-cluster.sh"
 UP_TIMEOUT = 180.0  # seconds; the script itself gives up after 90 s per daemon
 COMMAND_TIMEOUT = 120.0
@@ -70,13 +114,17 @@ class LocalCluster:
         *,
         node: str | None = None,
         env: Mapping[str, str] | None = None,
+        user: str | None = None,
         timeout: float = COMMAND_TIMEOUT,
         check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` in the login (switch) namespace, or on ``node`` (its namespace
-        and hostname), with ``SLURM_CONF`` set; output captured as text. With ``check``
-        a non-zero exit fails the test with the command's output."""
+        and hostname), with ``SLURM_CONF`` set, as root or as ``user`` (e.g.
+        ``TEST_USER``: ``sbatch`` then submits the job as that user); output captured as
+        text. With ``check`` a non-zero exit fails the test with the command's output."""
         where = ["--node", node] if node else []
+        if user:
+            where += ["--user", user]
         full_env = {**os.environ, **self.env, **(env or {})}
         proc = subprocess.run(
             ["bash", str(SCRIPT), "exec", *where, "--", *argv],
@@ -114,6 +162,89 @@ class LocalCluster:
         return "\n".join(out)
 
 
+def confinement() -> str:
+    """How the running cluster confines jobs: "cgroup" (Slurm's cgroup plugins, cgroup
+    v1) or "none" (a host without cgroup v1 controllers: process groups and the nodes'
+    cpusets only), as the script recorded it."""
+    path = STATE_DIR / "confinement"
+    return path.read_text().strip() if path.exists() else "none"  # (an older script's)
+
+
+def needs_slurm_cgroups() -> None:
+    """Skip, saying why, where the cluster runs without Slurm's cgroup plugins."""
+    if confinement() != "cgroup":
+        pytest.skip("no cgroup v1 controllers here: the test cluster runs without Slurm's cgroups")
+
+
+def slurm_cgroup_root(node: str) -> str:
+    """The cgroup (v1, every controller) under which ``node``'s slurmd puts its jobs:
+    ``/slurm_<node>``, then ``/uid_<uid>/job_<id>/step_<step>`` (Slurm 22.05 with
+    multiple-slurmd support names each slurmd's subtree by its node)."""
+    return f"/slurm_{node}"
+
+
+@contextlib.contextmanager
+def user_dir(prefix: str = "hpcvm-user-") -> Iterator[Path]:
+    """A directory the test user owns (0755, under /var/tmp: pytest's tmp_path is
+    root's 0700), for a job's script, output and files; removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    try:
+        os.chown(path, TEST_UID, TEST_UID)
+        path.chmod(0o755)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def as_user(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` on this host (not in the cluster) as the test user."""
+    return subprocess.run(
+        ["runuser", "-u", TEST_USER, "--", *argv],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT,
+        check=False,
+    )
+
+
+def build_user_hpcvm(home: Path = USER_VENV_HOME) -> Path:
+    """``hpcvm`` in a venv every user can run, built from this checkout (editable) with
+    Debian's Python by the node install's venv step; skips, saying why, when the test
+    user cannot read the checkout (CI must check it out where other users can read)."""
+    probe = as_user(["test", "-r", str(REPO / "src" / "hpcvm" / "__init__.py")])
+    if probe.returncode != 0:
+        pytest.skip(
+            f"{TEST_USER} cannot read this checkout ({REPO}): every directory above it "
+            "must be readable by other users (chmod o+rx) for a job of that user to run hpcvm"
+        )
+    home.mkdir(exist_ok=True)
+    home.chmod(0o755)  # whatever the umask: the user must reach the venv
+    venv = home / "venv"
+    env = {
+        **os.environ,
+        "HPCVM_PREFIX": str(venv),
+        "HPCVM_BIN_LINK": "",
+        "HPCVM_NODE_STATE": str(home / "state"),
+    }
+    with open(home / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time (two sessions)
+        proc = subprocess.run(
+            ["bash", str(INSTALL_NODE), "--only", "venv", "--editable"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=VENV_TIMEOUT,
+            check=False,
+        )
+    if proc.returncode != 0:
+        pytest.fail(f"building {venv} failed:\n{proc.stdout}{proc.stderr}")
+    hpcvm = venv / "bin" / "hpcvm"
+    check = as_user([str(hpcvm), "--version"])
+    if check.returncode != 0:
+        pytest.fail(f"{TEST_USER} cannot run {hpcvm}:\n{check.stdout}{check.stderr}")
+    return hpcvm
+
+
 def node_cpuset(node: str) -> tuple[frozenset[int], frozenset[int]] | None:
     """The PUs and memory nodes the test cluster gave ``node``, as the kernel's cpuset
     files list them; None where the script made no cpusets (docs/cluster-testing.md)."""
@@ -139,7 +270,7 @@ def expand_list(text: str) -> frozenset[int]:
 def missing_requirements() -> str | None:
     """Why the test cluster cannot run here, or None."""
     if os.geteuid() != 0:
-        return "the Slurm test cluster needs root (network namespaces, bridges)"
+        return "the Slurm test cluster needs root (network namespaces, bridges, its test user)"
     missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
     if missing:
         return f"the Slurm test cluster needs {', '.join(missing)}; {INSTALL_HINT}"
@@ -205,3 +336,11 @@ def slurm_cluster() -> Iterator[LocalCluster]:
     finally:
         if not was_up:
             down()
+
+
+@pytest.fixture(scope="session")
+def user_hpcvm(slurm_cluster: LocalCluster) -> Path:
+    """The path of an ``hpcvm`` the test user can run (after the cluster made the
+    user); a test module re-exports it as it does ``slurm_cluster``."""
+    assert pwd.getpwnam(TEST_USER).pw_uid == TEST_UID
+    return build_user_hpcvm()

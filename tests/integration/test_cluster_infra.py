@@ -1,9 +1,13 @@
 """The one-machine Slurm test cluster works with real parts (scripts/test-cluster.sh).
 
 Real slurmctld, slurmd (one per simulated node, each in its own network namespace) and
-munged, real Open MPI. The oracles are the kernel's own view, read from the host side:
-the inode of each namespace's /run/netns entry, the address ``ip -n`` shows on the
-node's bridge, and the processes in /proc, never what the script says about itself.
+munged, real Open MPI, and Slurm's own cgroup confinement (proctrack/cgroup, task/cgroup
+with ConstrainCores, ConstrainRAMSpace and ConstrainDevices) of jobs submitted by an
+unprivileged test user. The oracles are the kernel's own view, read from the host side
+or from inside the job: the inode of each namespace's /run/netns entry, the address
+``ip -n`` shows on the node's bridge, the processes in /proc (their credentials, session
+and cgroups), the cgroup files (tasks, cpuset.cpus, memory.limit_in_bytes), open()'s
+errno, and the OOM killer; never what the script says about itself.
 The last test takes the cluster down, checks that nothing of it remains, checks that an
 ``up`` failing halfway leaves nothing either, and brings the cluster back up.
 """
@@ -11,22 +15,27 @@ The last test takes the cluster down, checks that nothing of it remains, checks 
 from __future__ import annotations
 
 import contextlib
+import errno
+import grp
+import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import cluster_support
-from tests.cluster_support import LocalCluster
+from tests.cluster_support import TEST_UID, TEST_USER, LocalCluster
 
 pytestmark = pytest.mark.integration
 
 slurm_cluster = cluster_support.slurm_cluster
+user_hpcvm = cluster_support.user_hpcvm
 
 MPI_PING = Path(__file__).resolve().parent.parent / "cluster" / "mpi_ping.c"
 JOB_TIMEOUT = 120.0  # a loaded 2-core machine; these jobs take about a second idle
@@ -50,25 +59,33 @@ def bridge_address(namespace: str, bridge: str) -> str:
     return out[out.index("inet") + 1]
 
 
-def submit(cluster: LocalCluster, workdir: Path, body: str) -> str:
-    """Submit a batch script with ``sbatch -N <all nodes> --wait`` and return its
-    output file's text; fail with the output and logs if the job fails."""
+def submit(
+    cluster: LocalCluster,
+    workdir: Path,
+    body: str,
+    *,
+    nodes: int | None = None,
+    user: str | None = None,
+) -> str:
+    """Submit a batch script with ``sbatch -N <nodes, default all>`` (as ``user``,
+    default root), wait until Slurm has no more record of it running, and return its
+    output file's text; fail with the output and logs unless Slurm says it completed.
+    (Polled here every half second: ``sbatch --wait`` polls every 10 s after a while.)"""
     batch = workdir / "job.sh"
     batch.write_text("#!/bin/sh\nset -e\n" + body)
     out = workdir / "job.out"
-    nodes = str(len(cluster.nodes))
-    proc = cluster.run(
-        ["sbatch", "-N", nodes, "--wait", f"--chdir={workdir}", f"--output={out}", str(batch)],
-        env=cluster.mpi_env(),
-        timeout=JOB_TIMEOUT,
-        check=False,
+    count = str(nodes or len(cluster.nodes))
+    argv = ["sbatch", "--parsable", "-N", count, f"--chdir={workdir}", f"--output={out}"]
+    job = cluster.run([*argv, str(batch)], env=cluster.mpi_env(), user=user).stdout
+    job_id = job.strip().split(";")[0]
+    wait_until(
+        f"job {job_id} to end",
+        lambda: not cluster.run(["squeue", "-h", "-j", job_id], check=False).stdout.strip(),
     )
+    state = cluster.run(["scontrol", "show", "job", job_id], check=False).stdout
     text = out.read_text() if out.exists() else "(no output file)"
-    if proc.returncode != 0:
-        pytest.fail(
-            f"batch job failed ({proc.returncode}): {proc.stderr}\njob output:\n{text}\n"
-            f"{cluster.log_tails()}"
-        )
+    if "JobState=COMPLETED" not in state:
+        pytest.fail(f"batch job failed:\n{state}\njob output:\n{text}\n{cluster.log_tails()}")
     return text
 
 
@@ -108,21 +125,151 @@ def test_batch_tasks_run_in_their_own_nodes_namespace(
     assert os.stat("/proc/self/ns/net").st_ino not in {inode for _, inode, _ in seen.values()}
 
 
-def test_each_nodes_tasks_run_on_that_nodes_own_pus(slurm_cluster: LocalCluster) -> None:
-    """Each node is a cpuset of its own (where the machine has one to give): a task's
-    allowed CPUs, as the kernel reports them, are its node's, and two nodes' differ."""
+def srun_as_user(
+    cluster: LocalCluster, workdir: Path, script: str, *options: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (sh) as one task on each of the nodes ``options`` ask for (default
+    all), submitted with ``srun`` by the test user; with ``check`` a failure fails the
+    test with its output."""
+    path = workdir / "task.sh"
+    path.write_text(script)
+    nodes = ["-N", str(len(cluster.nodes))] if not any(o.startswith("-N") for o in options) else []
+    argv = ["srun", *nodes, *options, "--ntasks-per-node=1", f"--chdir={workdir}", "sh", str(path)]
+    return cluster.run(argv, user=TEST_USER, timeout=JOB_TIMEOUT, check=check)
+
+
+def by_host(text: str) -> dict[str, list[str]]:
+    """Lines ``HOST FIELD...`` as {host: fields}."""
+    return {line.split()[0]: line.split()[1:] for line in text.splitlines() if line.strip()}
+
+
+@pytest.fixture
+def user_dir() -> Iterator[Path]:
+    with cluster_support.user_dir() as path:
+        yield path
+
+
+def test_a_job_of_the_test_user_runs_as_that_user_in_the_sites_groups(
+    slurm_cluster: LocalCluster, user_dir: Path
+) -> None:
+    """The kernel's credentials of the task on every node: the user's uid and gid,
+    and the site's group and kvm among its groups (what hpcvm's grants go by)."""
+    report = (
+        'echo $(hostname) $(grep -E "^(Uid|Gid|Groups):" /proc/self/status | tr -s "\t\n" "  ")'
+    )
+    seen = by_host(srun_as_user(slurm_cluster, user_dir, report).stdout)
+    assert sorted(seen) == sorted(node.name for node in slurm_cluster.nodes), seen
+    user = pwd.getpwnam(TEST_USER)
+    for host, fields in seen.items():
+        uid = fields[fields.index("Uid:") + 1 : fields.index("Gid:")]
+        gid = fields[fields.index("Gid:") + 1 : fields.index("Groups:")]
+        groups = {int(g) for g in fields[fields.index("Groups:") + 1 :]}
+        assert uid == [str(TEST_UID)] * 4 and gid == [str(user.pw_gid)] * 4, (host, fields)
+        assert {cluster_support.SITE_GID, grp.getgrnam("kvm").gr_gid} <= groups, (host, fields)
+
+
+def test_the_test_user_runs_hpcvm_in_a_job_that_sees_its_nodes_pus(
+    slurm_cluster: LocalCluster, user_hpcvm: Path, user_dir: Path
+) -> None:
+    """The user's hpcvm (a venv of Debian's Python every user can read) runs in a job
+    on every node and reads that node: its hostname, and as allowed PUs exactly the
+    node's cpuset (hwloc inside Slurm's cgroup)."""
+    script = f"{user_hpcvm} host --json >{user_dir}/host-$(hostname).json\n"
+    srun_as_user(slurm_cluster, user_dir, script)
+    for node in slurm_cluster.nodes:
+        host = json.loads((user_dir / f"host-{node.name}.json").read_text())
+        assert host["hostname"] == node.name
+        allowed = {pu["os_index"] for pu in host["pus"] if pu["allowed"]}
+        cpuset = cluster_support.node_cpuset(node.name)
+        if cpuset is not None:
+            assert allowed == cpuset[0], (node.name, allowed, cpuset)
+
+
+CGROUP_OF_TASK = (
+    'c=$(sed -n "s/^[0-9]*:cpuset://p" /proc/self/cgroup);'
+    ' m=$(sed -n "s/^[0-9]*:memory://p" /proc/self/cgroup);'
+)
+
+
+def test_constrain_cores_gives_each_job_its_nodes_own_pus(
+    slurm_cluster: LocalCluster, user_dir: Path
+) -> None:
+    """task/cgroup's cpuset is the node's share of the PUs (its CpuSpecList reserves the
+    rest): the task's allowed CPUs, its cgroup's cpuset.cpus and the node's cpuset agree,
+    and two nodes' differ (where the machine has two PUs to give)."""
+    cluster_support.needs_slurm_cgroups()
     if cluster_support.node_cpuset("node1") is None:
         pytest.skip("no cpuset cgroups on this machine: the nodes share every PU")
-    report = "echo $(hostname) $(grep Cpus_allowed_list /proc/self/status)"
-    out = slurm_cluster.run(["srun", "-N", "2", "sh", "-c", report]).stdout
-    seen = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.strip()}
-    assert sorted(seen) == ["node1", "node2"], out
-    for node, allowed in seen.items():
+    report = (
+        CGROUP_OF_TASK + 'echo $(hostname) $(sed -n "s/^Cpus_allowed_list:\t//p" /proc/self/status)'
+        " $(cat /sys/fs/cgroup/cpuset$c/cpuset.cpus) $c"
+    )
+    seen = by_host(srun_as_user(slurm_cluster, user_dir, report).stdout)
+    assert sorted(seen) == sorted(node.name for node in slurm_cluster.nodes), seen
+    for node, (allowed, cgroup_cpus, cgroup) in seen.items():
         cpuset = cluster_support.node_cpuset(node)
         assert cpuset is not None
-        assert cluster_support.expand_list(allowed) == cpuset[0], (node, out)
+        assert cluster_support.expand_list(allowed) == cpuset[0], (node, seen)
+        assert cluster_support.expand_list(cgroup_cpus) == cpuset[0], (node, seen)
+        assert cgroup.startswith(f"{cluster_support.slurm_cgroup_root(node)}/uid_{TEST_UID}/job_")
     if len(os.sched_getaffinity(0)) >= 2:
-        assert seen["node1"] != seen["node2"], out
+        assert seen["node1"][0] != seen["node2"][0], seen
+
+
+def test_constrain_ram_space_limits_a_job_to_its_mem_and_kills_beyond(
+    slurm_cluster: LocalCluster, user_dir: Path
+) -> None:
+    """--mem=200M is the job's memory.limit_in_bytes (job and step), and the kernel's
+    OOM killer ends a task that touches 400 MiB, while 100 MiB run to the end."""
+    cluster_support.needs_slurm_cgroups()
+    report = (
+        CGROUP_OF_TASK + "job=${m%/step_*}; step=${m%/task_*};"
+        " echo $(hostname) $(cat /sys/fs/cgroup/memory$job/memory.limit_in_bytes)"
+        " $(cat /sys/fs/cgroup/memory$step/memory.limit_in_bytes)\n"
+        "python3 -c \"b = bytes(1) * ($MIB << 20); print('touched', $MIB, 'MiB')\"\n"
+    )
+    limit = str(200 << 20)
+    small = srun_as_user(slurm_cluster, user_dir, "MIB=100\n" + report, "-N1", "--mem=200M")
+    assert small.stdout.split() == ["node1", limit, limit, "touched", "100", "MiB"], small
+    big = srun_as_user(
+        slurm_cluster, user_dir, "MIB=400\n" + report, "-N1", "--mem=200M", check=False
+    )
+    assert big.returncode != 0, big.stdout
+    assert "touched" not in big.stdout and "Out Of Memory" in big.stderr, big.stdout + big.stderr
+
+
+OPEN_DEVICES = (
+    "import os, sys\n"
+    "for path in sys.argv[1:]:\n"
+    "    try:\n"
+    "        os.close(os.open(path, os.O_RDONLY))\n"
+    "        print(path, 'ok')\n"
+    "    except OSError as e:\n"
+    "        print(path, e.errno)\n"
+)
+
+
+def test_constrain_devices_denies_a_device_the_job_was_not_given(
+    slurm_cluster: LocalCluster, user_dir: Path
+) -> None:
+    """The GRES device (/dev/full standing in for a VFIO group: every user may open it,
+    mode 0666) is refused by the job's devices cgroup (EPERM, not DAC's EACCES) unless
+    the job asked for it (--gres=nic:1); /dev/kvm, which no GRES names, stays open."""
+    cluster_support.needs_slurm_cgroups()
+    device = cluster_support.GRES_DEVICE
+    (user_dir / "open.py").write_text(OPEN_DEVICES)
+    paths = [device] + (["/dev/kvm"] if Path("/dev/kvm").exists() else [])
+    script = f"python3 {user_dir / 'open.py'} {' '.join(paths)}\n"
+
+    def opened(*options: str) -> dict[str, str]:
+        out = srun_as_user(slurm_cluster, user_dir, script, "-N1", *options).stdout
+        return dict(line.split() for line in out.splitlines() if line.strip())
+
+    without, given = opened(), opened("--gres=nic:1")
+    assert without[device] == str(errno.EPERM), without
+    assert given[device] == "ok", given
+    if "/dev/kvm" in paths:
+        assert without["/dev/kvm"] == given["/dev/kvm"] == "ok", (without, given)
 
 
 def test_run_on_a_node_runs_in_that_nodes_namespace(slurm_cluster: LocalCluster) -> None:
@@ -134,14 +281,15 @@ def test_run_on_a_node_runs_in_that_nodes_namespace(slurm_cluster: LocalCluster)
 
 
 @pytest.fixture(scope="module")
-def mpi_ping(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/cluster/mpi_ping.c built with Open MPI's mpicc (the nodes share the file
-    system, as cluster nodes share a home directory)."""
+def mpi_ping() -> Iterator[Path]:
+    """tests/cluster/mpi_ping.c built with Open MPI's mpicc, where the test user can run
+    it (the nodes share the file system, as cluster nodes share a home directory)."""
     if shutil.which("mpicc") is None:
         pytest.skip(f"mpicc (libopenmpi-dev) is missing; {cluster_support.INSTALL_HINT}")
-    exe = tmp_path_factory.mktemp("mpi") / "mpi_ping"
-    subprocess.run(["mpicc", "-O1", "-o", str(exe), str(MPI_PING)], check=True)
-    return exe
+    with cluster_support.user_dir("hpcvm-mpi-") as path:
+        exe = path / "mpi_ping"
+        subprocess.run(["mpicc", "-O1", "-o", str(exe), str(MPI_PING)], check=True)
+        yield exe
 
 
 def assert_one_rank_per_node(cluster: LocalCluster, text: str) -> None:
@@ -169,8 +317,18 @@ def test_mpi_across_two_nodes(
 ) -> None:
     if len(slurm_cluster.nodes) < 2:
         pytest.skip("needs two nodes")
-    text = submit(slurm_cluster, tmp_path, LAUNCHERS[launcher].format(exe=mpi_ping))
+    text = submit(slurm_cluster, tmp_path, LAUNCHERS[launcher].format(exe=mpi_ping), nodes=2)
     assert_one_rank_per_node(slurm_cluster, text)
+
+
+def test_mpi_across_two_nodes_as_the_test_user(
+    slurm_cluster: LocalCluster, mpi_ping: Path, user_dir: Path
+) -> None:
+    """The same run submitted by the unprivileged user (sbatch, then srun's PMIx)."""
+    body = LAUNCHERS["srun-pmix"].format(exe=mpi_ping)
+    text = submit(slurm_cluster, user_dir, body, nodes=2, user=TEST_USER)
+    assert_one_rank_per_node(slurm_cluster, text)
+    assert (user_dir / "job.out").stat().st_uid == TEST_UID  # written as the user
 
 
 def namespaces_running(program: str, arg: str, inodes: set[int]) -> set[int]:
@@ -200,29 +358,107 @@ def wait_until(what: str, predicate: Callable[[], bool]) -> None:
         time.sleep(0.5)
 
 
-def test_scancel_stops_the_jobs_tasks_on_every_node(
-    slurm_cluster: LocalCluster, tmp_path: Path
+def user_processes(inodes: dict[int, str]) -> dict[int, str]:
+    """The test user's live processes in the nodes' namespaces (``inodes``: namespace
+    inode to node name), as {pid: node}."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if proc.stat().st_uid != TEST_UID:
+                continue
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            inode = os.stat(proc / "ns" / "net").st_ino
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if state != "Z" and inode in inodes:
+            found[int(proc.name)] = inodes[inode]
+    return found
+
+
+def cgroups_of(pid: int) -> dict[str, str]:
+    """{controller: cgroup path} of a process, from /proc/PID/cgroup (cgroup v1)."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    return {
+        c: path for _, cs, path in (line.split(":", 2) for line in lines) for c in cs.split(",")
+    }
+
+
+def session_of(pid: int) -> int:
+    # After the command name: state, ppid, pgrp, session.
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+
+
+def test_a_users_job_lives_in_its_cgroups_and_scancel_ends_all_of_it(
+    slurm_cluster: LocalCluster, user_dir: Path
 ) -> None:
-    """proctrack/pgid is what finds a job's processes here: scancel must reach the
-    tasks in every node's namespace."""
-    seconds = str(3000 + os.getpid() % 1000)  # marks this test's tasks
-    batch = tmp_path / "long.sh"
-    batch.write_text(f"#!/bin/sh\nsrun --ntasks-per-node=1 sleep {seconds}\n")
+    """Every process of a job the test user submitted, on every node, is in that job's
+    cgroups (freezer, cpuset, memory, devices under /slurm_<node>/uid_<uid>/job_<id>/,
+    listed in the cgroup's own tasks file), also a process that left the job's session
+    with setsid (which process-group tracking would lose); the user's scancel ends them
+    all (proctrack/cgroup)."""
+    cluster_support.needs_slurm_cgroups()
+    mark = str(3000 + os.getpid() % 1000)  # marks this test's sleeps
+    batch = user_dir / "long.sh"
+    task = f"setsid sleep {mark} & exec sleep {mark}"
+    batch.write_text(f"#!/bin/sh\nsrun --ntasks-per-node=1 sh -c '{task}'\n")
     nodes = len(slurm_cluster.nodes)
     job = slurm_cluster.run(
-        ["sbatch", "--parsable", "-N", str(nodes), f"--chdir={tmp_path}", str(batch)]
+        ["sbatch", "--parsable", "-N", str(nodes), f"--chdir={user_dir}", str(batch)],
+        user=TEST_USER,
     ).stdout.strip()
-    inodes = {namespace_inode(node.namespace) for node in slurm_cluster.nodes}
+    job_id = job.split(";")[0]
+    inodes = {namespace_inode(node.namespace): node.name for node in slurm_cluster.nodes}
+
+    def sleeps() -> dict[int, str]:
+        return {
+            pid: node
+            for pid, node in user_processes(inodes).items()
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
+            == [b"sleep", mark.encode()]
+        }
+
     try:
-        wait_until(
-            "the tasks to start",
-            lambda: namespaces_running("sleep", seconds, inodes) == inodes,
-        )
+        wait_until("two sleeps on every node", lambda: len(sleeps()) == 2 * nodes)
+        found = sleeps()
+        assert sorted(found.values()) == sorted(2 * list(inodes.values())), found
+        escaped = [pid for pid in found if session_of(pid) == pid]  # setsid: its own session
+        assert len(escaped) == nodes, found
+        processes = user_processes(inodes)
+        for pid, node in processes.items():
+            groups = cgroups_of(pid)
+            prefix = f"{cluster_support.slurm_cgroup_root(node)}/uid_{TEST_UID}/job_{job_id}/"
+            for controller in ("freezer", "cpuset", "memory", "devices"):
+                path = groups[controller]
+                assert path.startswith(prefix), (pid, node, controller, path)
+                tasks = Path(f"/sys/fs/cgroup/{controller}{path}/tasks").read_text().split()
+                assert str(pid) in tasks, (pid, controller, path)
     finally:
-        slurm_cluster.run(["scancel", job.split(";")[0]])
-    wait_until(
-        "scancel to stop the tasks", lambda: not namespaces_running("sleep", seconds, inodes)
-    )
+        slurm_cluster.run(["scancel", job_id], user=TEST_USER)
+    wait_until("scancel to end every process of the job", lambda: not user_processes(inodes))
+
+
+def test_two_jobs_of_two_nodes_run_at_once_on_four_nodes(
+    slurm_cluster: LocalCluster, user_dir: Path
+) -> None:
+    """Four nodes hold two 2-node jobs at the same time, on disjoint nodes."""
+    if len(slurm_cluster.nodes) < 4:
+        pytest.skip("needs four nodes (HPCVM_TEST_CLUSTER_NODES)")
+    jobs = []
+    try:
+        for _ in range(2):
+            argv = ["sbatch", "--parsable", "-N", "2", f"--chdir={user_dir}", "--wrap", "sleep 600"]
+            jobs.append(slurm_cluster.run(argv, user=TEST_USER).stdout.strip().split(";")[0])
+
+        def running() -> dict[str, str]:
+            out = slurm_cluster.run(["squeue", "-h", "-t", "R", "-o", "%i %N"]).stdout
+            return {i: n for i, n in (line.split() for line in out.splitlines()) if i in jobs}
+
+        wait_until("both jobs to run", lambda: len(running()) == 2)
+        assert sorted(running().values()) == ["node[1-2]", "node[3-4]"], running()
+    finally:
+        slurm_cluster.run(["scancel", *jobs], user=TEST_USER, check=False)
 
 
 def cluster_processes(inodes: set[int]) -> list[str]:
@@ -267,6 +503,9 @@ def assert_nothing_left(inodes: set[int], subnet: str) -> None:
     assert not cluster_support.STATE_DIR.exists()
     assert cluster_processes(inodes) == []
     assert cluster_support.node_cpuset("node1") is None  # the nodes' cpusets are gone
+    assert sorted(Path("/sys/fs/cgroup").glob("*/slurm_node*")) == []  # and Slurm's cgroups
+    with pytest.raises(KeyError):
+        pwd.getpwnam(TEST_USER)  # and the test user
     assert root_addresses_in(subnet) == []
     # Every veth and bridge lived only inside the namespaces: the host never saw one.
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)

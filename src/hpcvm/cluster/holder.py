@@ -6,7 +6,10 @@ When ``cluster down`` (or a failing ``up``) ends the step, that command removes 
 directory itself once it has read the nodes' last events (state.py ``taking-down``).
 Without the holder a job ended by the batch system (``scancel``) would leave that
 directory behind: the batch script is killed before its ``cluster down`` can run, and
-nothing else on the batch node knows the step is over.
+nothing else on the batch node knows the step is over. Under Slurm's proctrack/cgroup
+the holder is killed with the batch script too (every process of the batch step, in
+whatever session), before the step has ended: so the SIGTERM the batch system sends to
+end the job removes the directory at once; each node's task takes its VM down itself.
 
 Started as ``python -m hpcvm.cluster.internal holder STATE_DIR STEP_ARGV...``.
 """
@@ -23,17 +26,22 @@ from hpcvm.cluster import state
 
 def main(argv: list[str]) -> int:
     state_dir, *step = argv
-    # The step forwards SIGTERM to the tasks, which stop their VMs: pass ours on, and wait.
-    proc = subprocess.Popen(step, stdin=subprocess.DEVNULL)
+    directory = Path(state_dir)
+    started: list[subprocess.Popen[bytes]] = []
 
     def _forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
+        if signum == signal.SIGTERM and not state.taken_down_by_another(directory):
+            state.remove_dir(directory)  # the job is ending: this process may not outlive it
+        for proc in started:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
 
+    # The step forwards SIGTERM to the tasks, which stop their VMs: pass ours on, and wait
+    # (handlers first: a signal while the step starts is not lost).
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _forward)
-    code = proc.wait()
-    directory = Path(state_dir)
+    started.append(subprocess.Popen(step, stdin=subprocess.DEVNULL))
+    code = started[0].wait()
     if state.taken_down_by_another(directory):
         return code  # `cluster down` (or a failed `up`) reads the events, then removes it
     state.remove_dir(directory)
