@@ -242,3 +242,19 @@ def test_failed_download_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     message = str(info.value)
     assert "\n" not in message and "apt-get update" in message and "--kernel" in message
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_image_in_the_system_cache_serves_every_user(
+    tree: kernels.KernelTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's hpcvm takes the image the node install built in root's cache (when it
+    has the user's key) instead of building its own; without it, the user's own cache."""
+    system, mine = tmp_path / "system", tmp_path / "mine"
+    built = build_guest(kernel=tree.vmlinuz, cache_dir=system, pvh=False)
+    monkeypatch.setattr(image, "SYSTEM_CACHE", system)
+    found = build_guest(kernel=tree.vmlinuz, cache_dir=mine, pvh=False)
+    assert found.cached and found.kernel == built.kernel
+    assert not (mine / "images").exists()  # nothing built or locked in the user's cache
+    shutil.rmtree(system / "images")
+    own = build_guest(kernel=tree.vmlinuz, cache_dir=mine, pvh=False)
+    assert own.kernel.is_relative_to(mine)

@@ -9,7 +9,9 @@ for a build once (a few seconds, plus one download of the kernel package).
 Cache location: ``$HPCVM_CACHE/guest`` if set; else ``/var/cache/hpcvm/guest`` for
 root and ``~/.cache/hpcvm/guest`` (or ``$XDG_CACHE_HOME/hpcvm/guest``) for other
 users. Root's default is outside /root on purpose: libvirt's QEMU may run as another
-user (libvirt-qemu) and must be able to read the kernel and initramfs.
+user (libvirt-qemu) and must be able to read the kernel and initramfs. A user first
+looks in root's cache, where the node install built the image once for everyone
+(scripts/install-node.sh), and builds one of their own only when it lacks it.
 """
 
 from __future__ import annotations
@@ -96,13 +98,16 @@ class GuestInputs(Frozen):
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:20]
 
 
+SYSTEM_CACHE = Path("/var/cache/hpcvm/guest")  # root's, readable by all (install-node.sh)
+
+
 def default_cache_dir() -> Path:
     """Where images are kept (see the module docstring)."""
     explicit = os.environ.get(ENV_CACHE)
     if explicit:
         return Path(explicit).expanduser().absolute() / "guest"
     if os.geteuid() == 0:
-        return Path("/var/cache/hpcvm/guest")
+        return SYSTEM_CACHE
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / "hpcvm" / "guest"
@@ -230,6 +235,8 @@ def build_guest(
         identity = package.identity
     inputs = guest_inputs(identity, busybox, qemu_ga, pvh=pvh)
     key = inputs.key()
+    if not force and cache != SYSTEM_CACHE and (shared := load_cached(SYSTEM_CACHE, key)):
+        return shared  # the node install built it once for every user (read-only here)
     with _locked(cache):
         images = readable_dir(cache / "images")
         if not force and (image := load_cached(cache, key)) is not None:
