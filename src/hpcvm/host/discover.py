@@ -163,6 +163,7 @@ def _build(text: str, source: _Source) -> HostTopology:
         iommu=_iommu_on(groups, source),
         iommu_groups=groups or {},
         hugetlbfs_mounts=sysfs.hugetlbfs_mounts(LIVE_ROOT) if source.live else {},
+        memory_limit=sysfs.memory_limit(LIVE_ROOT) if source.live else None,
         pci=tuple(pci),
         warnings=tuple(draft.warnings),
     )

@@ -154,6 +154,9 @@ class HostTopology(Frozen):
     iommu_groups: dict[int, tuple[str, ...]] = Field(default_factory=dict)
     # page size in bytes -> hugetlbfs mount point (live host only)
     hugetlbfs_mounts: dict[int, str] = Field(default_factory=dict)
+    # This process's cgroup memory limit (a batch job's memory request); None: none, or
+    # not a live host. Guest RAM on huge pages is not charged to it (no hugetlb limit).
+    memory_limit: int | None = None
     pci: tuple[PciDevice, ...] = ()
     warnings: tuple[str, ...] = ()
 

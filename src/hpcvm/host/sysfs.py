@@ -295,3 +295,56 @@ def _link_name(path: Path) -> str | None:
 
 def _int_or_none(text: str | None) -> int | None:
     return int(text) if text is not None and text.isdigit() else None
+
+
+# --------------------------------------------------------------------------- cgroup
+
+UNLIMITED = 1 << 60  # a cgroup v1 limit at or above this means none
+
+
+def memory_limit(root: Path = Path("/")) -> int | None:
+    """This process's cgroup memory limit in bytes (the smallest of its cgroup's and its
+    ancestors'), None when there is none: what a batch job's memory request (Slurm's
+    task/cgroup with ConstrainRAMSpace) lets its processes, QEMU included, be charged."""
+    try:
+        lines = (root / "proc" / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):  # cgroup v1
+            stat = root / "sys" / "fs" / "cgroup" / "memory" / path.lstrip("/") / "memory.stat"
+            return _v1_limit(stat)
+    for line in lines:
+        if line.startswith("0::"):  # cgroup v2: memory.max here and above
+            return _v2_limit(root / "sys" / "fs" / "cgroup", line[3:])
+    return None
+
+
+def _v1_limit(stat: Path) -> int | None:
+    try:
+        for line in stat.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "hierarchical_memory_limit":
+                limit = int(value)
+                return None if limit >= UNLIMITED else limit
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _v2_limit(base: Path, path: str) -> int | None:
+    limits = []
+    current = Path(path)
+    while True:
+        text = (
+            read_text(base / current.relative_to("/") / "memory.max")
+            if str(current) != "/"
+            else None
+        )
+        if text and text.strip() != "max" and text.strip().isdigit():
+            limits.append(int(text.strip()))
+        if str(current) == "/":
+            break
+        current = current.parent
+    return min(limits) if limits else None

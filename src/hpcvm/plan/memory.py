@@ -308,6 +308,33 @@ def check_host_total(
             + (f"use --memory {format_size(best)} or less" if best else "the host is too small"),
             option="memory_bytes",
         )
+    check_memory_limit(host, total, overhead, page)
+
+
+def check_memory_limit(host: HostTopology, total: int, overhead: int, page: int) -> None:
+    """Refuse, before anything starts, a VM that this process's cgroup would OOM-kill
+    midway: QEMU's own memory, and guest RAM on 4K pages, are charged to it (a batch
+    job's memory request); guest RAM on huge pages is not (no hugetlb limit)."""
+    limit = host.memory_limit
+    charged = overhead + (total if page == SMALL_PAGE else 0)
+    if limit is None or charged <= limit:
+        return
+    fix = "ask the batch system for more memory (Slurm: #SBATCH --mem=SIZE)"
+    if page == SMALL_PAGE:
+
+        def fits(candidate: int) -> bool:
+            return candidate + qemu_overhead(candidate) <= limit
+
+        best = largest_fitting(fits, total, page)
+        fix += f", or use --memory {format_size(best)} or less" if best else ""
+        fix += ", or put guest RAM on huge pages (which it does not count)"
+    raise InfeasiblePlanError(
+        f"--memory {format_size(total)} would charge about {format_size(charged)} to this "
+        f"process's memory limit of {format_size(limit)} (its cgroup: a batch job's memory) "
+        f"and QEMU would be killed midway: {fix}",
+        cause="memory-limit",
+        option="memory_bytes",
+    )
 
 
 def _too_big_flat(

@@ -1,0 +1,72 @@
+"""A VM bigger than the batch job's memory is refused before it starts (issue 25), not
+OOM-killed midway: this process's cgroup memory limit, read from the kernel's cgroup
+files (v1 ``hierarchical_memory_limit``, v2 ``memory.max`` up the tree), and the plan's
+charge against it: QEMU's own memory always, guest RAM on 4K pages, not on huge pages
+(no hugetlb limit). The live reading is also checked against a real cgroup in
+tests/integration/test_cluster_infra.py's jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpcvm.errors import InfeasiblePlanError
+from hpcvm.host import sysfs
+from hpcvm.plan import plan
+from hpcvm.plan.memory import qemu_overhead
+from hpcvm.plan.model import PlanRequest
+from hpcvm.units import GIB, MIB
+from tests.plan_checks import roomy, synthetic_host
+
+
+def _v1_root(tmp: Path, limit: int) -> Path:
+    (tmp / "proc" / "self").mkdir(parents=True)
+    (tmp / "proc" / "self" / "cgroup").write_text(
+        "9:cpuset:/slurm_node1/uid_2390/job_7\n4:memory:/slurm_node1/uid_2390/job_7/step_0\n"
+    )
+    leaf = tmp / "sys/fs/cgroup/memory/slurm_node1/uid_2390/job_7/step_0"
+    leaf.mkdir(parents=True)
+    (leaf / "memory.stat").write_text(f"cache 0\nhierarchical_memory_limit {limit}\nrss 1\n")
+    return tmp
+
+
+def test_cgroup_v1_limit_is_the_hierarchical_one(tmp_path: Path) -> None:
+    assert sysfs.memory_limit(_v1_root(tmp_path / "a", 200 * MIB)) == 200 * MIB
+    assert sysfs.memory_limit(_v1_root(tmp_path / "b", 9223372036854771712)) is None
+
+
+def test_cgroup_v2_limit_is_the_smallest_up_the_tree(tmp_path: Path) -> None:
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "cgroup").write_text("0::/jobs/job7/step0\n")
+    base = tmp_path / "sys/fs/cgroup"
+    for rel, value in (("jobs", "max"), ("jobs/job7", str(GIB)), ("jobs/job7/step0", "max")):
+        (base / rel).mkdir(parents=True, exist_ok=True)
+        (base / rel / "memory.max").write_text(value + "\n")
+    assert sysfs.memory_limit(tmp_path) == GIB
+
+
+def test_no_cgroup_file_means_no_limit(tmp_path: Path) -> None:
+    assert sysfs.memory_limit(tmp_path) is None
+
+
+def _request(profile: str, memory: int) -> PlanRequest:
+    return PlanRequest(profile=profile, vcpus=1, memory_bytes=memory, accel="tcg")  # type: ignore[arg-type]
+
+
+def test_a_vm_beyond_the_jobs_memory_is_refused_naming_the_batch_option() -> None:
+    host = roomy(synthetic_host("pack:1 numa:1 core:4 pu:1")).model_copy(
+        update={"memory_limit": 300 * MIB}
+    )
+    with pytest.raises(InfeasiblePlanError) as info:
+        plan(host, _request("naive", 512 * MIB))
+    text = str(info.value)
+    assert "#SBATCH --mem" in text and info.value.cause == "memory-limit"
+    named = int(text.split("use --memory ")[1].split("M")[0])
+    assert named * MIB + qemu_overhead(named * MIB) <= 300 * MIB  # what it names fits
+    plan(host, _request("naive", named * MIB))
+    # on huge pages only QEMU's own memory is charged: the same guest plans
+    plan(host, _request("hugepages", 512 * MIB))
+    tight = host.model_copy(update={"memory_limit": qemu_overhead(512 * MIB) - MIB})
+    with pytest.raises(InfeasiblePlanError, match="#SBATCH --mem"):
+        plan(tight, _request("hugepages", 512 * MIB))
