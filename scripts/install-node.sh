@@ -14,9 +14,10 @@
 #   accounts   group $HPCVM_GROUP (gid $HPCVM_GID): its members may use the grants; user
 #              $HPCVM_QEMU_USER (uid $HPCVM_QEMU_UID) QEMU drops to when hpcvm runs as root
 #   kvm        /dev/kvm root:kvm 0660 (udev's rule; members get it through group kvm)
-#   bridge     QEMU's bridge helper setuid root (dpkg-statoverride, kept by upgrades) and
+#   bridge     QEMU's bridge helper setuid root (dpkg-statoverride, kept by upgrades),
 #              /etc/qemu/bridge.conf including an ACL only the group can read that allows
-#              $HPCVM_BRIDGES
+#              $HPCVM_BRIDGES, and /dev/net/tun 0666 (udev's rule; the helper opens it
+#              as the calling user)
 #   hugepages  a hugetlbfs mount for the group at $HPCVM_HUGETLBFS (an /etc/fstab line),
 #              and the 2M pool raised to $HPCVM_HUGEPAGES pages if set (/etc/sysctl.d)
 #   venv       hpcvm in a virtualenv at $HPCVM_PREFIX built with $HPCVM_PYTHON (Debian's
@@ -226,6 +227,14 @@ step_kvm() {
 
 step_bridge() {
   [ -x "$HELPER" ] || die "$HELPER is missing: install qemu-system-common (packages step)"
+  # The helper drops to the calling user before it opens the tun device: udev's rule
+  # makes /dev/net/tun 0666 at boot; a node without udev (a container) needs it now.
+  local tun
+  tun=$(stat -c '%a' /dev/net/tun 2>/dev/null || echo none)
+  if [ "$tun" != 666 ] && [ "$tun" != none ]; then
+    remember tun-mode "$tun"
+    run chmod 0666 /dev/net/tun
+  fi
   local override
   override=$(dpkg-statoverride --list "$HELPER" 2>/dev/null || true)
   if [ "$override" = "root root 4755 $HELPER" ]; then
@@ -415,6 +424,9 @@ uninstall() {
   fi
   forget helper-override
   forget helper-mode
+  mode=$(recall tun-mode)
+  if [ -n "$mode" ] && [ -c /dev/net/tun ]; then run chmod "$mode" /dev/net/tun; fi
+  forget tun-mode
 
   mode=$(recall kvm-mode)
   if [ -n "$mode" ] && [ -c /dev/kvm ]; then
