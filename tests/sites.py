@@ -3,8 +3,10 @@ hpcvm's ``local`` batch system, behind one small interface, so that the same tes
 run under both (``site`` fixture, parametrised).
 
 - ``SlurmSite``: the one-machine Slurm cluster of network namespaces
-  (scripts/test-cluster.sh, tests/cluster_support.py): ``sbatch -N 2``, ``scancel``,
-  Slurm's own job state.
+  (scripts/test-cluster.sh, tests/cluster_support.py) configured as a site is: jobs
+  submitted by the unprivileged test user (``sbatch -N 2`` as ``hpcvm-test``, with the
+  node install's grants and an hpcvm that user can run), Slurm's cgroup plugins,
+  ``scancel``, Slurm's own job state.
 - ``LocalSite``: a network namespace made here with a bridge ``br0`` (the only place
   its VMs' traffic goes), the example script run in it as a plain process with
   ``HPCVM_BATCH=local``: the script's shell is the job's leader, so killing it is this
@@ -16,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import pwd
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +50,7 @@ class Job:
 
 class Site(Protocol):
     batch: str
+    uid: int  # who the jobs run as
     node_prefix: str  # node names are this and 1, 2...
     subnet_prefix: str  # the nodes' /24, e.g. "10.77.0"
 
@@ -70,6 +76,31 @@ class Site(Protocol):
     def bridge_on_first_node_only(self, bridge: str) -> Iterator[str]: ...
 
     def diagnostics(self) -> str: ...
+
+    def runtime_root(self) -> Path:
+        """Where the jobs' hpcvm keeps its VMs (that user's default)."""
+        ...
+
+    def job_dir(self) -> contextlib.AbstractContextManager[Path]:
+        """A directory a job of this site may run in and write to."""
+        ...
+
+
+def default_runtime_root(uid: int) -> Path:
+    """hpcvm's runtime root for a user without XDG_RUNTIME_DIR (runtime/paths.py)."""
+    return Path("/run/hpcvm") if uid == 0 else Path(f"/tmp/hpcvm-{uid}")
+
+
+@contextlib.contextmanager
+def root_job_dir() -> Iterator[Path]:
+    """A job directory QEMU's unprivileged user can read (pytest's tmp_path is 0700
+    root's, which ``cluster up`` refuses: the guests see the job's directory)."""
+    path = Path(tempfile.mkdtemp(prefix="hpcvm-cluster-test-", dir="/var/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 POOL_SLOTS = 4
@@ -122,10 +153,11 @@ def links_in(namespace: str, known: set[str]) -> list[str]:
 
 @dataclass
 class SlurmSite:
-    """The Slurm test cluster."""
+    """The Slurm test cluster, its jobs submitted by the unprivileged test user."""
 
     cluster: LocalCluster
     hpcvm: str
+    user: str | None = cluster_support.TEST_USER
     batch: str = "slurm"
     node_prefix: str = "node"
     subnet_prefix: str = cluster_support.NET_PREFIX
@@ -140,9 +172,27 @@ class SlurmSite:
     def submit(self, script: Path, workdir: Path, env: Mapping[str, str], *args: str) -> Job:
         out = workdir / "job.out"
         argv = ["sbatch", "-N", "2", f"--chdir={workdir}", f"--output={out}", "--parsable"]
-        proc = self.cluster.run([*argv, str(script), *args], env=dict(env), check=False)
+        proc = self.cluster.run(
+            [*argv, str(script), *args], env=dict(env), user=self.user, check=False
+        )
         assert proc.returncode == 0, proc.stderr
         return Job(id=proc.stdout.strip().split(";")[0], out=out)
+
+    @property
+    def uid(self) -> int:
+        return pwd.getpwnam(self.user).pw_uid if self.user else 0
+
+    def runtime_root(self) -> Path:
+        return default_runtime_root(self.uid)
+
+    @contextlib.contextmanager
+    def job_dir(self) -> Iterator[Path]:
+        if self.user is None:
+            with root_job_dir() as path:
+                yield path
+            return
+        with cluster_support.user_dir() as path:
+            yield path
 
     def wait(self, job: Job) -> int:
         wait_until("Slurm to end the job", lambda: not self._queued(job))
@@ -154,10 +204,10 @@ class SlurmSite:
         return bool(self.cluster.run(["squeue", "-h", "-j", job.id], check=False).stdout.strip())
 
     def cancel(self, job: Job) -> None:
-        self.cluster.run(["scancel", job.id], check=False)
+        self.cluster.run(["scancel", job.id], user=self.user, check=False)
 
     def interrupt(self, job: Job) -> None:
-        self.cluster.run(["scancel", "--batch", "--full", "--signal=INT", job.id])
+        self.cluster.run(["scancel", "--batch", "--full", "--signal=INT", job.id], user=self.user)
 
     def ended_badly(self, job: Job) -> bool:
         # Slurm keeps an ended job's record for MinJobAge (30 s here): it says how it ended.
@@ -199,6 +249,15 @@ class LocalSite:
     node_prefix: str = "local"
     subnet_prefix: str = LOCAL_PREFIX
     jobs: list[Job] = field(default_factory=list)
+    uid: int = 0
+
+    def runtime_root(self) -> Path:
+        return default_runtime_root(self.uid)
+
+    @contextlib.contextmanager
+    def job_dir(self) -> Iterator[Path]:
+        with root_job_dir() as path:
+            yield path
 
     def job_env(self, name: str, **extra: str) -> dict[str, str]:
         return {

@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hpcvm.runtime import paths
 from tests import cluster_support, sites
 from tests.sites import Job, LocalSite, Site, SlurmSite, wait_until
 
 pytestmark = pytest.mark.integration
 
 slurm_cluster = cluster_support.slurm_cluster
+user_hpcvm = cluster_support.user_hpcvm
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_SCRIPT = REPO / "docs" / "examples" / "hpcvm-job.sh"
@@ -45,7 +43,8 @@ RANK_LINE = re.compile(r"^rank=(\d+) size=(\d+) host=(\S+) netns=\S+ token=(-?\d
 def site(request: pytest.FixtureRequest) -> Iterator[Site]:
     """Each batch system in turn (module scope: the Slurm cluster is made once)."""
     if request.param == "slurm":
-        yield SlurmSite(request.getfixturevalue("slurm_cluster"), HPCVM)
+        cluster = request.getfixturevalue("slurm_cluster")
+        yield SlurmSite(cluster, str(request.getfixturevalue("user_hpcvm")))
         return
     with sites.local_namespace():
         local = LocalSite(HPCVM)
@@ -55,30 +54,21 @@ def site(request: pytest.FixtureRequest) -> Iterator[Site]:
             local.close()
 
 
-def readable_dir() -> Path:
-    """A job directory QEMU's unprivileged user can read (pytest's tmp_path is 0700
-    root's, which ``cluster up`` refuses: the guests see the job's directory)."""
-    path = Path(tempfile.mkdtemp(prefix="hpcvm-cluster-test-", dir="/var/tmp"))
-    path.chmod(0o755)
-    return path
-
-
 @pytest.fixture
-def job_dir() -> Iterator[Path]:
-    path = readable_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def job_dir(site: Site) -> Iterator[Path]:
+    with site.job_dir() as path:
+        yield path
 
 
 @pytest.fixture(scope="module")
-def mpi_ping() -> Iterator[Path]:
-    """tests/cluster/mpi_ping.c built with mpicc, in a directory every guest sees (the
-    job's working directory is shared with the guests at the same path)."""
-    path = readable_dir()
-    exe = path / "mpi_ping"
-    subprocess.run(["mpicc", "-O1", "-o", str(exe), str(MPI_PING)], check=True)
-    yield exe
-    shutil.rmtree(path, ignore_errors=True)
+def mpi_ping(site: Site) -> Iterator[Path]:
+    """tests/cluster/mpi_ping.c built with mpicc, in a directory the site's jobs own
+    and every guest sees (the job's working directory is shared with the guests)."""
+    with site.job_dir() as path:
+        exe = path / "mpi_ping"
+        subprocess.run(["mpicc", "-O1", "-o", str(exe), str(MPI_PING)], check=True)
+        exe.chmod(0o755)
+        yield exe
 
 
 def qemu_of(name: str) -> list[str]:
@@ -109,7 +99,7 @@ def hugepages_free() -> int:
 
 
 def assert_nothing_left(site: Site, name: str, free_before: int) -> None:
-    root = paths.runtime_root()
+    root = site.runtime_root()
     assert qemu_of(name) == []
     assert site.extra_links() == {}
     assert sorted(p.name for p in root.glob(f"{name}-*")) == []
@@ -168,7 +158,7 @@ def test_cancelling_the_job_takes_every_vm_down_on_every_node(site: Site, job_di
     free = hugepages_free()
     name = f"c{os.getpid()}"
     job = start(site, job_dir, name, "sleep", "3600")
-    root = paths.runtime_root()
+    root = site.runtime_root()
     try:
         wait_until("both VMs to run", lambda: len(qemu_of(name)) == 2)
         wait_until("the job to start its MPI run", lambda: "2 VM(s) up" in read(job.out))
