@@ -46,6 +46,7 @@ TEST_MARK="hpcvm test cluster user (scripts/test-cluster.sh)"   # its GECOS: dow
 # The site's group (scripts/site-ids.sh, shared with scripts/install-node.sh).
 # shellcheck source=scripts/site-ids.sh
 . "$(dirname "$0")/site-ids.sh"
+REPO=$(cd "$(dirname "$0")/.." && pwd)
 
 die() {
   echo "test-cluster: $*" >&2
@@ -458,6 +459,8 @@ SlurmctldTimeout=120
 InactiveLimit=0
 KillWait=30
 MinJobAge=30
+# hpcvm's epilog (docs/site.md): cleans what a node task killed outright left behind.
+Epilog=$DIR/etc/epilog.sh
 NodeName=DEFAULT $nodes RealMemory=$MEM_MB Gres=nic:1 State=UNKNOWN
 EOF
   for k in $(seq 1 "$n"); do
@@ -468,6 +471,15 @@ EOF
     chmod 1777 "$DIR/tmp/node$k"   # jobs of every user make their PMIx directories here
   done
   echo "PartitionName=test Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP" >>"$DIR/etc/slurm.conf"
+  # The site's epilog, with the hpcvm the tests' jobs run (written by the tests into
+  # etc/epilog-hpcvm once they built it); nothing to do before that.
+  cat >"$DIR/etc/epilog.sh" <<EPILOG
+#!/bin/sh
+HPCVM=\$(cat "$DIR/etc/epilog-hpcvm" 2>/dev/null) || exit 0
+export HPCVM
+exec /bin/bash "$REPO/docs/examples/slurm-epilog.sh"
+EPILOG
+  chmod 755 "$DIR/etc/epilog.sh"
   # /dev/full stands in for a passthrough NIC's /dev/vfio/N (none exists here): a device
   # every job is denied unless it was given the GRES (--gres=nic:1). Nothing hpcvm or
   # a test job needs opens it.

@@ -338,6 +338,9 @@ def slurm_cluster() -> Iterator[LocalCluster]:
 @pytest.fixture(scope="session")
 def user_hpcvm(slurm_cluster: LocalCluster) -> Path:
     """The path of an ``hpcvm`` the test user can run (after the cluster made the
-    user); a test module re-exports it as it does ``slurm_cluster``."""
+    user); a test module re-exports it as it does ``slurm_cluster``. The cluster's
+    epilog (docs/examples/slurm-epilog.sh) runs it too, as a site's runs its own."""
     assert pwd.getpwnam(TEST_USER).pw_uid == TEST_UID
-    return build_user_hpcvm()
+    hpcvm = build_user_hpcvm()
+    (STATE_DIR / "etc" / "epilog-hpcvm").write_text(f"{hpcvm}\n")
+    return hpcvm

@@ -180,7 +180,10 @@ def test_a_node_whose_vm_cannot_start_takes_the_whole_cluster_down(
     free = hugepages_free()
     name = f"f{os.getpid()}"
     with site.bridge_on_first_node_only("brt") as failing:
-        env = site.job_env(name, HPCVM_NETWORK="bridge=brt")
+        # an explicit address: the bridge on node 1 has none to derive `auto` from
+        env = site.job_env(
+            name, HPCVM_NETWORK="bridge=brt", HPCVM_ADDRESS=f"{site.subnet_prefix}.101/24"
+        )
         job = site.submit(JOB_SCRIPT, job_dir, env)
         code = site.wait(job)
     text = read(job.out)
