@@ -196,10 +196,10 @@ def user_dir(prefix: str = "hpcvm-user-") -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def as_user(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` on this host (not in the cluster) as the test user."""
+def as_user(argv: Sequence[str], user: str = TEST_USER) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` on this host (not in the cluster) as ``user`` (the test user)."""
     return subprocess.run(
-        ["runuser", "-u", TEST_USER, "--", *argv],
+        ["runuser", "-u", user, "--", *argv],
         capture_output=True,
         text=True,
         timeout=COMMAND_TIMEOUT,
@@ -207,11 +207,11 @@ def as_user(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def build_user_hpcvm(home: Path = USER_VENV_HOME) -> Path:
+def build_user_hpcvm(home: Path = USER_VENV_HOME, user: str = TEST_USER) -> Path:
     """``hpcvm`` in a venv every user can run, built from this checkout with Debian's
     Python by the node install's venv step: editable where the test user can read the
     checkout, else a copy of it in the venv (a checkout under /root, say)."""
-    probe = as_user(["test", "-r", str(REPO / "src" / "hpcvm" / "__init__.py")])
+    probe = as_user(["test", "-r", str(REPO / "src" / "hpcvm" / "__init__.py")], user)
     editable = probe.returncode == 0  # else a copy in the venv: the user reads that
     home = home.with_name(home.name + ("" if editable else "-copy"))
     home.mkdir(exist_ok=True)
@@ -236,9 +236,9 @@ def build_user_hpcvm(home: Path = USER_VENV_HOME) -> Path:
     if proc.returncode != 0:
         pytest.fail(f"building {venv} failed:\n{proc.stdout}{proc.stderr}")
     hpcvm = venv / "bin" / "hpcvm"
-    check = as_user([str(hpcvm), "--version"])
+    check = as_user([str(hpcvm), "--version"], user)
     if check.returncode != 0:
-        pytest.fail(f"{TEST_USER} cannot run {hpcvm}:\n{check.stdout}{check.stderr}")
+        pytest.fail(f"{user} cannot run {hpcvm}:\n{check.stdout}{check.stderr}")
     return hpcvm
 
 
