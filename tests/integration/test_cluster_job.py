@@ -265,3 +265,26 @@ def test_a_node_task_killed_outright_still_leaves_no_vm(site: Site, job_dir: Pat
     finally:
         site.cancel(job)
     assert_nothing_left(site, name, free)
+
+
+def test_two_jobs_at_once_each_run_mpi_across_their_own_vms(site: Site, mpi_ping: Path) -> None:
+    """Two jobs started together on the default addresses (``--address auto``): under
+    Slurm on nodes 1-2 and 3-4 of the four-node test cluster, locally both on this one
+    host. Each job's ranks meet only its own VMs, and no address is given twice."""
+    free = hugepages_free()
+    names = [f"a{os.getpid()}", f"b{os.getpid()}"]
+    jobs = [start(site, mpi_ping.parent, name, str(mpi_ping)) for name in names]
+    for job in jobs:
+        site.wait(job)
+    addresses: list[str] = []
+    for name, job in zip(names, jobs, strict=True):
+        text = read(job.out)
+        assert job.returncode == 0, f"{text}\n{site.diagnostics()}"
+        ranks = [m.groups() for m in map(RANK_LINE.match, text.splitlines()) if m]
+        hosts = sorted(host for _, _, host, _ in ranks)
+        assert len(hosts) == 2 and all(h.startswith(f"{name}-") for h in hosts), text
+        assert len(set(hosts)) == 2 and {t for *_, t in ranks} == {"43"}, text
+        addresses += re.findall(rf"{name}-\S+\s*│\s*ready\s*│\s*(\S+)", text)
+    assert len(addresses) == 4 and len(set(addresses)) == 4, addresses
+    for name in names:
+        assert_nothing_left(site, name, free)
