@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -273,12 +274,18 @@ def test_two_jobs_at_once_each_run_mpi_across_their_own_vms(site: Site, mpi_ping
     host. Each job's ranks meet only its own VMs, and no address is given twice."""
     free = hugepages_free()
     names = [f"a{os.getpid()}", f"b{os.getpid()}"]
-    jobs = [start(site, mpi_ping.parent, name, str(mpi_ping)) for name in names]
-    for job in jobs:
-        site.wait(job)
+    with site.job_dir() as first, site.job_dir() as second:  # each job its own output
+        for where in (first, second):  # the guests see the job's directory, not another
+            shutil.copy2(mpi_ping, where / mpi_ping.name)
+        jobs = [
+            start(site, where, name, str(where / mpi_ping.name))
+            for where, name in zip((first, second), names, strict=True)
+        ]
+        for job in jobs:
+            site.wait(job)
+        outputs = [read(job.out) for job in jobs]
     addresses: list[str] = []
-    for name, job in zip(names, jobs, strict=True):
-        text = read(job.out)
+    for name, job, text in zip(names, jobs, outputs, strict=True):
         assert job.returncode == 0, f"{text}\n{site.diagnostics()}"
         ranks = [m.groups() for m in map(RANK_LINE.match, text.splitlines()) if m]
         hosts = sorted(host for _, _, host, _ in ranks)
