@@ -1,7 +1,9 @@
 """`hpcvm bench --nodes 2` inside a Slurm job on the one-machine test cluster: the example
-batch script (docs/examples/hpcvm-bench-job.sh), submitted as a user would with `sbatch
--N 2`, runs HPC Challenge and NetPIPE with `mpirun -np 2` natively across the two nodes
-and across a vm:hpc VM on each, into a results database and a report.
+batch script (docs/examples/hpcvm-bench-job.sh), submitted by the unprivileged test user
+with `sbatch -N 2` to the site-configured cluster (Slurm's cgroup plugins, the node
+install's grants), runs HPC Challenge and NetPIPE with `mpirun -np 2` natively across
+the two nodes and across a vm:hpc VM on each, into a results database and a report the
+user owns.
 
 Sizes are the smallest (`--size quick`, two repetitions): the path (one VM per node
 planned on its node, mpirun spread over the nodes, samples, logs, figures) is what is
@@ -25,16 +27,12 @@ import pytest
 
 from tests import cluster_support, sites
 from tests.cluster_support import LocalCluster
-from tests.integration.test_cluster_job import (
-    HPCVM,
-    assert_nothing_left,
-    hugepages_free,
-    job_dir,  # noqa: F401  (fixture)
-)
+from tests.integration.test_cluster_job import assert_nothing_left, hugepages_free
 
 pytestmark = pytest.mark.integration
 
 slurm_cluster = cluster_support.slurm_cluster
+user_hpcvm = cluster_support.user_hpcvm
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH_SCRIPT = REPO / "docs" / "examples" / "hpcvm-bench-job.sh"
@@ -45,14 +43,19 @@ REPS = 2
 
 
 def test_the_example_bench_job_runs_hpcc_and_netpipe_across_two_nodes(
-    slurm_cluster: LocalCluster,
-    job_dir: Path,  # noqa: F811
+    slurm_cluster: LocalCluster, user_hpcvm: Path
 ) -> None:
+    site = sites.SlurmSite(slurm_cluster, str(user_hpcvm))
+    with site.job_dir() as job_dir:
+        _bench_job(slurm_cluster, site, job_dir)
+
+
+def _bench_job(slurm_cluster: LocalCluster, site: sites.SlurmSite, job_dir: Path) -> None:
     free = hugepages_free()
     out = job_dir / "results"
     log = job_dir / "job.out"
     settings = {
-        "HPCVM": HPCVM,
+        "HPCVM": str(site.hpcvm),
         "HPCVM_OUT": str(out),
         "HPCVM_NP": "2",
         "HPCVM_SUITES": " ".join(SUITES),
@@ -63,12 +66,15 @@ def test_the_example_bench_job_runs_hpcc_and_netpipe_across_two_nodes(
     proc = slurm_cluster.run(
         ["sbatch", "-N", "2", "--wait", f"--chdir={job_dir}", f"--output={log}", str(BENCH_SCRIPT)],
         env=settings,
+        user=site.user,
         timeout=BENCH_TIMEOUT,
         check=False,
     )
     text = log.read_text(errors="replace") if log.exists() else ""
     assert proc.returncode == 0, f"{proc.stderr}\n{text}\n{slurm_cluster.log_tails()}"
 
+    owners = {p.stat().st_uid for p in out.rglob("*")} | {out.stat().st_uid}
+    assert owners == {site.uid}, owners  # the results are the user's
     db = sqlite3.connect(out / "hpcvm.db")
     envs = dict(db.execute("SELECT id, name FROM environments").fetchall())
     assert sorted(envs.values()) == ["native", "vm:hpc"]
@@ -99,4 +105,4 @@ def test_the_example_bench_job_runs_hpcc_and_netpipe_across_two_nodes(
     figures = out / "report" / "figures"
     assert (out / "report" / "report.html").is_file()
     assert (figures / "sizes-netpipe.png").is_file(), sorted(figures.iterdir())
-    assert_nothing_left(sites.SlurmSite(slurm_cluster, HPCVM), "bench", free)
+    assert_nothing_left(site, "bench", free)
