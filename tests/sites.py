@@ -78,6 +78,10 @@ class Site(Protocol):
 
     def diagnostics(self) -> str: ...
 
+    def outside_job_cgroup(self, pid: int, job: Job) -> str:
+        """What of ``pid``'s cgroups lies outside the job's ("": nothing)."""
+        ...
+
     def runtime_root(self) -> Path:
         """Where the jobs' hpcvm keeps its VMs (that user's default)."""
         ...
@@ -243,6 +247,24 @@ class SlurmSite:
     def diagnostics(self) -> str:
         return self.cluster.log_tails()
 
+    def outside_job_cgroup(self, pid: int, job: Job) -> str:
+        """Under Slurm's cgroup plugins every process of a job is in the job's cgroup
+        of each controller (``.../job_ID/...``), as /proc/PID/cgroup says."""
+        if cluster_support.confinement() != "cgroup":
+            return ""
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return ""  # gone meanwhile
+        wanted = ("freezer", "memory", "cpuset")
+        bad = [
+            line
+            for line in lines
+            if set(line.split(":")[1].split(",")) & set(wanted)
+            and f"/job_{job.id}/" not in line.split(":", 2)[2] + "/"
+        ]
+        return "; ".join(bad)
+
 
 LOCAL_NAMESPACE = "hpcvm-lb"
 LOCAL_PREFIX = os.environ.get("HPCVM_TEST_LOCAL_NET", "10.79.0")
@@ -329,6 +351,9 @@ class LocalSite:
 
     def diagnostics(self) -> str:
         return ""
+
+    def outside_job_cgroup(self, pid: int, job: Job) -> str:
+        return ""  # no batch system's cgroups on one workstation
 
     def close(self) -> None:
         for job in self.jobs:

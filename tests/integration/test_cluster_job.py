@@ -88,6 +88,23 @@ def qemu_of(name: str) -> list[str]:
     return found
 
 
+def job_processes(name: str) -> list[int]:
+    """Pids of every process of cluster ``name``: its QEMUs (``guest=NAME-``) and the
+    hpcvm processes whose environment holds its spec (node tasks, reapers)."""
+    found = [int(line.split(":")[0]) for line in qemu_of(name)]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"hpcvm.cluster.internal" in cmd and f'"name":"{name}"'.encode() in environ:
+            found.append(int(proc.name))
+    return found
+
+
 def read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
@@ -163,6 +180,11 @@ def test_cancelling_the_job_takes_every_vm_down_on_every_node(site: Site, job_di
     try:
         wait_until("both VMs to run", lambda: len(qemu_of(name)) == 2)
         wait_until("the job to start its MPI run", lambda: "2 VM(s) up" in read(job.out))
+        # No process of the job outside the job's cgroup: every QEMU, node task and
+        # reaper of it, as the kernel lists their cgroups (Slurm's cgroup plugins).
+        for pid in job_processes(name):
+            outside = site.outside_job_cgroup(pid, job)
+            assert not outside, f"pid {pid} ({outside}) is outside job {job.id}'s cgroup"
     finally:
         site.cancel(job)
     wait_until("the VMs to go", lambda: not qemu_of(name))
