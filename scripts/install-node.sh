@@ -291,7 +291,7 @@ step_hugepages() {
   else
     [ -d "$HPCVM_HUGETLBFS" ] || {
       run mkdir -p "$HPCVM_HUGETLBFS"
-      remember created-hugetlbfs-dir yes
+      remember created-hugetlbfs-dir "$HPCVM_HUGETLBFS"
     }
     run mount -t hugetlbfs -o "pagesize=2M,gid=$HPCVM_GID,mode=1770" hugetlbfs "$HPCVM_HUGETLBFS"
   fi
@@ -389,11 +389,14 @@ uninstall() {
   forget hugepages-before
   if grep -qF "$MARK" "$SYSCTL_FILE" 2>/dev/null; then run rm -f "$SYSCTL_FILE"; fi
   if grep -qF "$MARK" "$FSTAB" 2>/dev/null; then
-    local mnt
-    # The line after the mark is ours.
-    mnt=$(awk -v mark="$MARK" 'found { print $2; exit } index($0, mark) == 1 { found = 1 }' "$FSTAB")
-    if [ -n "$mnt" ] && findmnt -n -t hugetlbfs "$mnt" >/dev/null; then run umount "$mnt"; fi
-    if [ -n "$(recall created-hugetlbfs-dir)" ] && [ -d "$mnt" ]; then run rmdir "$mnt"; fi
+    local mnt created
+    created=$(recall created-hugetlbfs-dir)
+    # The line after each mark is ours. Only the directory this install made is removed
+    # (never another one: rmdir of a mount point in /dev detaches it in every namespace).
+    for mnt in $(awk -v mark="$MARK" 'found { print $2; found = 0 } index($0, mark) == 1 { found = 1 }' "$FSTAB"); do
+      if findmnt -n -t hugetlbfs "$mnt" >/dev/null; then run umount "$mnt"; fi
+      if [ "$created" = "$mnt" ] && [ -d "$mnt" ]; then run rmdir "$mnt"; fi
+    done
     echo "  + remove the marked lines from $FSTAB"
     if [ "$DRY_RUN" -eq 0 ]; then
       awk -v mark="$MARK" 'skip { skip = 0; next } index($0, mark) == 1 { skip = 1; next } { print }' \

@@ -108,6 +108,16 @@ def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
             " groupdel hpcvm 2>/dev/null; rm -f /etc/qemu/bridge.conf /etc/qemu/hpcvm-*;"
             " rm -rf /var/lib/hpcvm-node; true"
         )
+        # The host's own install (scripts/setup.sh makes this machine a node) undone in
+        # the sandbox only: its fstab lines, the helper's override and mode. Without this
+        # the sandbox's uninstall would also undo the host's lines (and rmdir the host's
+        # mount point in /dev, which is not overlaid: that detaches the host's mount).
+        box.sh(
+            'awk \'skip { skip = 0; next } index($0, "# hpcvm:") == 1 { skip = 1; next }'
+            " { print }' /etc/fstab > /tmp/fstab.$$ && cat /tmp/fstab.$$ > /etc/fstab;"
+            f" rm -f /tmp/fstab.$$; dpkg-statoverride --remove {HELPER} 2>/dev/null;"
+            f" chmod 0755 {HELPER}; true"
+        )
         for user in (MEMBER, OTHER):
             box.run(["useradd", "--no-create-home", "--shell", "/bin/sh", user])
         yield box
@@ -149,6 +159,7 @@ def test_install_grants_what_a_member_needs_and_uninstall_restores_everything(
     sandbox: Sandbox,
 ) -> None:
     before = snapshot(sandbox)
+    host_mounts = Path("/proc/self/mounts").read_text()
     install(sandbox, "--only", GRANT_STEPS, "--add-user", MEMBER)
 
     # Accounts with the fixed ids; only the added user is in the group (and in kvm).
@@ -188,6 +199,7 @@ def test_install_grants_what_a_member_needs_and_uninstall_restores_everything(
     undo = install(sandbox, "--uninstall")
     assert "uninstall: done" in undo.stdout
     assert snapshot(sandbox) == before
+    assert Path("/proc/self/mounts").read_text() == host_mounts  # the host's, untouched
 
 
 def test_dry_run_prints_the_changes_and_makes_none(sandbox: Sandbox) -> None:
