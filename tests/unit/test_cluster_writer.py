@@ -6,6 +6,7 @@ must leave the holder's state alone. No Slurm is needed: the refusal comes first
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm.cluster.state import ClusterRecord
 from hpcvm.errors import BusyError
 
 HOLD = """
@@ -46,10 +48,14 @@ def holder(runtime_dir: Path) -> Iterator[subprocess.Popen[str]]:
 
 
 def _down(runtime_dir: Path) -> subprocess.CompletedProcess[str]:
+    return _hpcvm(runtime_dir, "cluster", "down", "job7")
+
+
+def _hpcvm(runtime_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HPCVM_RUNTIME_DIR": str(runtime_dir)}
     code = "import sys; from hpcvm.cli.main import entry; sys.exit(entry())"
     return subprocess.run(
-        [sys.executable, "-c", code, "cluster", "down", "job7"],
+        [sys.executable, "-c", code, *args],
         env=env,
         capture_output=True,
         text=True,
@@ -76,3 +82,32 @@ def test_the_lock_dies_with_its_holder(runtime_dir: Path, holder: subprocess.Pop
     # no longer busy: down goes on and finds no cluster record (a usage error, not 8)
     assert done.returncode not in (0, BusyError.exit_code), done.stderr
     assert "in use by" not in done.stderr
+
+
+def _record(runtime_dir: Path, name: str, holder_pid: int) -> None:
+    directory = runtime_dir / ".clusters" / name
+    directory.mkdir(parents=True)
+    record = ClusterRecord(
+        name=name, job_id="42", nodes=("n1", "n2"), holder_pid=holder_pid,
+        network="10.0.0.0/24", vcpus=1,
+    )  # fmt: skip
+    (directory / "cluster.json").write_text(record.model_dump_json())
+
+
+def test_cluster_ps_removes_only_the_state_nothing_runs(
+    runtime_dir: Path, holder: subprocess.Popen[str]
+) -> None:
+    """A job killed outright leaves its state (the holder died first): ``cluster ps``
+    without a name removes it; a cluster whose holder lives, and one whose ``up`` holds
+    its lock (no record yet), stay."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    _record(runtime_dir, "gone", dead.pid)
+    _record(runtime_dir, "alive", holder.pid)
+    done = _hpcvm(runtime_dir, "cluster", "ps", "--json")
+    assert done.returncode == 0, done.stderr
+    listed = {row["name"]: row["state"] for row in json.loads(done.stdout)}
+    assert listed == {"alive": "up", "job7": "starting"}, done.stdout
+    assert "removed the state of cluster gone" in done.stderr
+    left = sorted(p.name for p in (runtime_dir / ".clusters").iterdir())
+    assert left == ["alive", "job7", "job7.lock"], left

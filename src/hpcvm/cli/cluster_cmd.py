@@ -107,10 +107,15 @@ def up_cmd(name: str, batch: str, nodes: int | None, timeout: float, **kw: Any) 
 
 
 @cluster.command("ps")
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def ps_cmd(name: str, as_json: bool) -> int:
-    """One row per node: host, VM, state, guest address, vCPU -> host PU pins."""
+def ps_cmd(name: str | None, as_json: bool) -> int:
+    """One row per node of cluster NAME: host, VM, state, guest address, vCPU -> host
+    PU pins. Without NAME, one row per cluster of this node; the state a job killed
+    outright left behind (no holder, no up or down running) is removed, as ps removes
+    stale VMs (a Slurm epilog runs it: docs/examples/slurm-epilog.sh)."""
+    if name is None:
+        return _ps_all(as_json)
     from rich.console import Console
     from rich.table import Table
 
@@ -137,6 +142,34 @@ def ps_cmd(name: str, as_json: bool) -> int:
         table.add_row(node, e.vm, state, e.address or "", pins, e.profile or "", e.accel or "")
     # Not cut to 80 columns when piped into a batch job's output: every cell whole.
     (console if console.is_terminal else Console(width=WIDE, emoji=False)).print(table)
+    return 0
+
+
+def _ps_all(as_json: bool) -> int:
+    from rich.table import Table
+
+    from hpcvm.cluster import state
+
+    rows: list[tuple[str, str, str, tuple[str, ...], str]] = []
+    for name in state.names():
+        if state.remove_if_stale(name):
+            _say(f"hpcvm: removed the state of cluster {name}: its job has ended")
+            continue
+        if not state.has_record(name):
+            rows.append((name, "", "", (), "starting"))
+            continue
+        record = state.read_record(name)
+        rows.append((name, record.batch, record.job_id, record.nodes, "up"))
+    if as_json:
+        keys = ("name", "batch", "job", "nodes", "state")
+        console.print_json(data=[dict(zip(keys, row, strict=True)) for row in rows])
+        return 0
+    table = Table(title="clusters on this node")
+    for column in ("name", "batch", "job", "nodes", "state"):
+        table.add_column(column)
+    for name, batch, job, nodes, up in rows:
+        table.add_row(name, batch, job, ",".join(nodes), up)
+    console.print(table)
     return 0
 
 

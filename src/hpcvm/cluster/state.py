@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hpcvm.cluster.spec import NodeEvent, parse_events
-from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.errors import BusyError, RuntimeFailure, UsageError
 from hpcvm.lock import exclusive
 from hpcvm.model import Frozen
 from hpcvm.runtime import paths
@@ -175,6 +175,29 @@ def remove_dir(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
     with contextlib.suppress(OSError):
         directory.parent.rmdir()
+
+
+def names() -> list[str]:
+    """Every cluster with a state directory on this node."""
+    clusters = paths.runtime_root() / CLUSTERS_DIR
+    if not clusters.is_dir():
+        return []
+    return sorted(d.name for d in clusters.iterdir() if d.is_dir())
+
+
+def remove_if_stale(name: str) -> bool:
+    """Remove the state of a cluster nothing runs any more (its holder is gone and no
+    ``up`` or ``down`` holds its lock): what a job killed outright leaves, the holder
+    having died before it could clean up. Whether it was removed."""
+    with contextlib.suppress(BusyError), one_writer(name):
+        try:
+            alive = has_record(name) and holder_alive(read_record(name))
+        except ValueError:  # a record cut short: nothing can use it
+            alive = False
+        if not alive:
+            remove(name)
+            return True
+    return False
 
 
 def make_keys(directory: Path, name: str) -> tuple[str, str]:
