@@ -21,6 +21,7 @@ from hpcvm.plan.names import SMT_POLICIES as SMT_POLICIES
 from hpcvm.plan.names import AccelChoice as AccelChoice
 from hpcvm.plan.names import ProfileName as ProfileName
 from hpcvm.plan.names import SmtPolicy as SmtPolicy
+from hpcvm.plan.names import ThpMode as ThpMode
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -52,6 +53,8 @@ class PlanRequest(Frozen):
     passthrough: tuple[str, ...] = ()  # PCI addresses as typed (normalised by plan)
     accel: AccelChoice = "auto"
     smt: SmtPolicy | None = None  # pinned profiles; None: "cores"
+    # the guest kernel's transparent huge page mode; None: the guest kernel's default
+    guest_thp: ThpMode | None = None
 
 
 class Profile(Frozen):

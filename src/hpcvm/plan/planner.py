@@ -28,7 +28,7 @@ from hpcvm.plan.placement import (
 from hpcvm.plan.profiles import PROFILES
 from hpcvm.plan.select import select
 from hpcvm.plan.topology import GuestCpus, flat_guest, guest_distances, naive_guest, numa_guest
-from hpcvm.plan.tuning import guest_kernel_args, host_tuning
+from hpcvm.plan.tuning import guest_kernel_args, guest_thp_args, host_tuning
 from hpcvm.units import format_cpu_list
 
 
@@ -60,6 +60,7 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
         tuning_host = host_tuning(host, vcpu_pus, hk, page, memory.hugepages_needed, notes)
     if profile.housekeeping:
         tuning_guest = guest_kernel_args(request.vcpus, cpu.accel, notes)
+    tuning_guest += guest_thp_args(request.guest_thp, notes)
     passthrough = passthrough_devices(devices, first_guest, notes)
     return VMPlan(
         name=request.name,

@@ -28,7 +28,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from hpcvm.errors import RuntimeFailure
 from hpcvm.runtime import network, paths, qmp, staging, state
@@ -167,6 +167,11 @@ class QemuBackend:
 
     def alive(self, machine: Machine) -> bool:
         return state.machine_process_alive(machine)[0]
+
+    def qmp(
+        self, machine: Machine, command: str, arguments: dict[str, object] | None = None
+    ) -> Any:
+        return qmp.execute(_qmp_socket(machine), command, arguments)
 
     def status(self, machine: Machine) -> Literal["running", "paused"]:
         """Whether the guest's vCPUs run (QMP query-status)."""
