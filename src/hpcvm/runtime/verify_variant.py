@@ -10,10 +10,12 @@ the running VM from sources independent of hpcvm and of each other:
   (``/sys/class/net/IF/device/driver``: ``virtio_net`` for virtio, ``e1000``);
 - the host page size: QEMU's own account of each memory backend (QMP ``query-memdev``:
   its size, host nodes and policy; ``info ramblock``: the page size of the RAM block
-  and its host virtual address), and the kernel's account of the mapping at that
-  address in ``/proc/PID/smaps`` (``KernelPageSize``, and ``AnonHugePages``: how much
-  of anonymous guest RAM the host's transparent huge pages back, which a 4K variant
-  records, since QEMU asks the host for them).
+  of the RAM block), and the kernel's account of QEMU's mappings in
+  ``/proc/PID/smaps``: the mapping of each backend (QEMU 7.2 prints no host address
+  for a block, so a mapping of the backend's exact size, and of a file under its
+  hugetlbfs directory for a huge page backend) has ``KernelPageSize`` of the planned
+  size; ``AnonHugePages`` says how much of anonymous guest RAM the host's transparent
+  huge pages back, which a 4K variant records, since QEMU asks the host for them.
 
 Pure parsers and checks over captured text; ``gather`` does the I/O.
 """
@@ -56,21 +58,22 @@ _BRACKETED = re.compile(r"\[(\w+)\]")
 
 @dataclass(frozen=True)
 class RamBlock:
-    """One line of QEMU's ``info ramblock``."""
+    """One line of QEMU's ``info ramblock``: a RAM block's name and page size."""
 
     name: str
     page_size: int
-    host_address: int | None  # HVA; None where this QEMU does not print it
 
 
 @dataclass(frozen=True)
 class SmapsEntry:
-    """One mapping of ``/proc/PID/smaps``: start, size, kernel page size, THP bytes."""
+    """One mapping of ``/proc/PID/smaps``: start, size, kernel page size, THP bytes,
+    the file it maps ("" for anonymous memory)."""
 
     start: int
     size: int
     kernel_page: int
     anon_huge: int
+    path: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ class VariantSeen:
     guest_error: str = ""
     ramblocks: dict[str, RamBlock] = field(default_factory=dict)
     memdevs: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> query-memdev
-    smaps: dict[int, SmapsEntry] = field(default_factory=dict)  # start -> entry
+    smaps: tuple[SmapsEntry, ...] = ()
     host_error: str = ""
 
 
@@ -117,50 +120,59 @@ def parse_size_words(words: Sequence[str]) -> int | None:
 
 
 def parse_ramblocks(text: str) -> dict[str, RamBlock]:
-    """QEMU's ``info ramblock`` table: name, PSize (two words), then hex columns of
-    which the one titled HVA is the block's host address."""
+    """QEMU's ``info ramblock`` table: the block's name, then its page size (PSize, two
+    words), then hex columns."""
     lines = [line.split() for line in text.splitlines() if line.strip()]
     if not lines or lines[0][:2] != ["Block", "Name"]:
         return {}
-    titles = lines[0][2:]  # PSize Offset Used Total [HVA] [RO]
     out = {}
     for fields in lines[1:]:
-        if len(fields) < 3:
-            continue
-        name, size, rest = fields[0], parse_size_words(fields[1:3]), fields[3:]
-        if size is None:
-            continue
-        address = None
-        if "HVA" in titles:
-            at = titles.index("HVA") - 1  # PSize spans two words, its title one
-            if at < len(rest):
-                address = int(rest[at], 16)
-        out[name] = RamBlock(name=name, page_size=size, host_address=address)
+        size = parse_size_words(fields[1:3]) if len(fields) >= 3 else None
+        if size is not None:
+            out[fields[0]] = RamBlock(name=fields[0], page_size=size)
     return out
 
 
-def parse_smaps(text: str) -> dict[int, SmapsEntry]:
-    """Each mapping of an smaps file by start address."""
-    out: dict[int, SmapsEntry] = {}
-    start = end = page = huge = 0
-    current = False
+def parse_smaps(text: str) -> list[SmapsEntry]:
+    """Each mapping of an smaps file, in order."""
+    out: list[SmapsEntry] = []
+    head: list[str] = []
+    page = huge = 0
 
     def close() -> None:
-        if current:
-            out[start] = SmapsEntry(start, end - start, page, huge)
+        if head:
+            low, _, high = head[0].partition("-")
+            path = " ".join(head[5:])
+            out.append(SmapsEntry(int(low, 16), int(high, 16) - int(low, 16), page, huge, path))
 
     for line in text.splitlines():
-        head = line.split(maxsplit=1)[0] if line.strip() else ""
-        if "-" in head and not head.endswith(":"):
+        fields = line.split()
+        if not fields:
+            continue
+        if "-" in fields[0] and not fields[0].endswith(":"):
             close()
-            low, _, high = head.partition("-")
-            start, end, page, huge, current = int(low, 16), int(high, 16), 0, 0, True
-        elif head == "KernelPageSize:":
-            page = int(line.split()[1]) * KIB
-        elif head == "AnonHugePages:":
-            huge = int(line.split()[1]) * KIB
+            head, page, huge = fields, 0, 0
+        elif fields[0] == "KernelPageSize:":
+            page = int(fields[1]) * KIB
+        elif fields[0] == "AnonHugePages:":
+            huge = int(fields[1]) * KIB
     close()
     return out
+
+
+def backend_mappings(region: MemoryRegion, smaps: Sequence[SmapsEntry]) -> list[SmapsEntry]:
+    """QEMU's mappings that can be ``region``'s: its exact size, and for a hugetlbfs
+    backend a file under its directory (anonymous otherwise)."""
+    return [
+        e
+        for e in smaps
+        if e.size == region.size_bytes
+        and (
+            e.path.startswith(region.mem_path.rstrip("/") + "/")
+            if region.backend == "file" and region.mem_path
+            else not e.path.startswith("/")
+        )
+    ]
 
 
 # -- checks (pure) -----------------------------------------------------------------------
@@ -214,10 +226,14 @@ def check_pages(plan: VMPlan, seen: VariantSeen) -> list[Check]:
         block = seen.ramblocks.get(name)
         got = format_size(block.page_size) if block else "no such RAM block"
         out.append(_check(f"{name} page size (QEMU info ramblock)", want, got, got == want))
-        entry = seen.smaps.get(block.host_address) if block and block.host_address else None
-        kernel = format_size(entry.kernel_page) if entry else "no mapping at its address"
-        detail = f"{format_size(entry.anon_huge)} of it on host THP" if entry else ""
-        out.append(_check(f"{name} page size (kernel smaps)", want, kernel, kernel == want, detail))
+        maps = backend_mappings(region, seen.smaps)
+        pages = sorted({e.kernel_page for e in maps})
+        kernel = " ".join(format_size(p) for p in pages) or "no mapping of its size"
+        huge = sum(e.anon_huge for e in maps)
+        detail = f"{len(maps)} mapping(s), {format_size(huge) if huge else '0'} of it on host THP"
+        out.append(
+            _check(f"{name} page size (kernel smaps)", want, kernel, kernel == want, detail)
+        )
         if name in seen.memdevs:
             out.append(_memdev_check(region, seen.memdevs[name]))
     return out
@@ -256,9 +272,8 @@ def facts(plan: VMPlan, seen: VariantSeen) -> dict[str, str]:
     blocks = [b for r in plan.memory if (b := seen.ramblocks.get(ramblock_name(plan, r)))]
     if blocks:
         out["host_page"] = " ".join(sorted({format_size(b.page_size) for b in blocks}))
-        huge = sum(
-            e.anon_huge for b in blocks if b.host_address and (e := seen.smaps.get(b.host_address))
-        )
+        maps = {e for r in plan.memory for e in backend_mappings(r, seen.smaps)}
+        huge = sum(e.anon_huge for e in maps)
         out["guest_ram_on_host_thp"] = format_size(huge) if huge else "0"
     return out
 
@@ -279,7 +294,7 @@ def gather(machine: Machine, agent: GuestExec, backend: Backend) -> VariantSeen:
         guest_error = exc.message
     ramblocks: dict[str, RamBlock] = {}
     memdevs: dict[str, dict[str, Any]] = {}
-    smaps: dict[int, SmapsEntry] = {}
+    smaps: list[SmapsEntry] = []
     host_error = ""
     try:
         text = backend.qmp(machine, "human-monitor-command", {"command-line": "info ramblock"})
@@ -296,6 +311,6 @@ def gather(machine: Machine, agent: GuestExec, backend: Backend) -> VariantSeen:
         guest_error=guest_error,
         ramblocks=ramblocks,
         memdevs=memdevs,
-        smaps=smaps,
+        smaps=tuple(smaps),
         host_error=host_error,
     )
