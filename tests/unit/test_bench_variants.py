@@ -153,6 +153,7 @@ ALLOWED = {
     "page": {
         ".request.page_size_bytes",
         ".page_size_bytes",
+        ".host_thp",
         ".memory.backend",
         ".memory.page_size_bytes",
         ".memory.mem_path",
@@ -191,6 +192,8 @@ def test_a_variant_changes_its_own_fields_only(
     if variant.page is not None:
         assert {m.page_size_bytes for m in varied.memory} == {variant.page}
         assert {m.backend for m in varied.memory} == {"ram" if variant.page == 4 * KIB else "file"}
+        # 4K by name is 4K pages: the host's transparent huge pages kept off QEMU
+        assert varied.host_thp == (variant.page != 4 * KIB) and base.host_thp
 
 
 def test_a_variant_placed_elsewhere_is_refused(host: HostTopology) -> None:

@@ -318,6 +318,11 @@ class LibvirtBackend:
     def start(self, machine: Machine) -> Machine:
         """Define the domain and start it (paused when the boot spec says so); return
         ``machine`` with libvirt's QEMU pid. The definition is removed if start fails."""
+        if not machine.plan.host_thp:
+            raise UsageError(
+                f"{machine.name}: guest RAM on the host's 4K pages needs QEMU started without "
+                "transparent huge pages, which libvirt cannot do: use the qemu backend"
+            )
         libvirt = _libvirt()
         name = domain_name(machine)
         machine = with_private_agent_port(machine)

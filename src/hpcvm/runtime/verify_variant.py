@@ -231,9 +231,10 @@ def check_pages(plan: VMPlan, seen: VariantSeen) -> list[Check]:
         kernel = " ".join(format_size(p) for p in pages) or "no mapping of its size"
         huge = sum(e.anon_huge for e in maps)
         detail = f"{len(maps)} mapping(s), {format_size(huge) if huge else '0'} of it on host THP"
-        out.append(
-            _check(f"{name} page size (kernel smaps)", want, kernel, kernel == want, detail)
-        )
+        out.append(_check(f"{name} page size (kernel smaps)", want, kernel, kernel == want, detail))
+        if region.backend == "ram" and not plan.host_thp:
+            got = format_size(huge) if huge else "0"
+            out.append(_check(f"{name} on host THP (kernel smaps)", "0", got, huge == 0))
         if name in seen.memdevs:
             out.append(_memdev_check(region, seen.memdevs[name]))
     return out
