@@ -27,14 +27,15 @@ from hpcvm.report.variables import differing
 from hpcvm.report.write import write_report
 
 # name -> (kind, profile, observed versions, variant)
-ENVS: dict[str, tuple[str, str | None, dict[str, str], dict[str, str | int]]] = {
+Facts = tuple[str, str | None, dict[str, str], dict[str, str | int]]
+ENVS: dict[str, Facts] = {
     NATIVE: ("native", None, {}, {}),
     "container": ("container", None, {"container_runtime": "runc 1.1.5"}, {}),
     "vm:hpc": ("vm", "hpc", {"host_page": "2M", "guest_thp": "always"}, {}),
     "vm:hpc+page=4K": ("vm", "hpc", {"host_page": "4K", "guest_thp": "always"}, {"page": 4096}),
     "vm:hpc+thp=never": ("vm", "hpc", {"host_page": "2M", "guest_thp": "never"}, {"thp": "never"}),
 }
-NET_ENVS = {
+NET_ENVS: dict[str, Facts] = {
     NATIVE: ENVS[NATIVE],
     "container": ENVS["container"],
     "vm:hpc": ("vm", "hpc", {"host_page": "2M", "guest_thp": "always", "nic": "bridge=br0"}, {}),
@@ -48,7 +49,8 @@ NET_ENVS = {
 MEMORY = {m.name for m in HPCC if m.memory_bound}
 
 
-def _info(name: str, kind: str, profile: str | None, versions: dict[str, str], variant: dict[str, str | int]) -> EnvInfo:  # fmt: skip
+def _info(name: str, facts: Facts) -> EnvInfo:
+    kind, profile, versions, variant = facts
     return EnvInfo(
         name=name,
         kind=kind,
@@ -91,7 +93,7 @@ def _rows(envs: dict[str, object], suite: str, metrics: tuple[object, ...]) -> l
     return rows
 
 
-def _data(envs: dict[str, tuple[str, str | None, dict[str, str], dict[str, str | int]]], rows: list[Row]) -> ReportData:  # fmt: skip
+def _data(envs: dict[str, Facts], rows: list[Row]) -> ReportData:
     run = RunInfo(
         id=1,
         results_dir="/nonexistent",
@@ -104,7 +106,7 @@ def _data(envs: dict[str, tuple[str, str | None, dict[str, str], dict[str, str |
         seed=1,
         hpcvm_version="test",
     )
-    infos = tuple(_info(n, *facts) for n, facts in envs.items())
+    infos = tuple(_info(n, facts) for n, facts in envs.items())
     return ReportData(run=run, host=None, envs=infos, rows=tuple(rows))
 
 
