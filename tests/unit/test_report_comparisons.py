@@ -64,7 +64,7 @@ def _info(name: str, facts: Facts) -> EnvInfo:
     )
 
 
-def _rows(envs: dict[str, object], suite: str, metrics: tuple[object, ...]) -> list[Row]:
+def _rows(envs: dict[str, Facts], suite: str, metrics: tuple[object, ...]) -> list[Row]:
     rng = random.Random(27)
     rows = []
     for m in metrics:
