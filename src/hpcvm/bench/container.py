@@ -38,7 +38,13 @@ from hpcvm.bench.versions import host_versions
 from hpcvm.errors import RuntimeFailure
 from hpcvm.host.model import HostTopology
 from hpcvm.runtime import oci
-from hpcvm.runtime.oci_bundle import NAMESPACES, BundleSpec, cpus_text, describe_mounts
+from hpcvm.runtime.oci_bundle import (
+    HOSTNAME,
+    NAMESPACES,
+    BundleSpec,
+    cpus_text,
+    describe_mounts,
+)
 from hpcvm.store.records import EnvKind, NewEnvironment
 
 TIMEOUT = "/usr/bin/timeout"  # coreutils' (exit 124), as in a guest
@@ -54,6 +60,7 @@ def bundle_spec(
     shares: Sequence[str],
     writable: Sequence[str],
     workdir: str | None,
+    hostname: str = HOSTNAME,
 ) -> BundleSpec:
     """What the container is made of (runtime/oci_bundle.py): a VM's share list for the
     working directory ``workdir`` plus ``shares`` (read-only), and ``writable``."""
@@ -80,6 +87,7 @@ def bundle_spec(
         uid=os.geteuid(),
         gid=os.getegid(),
         rootless=os.geteuid() != 0,
+        hostname=hostname,
     )
 
 

@@ -18,9 +18,12 @@ memory nodes its VM would have: native_places.py), starts its container confined
 them, says so in a JSON line, and keeps it until the step ends. A task that dies, even
 by SIGKILL, takes its container with it (runtime/oci.py's holder pipe).
 
-A rank finds its node's container from the batch system (``this_node``), or where
-every node is this one host (``--batch local``) by its rank, as ``--map-by node`` deals
-ranks over the nodes.
+A rank finds its node's container from the batch system (``this_node``: Slurm's node
+name). Where every node is this one host (``--batch local``) Open MPI starts every rank
+on it as on one node (native's ranks meet in shared memory there too), so every rank
+joins the first node's container: ranks in two containers would not share a
+``/dev/shm`` for Open MPI's shared memory. The other nodes' containers are held all the
+same, as the batch system's nodes are.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.model import Frozen
 from hpcvm.runtime import oci
-from hpcvm.runtime.oci_bundle import cpus_text
+from hpcvm.runtime.oci_bundle import HOSTNAME, cpus_text
 from hpcvm.store.records import EnvKind, NewEnvironment
 
 ENV = "/usr/bin/env"
@@ -60,6 +63,12 @@ STEP_NAME = "hpcvm-containers"
 UP_TIMEOUT = 300.0  # every node plans its placement and starts its container
 DOWN_TIMEOUT = 60.0
 MPI_VARIABLES = ("OMPI_", "PMIX_", "OPAL_", "ORTE_")  # what a rank needs of its daemon
+# PMIx's shared-memory data stores (gds ds12, ds21) live in the daemon's session
+# directory under the host's /tmp, which a container does not see (its /tmp is its
+# own): a rank attaching them crashes in gds_ds12_lock_pthread.c. The hash store
+# hands the same job data over the daemon's socket instead; only MPI_Init's lookups
+# take that path, never a measured message.
+RANK_OVERRIDES = ("PMIX_MCA_gds=hash",)
 
 
 class NodeSpec(Frozen):
@@ -104,15 +113,16 @@ def node_main(spec_json: str) -> int:
         ) from None
     batch = get_batch(spec.config.batch)
     place = native_on(spec.config, discover())
+    node = batch.this_node(os.environ)
     bundle = bundle_spec(
         cpus=place.cpus,
         mems=place.mems,
         shares=spec.shares,
         writable=(spec.work,),
         workdir=spec.workdir,
+        hostname=f"{HOSTNAME}-{node}",
     )
     runtime = oci.choose(spec.runtime, bundle)
-    node = batch.this_node(os.environ)
     ended = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, lambda _n, _f: ended.set())
@@ -154,8 +164,7 @@ def rank_container(spec: RankSpec, env: dict[str, str]) -> NodeContainer:
     """The container of the node this rank runs on (module doc)."""
     batch = get_batch(spec.batch)
     if batch.nodes_share_this_host:
-        rank = int(env.get("OMPI_COMM_WORLD_RANK", "0"))
-        return spec.containers[rank % len(spec.containers)]
+        return spec.containers[0]  # Open MPI starts every rank on this one host (doc)
     node = batch.this_node(env)
     for c in spec.containers:
         if c.node == node:
@@ -169,12 +178,10 @@ def rank_argv(spec: RankSpec, env: dict[str, str], cwd: str, argv: Sequence[str]
     MPI daemon's variables (the rest of the environment is the container's own, clean
     one) and the in-container timeout."""
     c = rank_container(spec, env)
-    passed = [
-        a
-        for k, v in sorted(env.items())
-        if k.startswith(MPI_VARIABLES)
-        for a in ("--env", f"{k}={v}")
-    ]
+    given = [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(MPI_VARIABLES)]
+    names = {kv.partition("=")[0] for kv in RANK_OVERRIDES}
+    kept = [kv for kv in given if kv.partition("=")[0] not in names]
+    passed = [a for kv in (*kept, *RANK_OVERRIDES) for a in ("--env", kv)]
     timed = [TIMEOUT, "-k", f"{KILL_GRACE:g}", f"{spec.timeout:g}", *argv]
     return [c.program, "--root", c.root, "exec", "--cwd", cwd, *passed, c.id, *timed]
 

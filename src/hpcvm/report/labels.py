@@ -12,9 +12,9 @@ from collections.abc import Iterable
 
 from hpcvm.bench.suites import np_label as suite_np_label
 from hpcvm.bench.suites import short_name as suite_short_name
-from hpcvm.plan.names import PROFILE_NAMES
 from hpcvm.bench.variants import CONTAINER, parse_env
 from hpcvm.errors import UsageError
+from hpcvm.plan.names import PROFILE_NAMES
 from hpcvm.report.model import NATIVE
 
 NATIVE_COLOUR = "#4d4d4d"

@@ -214,9 +214,33 @@ def probe(runtime: OciRuntime, spec: BundleSpec) -> str | None:
     return None if done.returncode == 0 else _error_line(done.stderr + done.stdout)
 
 
+CGROUP_FS = ("cgroup", "cgroup2")
+
+
+def cgroup_mounted(mountinfo: str) -> bool:
+    """Whether a cgroup file system is mounted under /sys/fs/cgroup (fifth field the
+    mount point, the file system type after the `` - `` separator)."""
+    for line in mountinfo.splitlines():
+        head, _, tail = line.partition(" - ")
+        fields = head.split()
+        if (
+            len(fields) > 4
+            and fields[4].startswith("/sys/fs/cgroup")
+            and tail.split()[:1] in ([fs] for fs in CGROUP_FS)
+        ):
+            return True
+    return False
+
+
 def choose(name: str, spec: BundleSpec) -> OciRuntime:
     """The runtime ``name`` names, or for ``auto`` the first that runs ``spec`` here;
     BenchmarkError saying why each could not."""
+    if not cgroup_mounted(Path("/proc/self/mountinfo").read_text()):
+        raise BenchmarkError(
+            "container: no cgroup file system is mounted at /sys/fs/cgroup here, which an "
+            "OCI runtime confines its container with (`ip netns exec` mounts a /sys of its "
+            "own without it): mount the host's cgroup hierarchies there"
+        )
     candidates = list(RUNTIMES.values()) if name == AUTO else [RUNTIMES.get_or_refuse(name)]
     refused = []
     for runtime in candidates:

@@ -68,6 +68,7 @@ class BundleSpec:
     uid: int
     gid: int
     rootless: bool
+    hostname: str = HOSTNAME  # its UTS namespace's: a rank's MPI_Get_processor_name
 
 
 def _bind(source: str, destination: str, *, writable: bool) -> dict[str, Any]:
@@ -190,7 +191,7 @@ def config(spec: BundleSpec) -> dict[str, Any]:
             "noNewPrivileges": True,
         },
         "root": {"path": "rootfs", "readonly": True},
-        "hostname": HOSTNAME,
+        "hostname": spec.hostname,
         "mounts": [*kernel_mounts(spec.rootless), *share_mounts(spec)],
         "linux": linux,
     }
