@@ -196,7 +196,7 @@ def probe(runtime: OciRuntime, spec: BundleSpec) -> str | None:
     if program is None:
         return f"not installed (Debian package {runtime.package})"
     cid = container_id(f"probe-{runtime.name}")
-    bundle = write_bundle(cid, replace(spec, args=("/usr/bin/true",)))
+    bundle = write_bundle(cid, replace(spec, args=("/usr/bin/true",), cgroup=cid))
     try:
         done = subprocess.run(
             [program, "--root", str(state_root()), "run", "--bundle", str(bundle), cid],
@@ -262,7 +262,7 @@ def start(runtime: OciRuntime, cid: str, spec: BundleSpec) -> Container:
         raise BenchmarkError(f"{runtime.name} is not installed: install {runtime.package}")
     sweep()
     state_root().mkdir(parents=True, exist_ok=True, mode=0o700)
-    bundle = write_bundle(cid, replace(spec, args=INIT))
+    bundle = write_bundle(cid, replace(spec, args=INIT, cgroup=cid))
     log = bundle / "runtime.log"
     read_end, write_end = os.pipe()
     try:

@@ -14,7 +14,9 @@ needs room, natively it has half of RAM), ``/proc`` and ``/sys``.
 Namespaces: mount, PID, IPC and UTS of its own; the host's network (the fair choice
 for MPI: the same NICs and paths as native, docs/comparisons.md). Its processes are
 confined to the native baseline's PUs and memory nodes by the OCI config's
-``linux.resources.cpu`` (``cpus``, ``mems``), which the runtime makes a cgroup of.
+``linux.resources.cpu`` (``cpus``, ``mems``), which the runtime makes a cgroup of, below
+the cgroup hpcvm itself runs in (a relative ``cgroupsPath``): inside a batch job, the
+job's cgroup still holds it.
 
 Rootless (hpcvm not root): a user namespace maps the user to root in the container, the
 host's ``/sys`` is bound rather than mounted (a user namespace cannot mount sysfs
@@ -69,6 +71,7 @@ class BundleSpec:
     gid: int
     rootless: bool
     hostname: str = HOSTNAME  # its UTS namespace's: a rank's MPI_Get_processor_name
+    cgroup: str = "hpcvm-container"  # its cgroup, relative to the one hpcvm runs in
 
 
 def _bind(source: str, destination: str, *, writable: bool) -> dict[str, Any]:
@@ -172,10 +175,13 @@ def config(spec: BundleSpec) -> dict[str, Any]:
         linux["namespaces"].append({"type": "user"})
         linux["uidMappings"] = [{"containerID": 0, "hostID": spec.uid, "size": 1}]
         linux["gidMappings"] = [{"containerID": 0, "hostID": spec.gid, "size": 1}]
-    elif spec.cpus is not None:
-        linux["resources"] = {
-            "cpu": {"cpus": format_cpu_list(spec.cpus), "mems": format_cpu_list(spec.mems)}
-        }
+    else:
+        # relative: below the cgroup hpcvm runs in (a batch job's), never beside it
+        linux["cgroupsPath"] = spec.cgroup
+        if spec.cpus is not None:
+            linux["resources"] = {
+                "cpu": {"cpus": format_cpu_list(spec.cpus), "mems": format_cpu_list(spec.mems)}
+            }
     return {
         "ociVersion": OCI_VERSION,
         "process": {
