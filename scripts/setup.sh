@@ -20,6 +20,8 @@ APT_PACKAGES=(
   hpcc openmpi-bin libopenmpi-dev netpipe-openmpi  # benchmarks
   openfoam openfoam-examples lammps       # application suites (the cavity tutorial, the LJ benchmark)
   chromium qemu-user                      # report tests: headless browser; TCG-emulated samples
+  crun runc                               # bench --env container: OCI runtimes (crun first; runc
+                                          # where crun refuses the host's cgroups)
 )
 
 missing=()

@@ -18,13 +18,16 @@ network=${HPCVM_NETWORK:-bridge=br0}
 address=${HPCVM_ADDRESS:-auto}                  # auto: each VM an address of the site's pool
 reps=${HPCVM_REPS:-auto}
 suites=${HPCVM_SUITES:-hpcc netpipe}
+envs=${HPCVM_ENVS:-native vm:hpc}                # e.g. native container vm:hpc vm:hpc+e1000
 extra=${HPCVM_BENCH_OPTIONS:-}                  # e.g. --size quick --max-time 20m
 
 suite_options=()
 for s in $suites; do suite_options+=(--suite "$s"); done
+env_options=()
+for e in $envs; do env_options+=(--env "$e"); done
 
 # shellcheck disable=SC2086  # $extra is a list of options
-"$hpcvm" bench --nodes "$SLURM_JOB_NUM_NODES" --env native --env vm:hpc \
+"$hpcvm" bench --nodes "$SLURM_JOB_NUM_NODES" "${env_options[@]}" \
     "${suite_options[@]}" --np "$np" --reps "$reps" \
     --network "$network" --address "$address" --out "$out" $extra
 "$hpcvm" report "$out"

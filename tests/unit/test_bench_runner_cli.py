@@ -49,7 +49,10 @@ def _bench(out: Path, *extra: str) -> int:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--env", "vm:fast", *CMD], "unknown environment 'vm:fast': choose from native, vm:naive"),
+        (
+            ["--env", "vm:fast", *CMD],
+            "unknown environment 'vm:fast': choose from native, container, vm:naive",
+        ),
         (["--env", "native", "--suite", "linpack"], "unknown suite 'linpack'"),
         (
             ["--env", "native", "--cmd", "/bin/true", "--metric", "(", "--lower-is-better"],

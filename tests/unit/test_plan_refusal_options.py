@@ -350,7 +350,7 @@ def test_a_refusal_about_the_host_names_no_field(snap: Load) -> None:
             "hugepages",
             lambda load: load("2amd64-2n"),
             {"vcpus": 1},
-            "hpcvm bench has no --page-size: it plans vm:hugepages with the profile's default",
+            "the VM's --page-size is the environment's +page=4K|2M|1G",
         ),
     ],
 )

@@ -141,7 +141,7 @@ def test_html_is_one_self_contained_file(out: Path, page: Page) -> None:
 def test_figure_files_are_valid_pngs_of_every_kind(out: Path) -> None:
     report = json.loads((out / "report.json").read_text())
     kinds = {f["kind"] for f in report["figures"]}
-    assert kinds == {"overhead", "absolute", "interrupts", "noise"}
+    assert kinds == {"overhead", "overview", "absolute", "interrupts", "noise"}
     for f in report["figures"]:
         path = out / f["path"]
         assert path.read_bytes()[:8] == PNG_MAGIC

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import sys
 
-from hpcvm.errors import UsageError
-from hpcvm.plan.names import PROFILE_NAMES, ProfileName
+from hpcvm.bench.variants import CONTAINER as CONTAINER  # re-exported: the names live there
+from hpcvm.bench.variants import NATIVE as NATIVE
+from hpcvm.bench.variants import VM_PREFIX as VM_PREFIX
+from hpcvm.bench.variants import EnvChoice as EnvChoice
+from hpcvm.bench.variants import parse_env as parse_env
+from hpcvm.bench.variants import valid_env_names as valid_env_names
 from hpcvm.units import GIB
-
-NATIVE = "native"
-VM_PREFIX = "vm:"
 
 DEFAULT_MAX_REPS = 50  # the reference studies' fixed count: auto should need fewer
 DEFAULT_MAX_TIME = 30 * 60.0
@@ -23,20 +24,8 @@ DEFAULT_VM_MEMORY = GIB
 # import it; tests/unit/test_cli_help.py holds the two equal.
 BUILTIN_SUITES = ("hpcc", "noise", "npb", "netpipe", "cmd", "openfoam", "lammps")
 SUITES_MODULE = "hpcvm.bench.suites"
-
-
-def valid_env_names() -> tuple[str, ...]:
-    return (NATIVE, *(f"{VM_PREFIX}{p}" for p in PROFILE_NAMES))
-
-
-def parse_env_name(name: str) -> ProfileName | None:
-    """None for native, the profile for ``vm:<profile>``; UsageError otherwise."""
-    if name == NATIVE:
-        return None
-    profile = name.removeprefix(VM_PREFIX)
-    if name.startswith(VM_PREFIX) and profile in PROFILE_NAMES:
-        return profile
-    raise UsageError(f"unknown environment {name!r}: choose from {', '.join(valid_env_names())}")
+# runtime/oci.py's RUNTIMES, and auto, named here for --help (a unit test holds them equal)
+CONTAINER_RUNTIMES = ("auto", "crun", "runc")
 
 
 def registered_suite_names() -> tuple[str, ...]:

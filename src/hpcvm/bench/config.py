@@ -16,6 +16,7 @@ from hpcvm.bench.choices import DEFAULT_MAX_TIME as DEFAULT_MAX_TIME
 from hpcvm.bench.choices import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from hpcvm.bench.choices import DEFAULT_VM_MEMORY as DEFAULT_VM_MEMORY
 from hpcvm.bench.suites import SuiteOptions, suite_names
+from hpcvm.bench.variants import canonical_env_names, parse_env
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
 from hpcvm.stats import DEFAULT_CONFIDENCE
@@ -42,14 +43,14 @@ class BenchConfig(Frozen):
     native_cpus: tuple[int, ...] | Literal["all"] | None = None  # None: the VM's PUs
     nodes: int = 1  # --nodes: ranks spread over this many nodes of an allocation
     batch: str = "slurm"  # --batch: the batch system that gives those nodes (cluster/)
+    container_runtime: str = "auto"  # --container-runtime: runtime/oci.py RUNTIMES or auto
     suite_options: SuiteOptions = SuiteOptions()
 
     def check(self) -> BenchConfig:
         """Refuse settings that cannot make a run (one-line UsageError)."""
         if not self.envs:
-            raise UsageError("give at least one --env (native, vm:naive, vm:hpc, ...)")
-        if len(set(self.envs)) != len(self.envs):
-            raise UsageError("an environment is listed twice: give each --env once")
+            raise UsageError("give at least one --env (native, container, vm:naive, vm:hpc, ...)")
+        check_env_names(self.envs, self.nodes)
         if not self.suites:
             raise UsageError(f"give at least one --suite ({', '.join(suite_names())}) or --cmd")
         if not self.np or min(self.np) < 1:
@@ -95,6 +96,7 @@ class BenchConfig(Frozen):
                 "nodes",
                 "vm_guest_nodes",
                 "native_cpus",
+                "container_runtime",
             },
         ) | {
             "suite_options": self.suite_options.model_dump(
@@ -105,3 +107,18 @@ class BenchConfig(Frozen):
     def record(self) -> dict[str, Any]:
         """Everything, for the database."""
         return self.model_dump(mode="json")
+
+
+def check_env_names(envs: tuple[str, ...], nodes: int) -> None:
+    """Every environment well formed, in its canonical spelling (the CLI writes it so,
+    bench/variants.py), once; a NIC variant only where VMs have a NIC (--nodes)."""
+    canonical = canonical_env_names(envs)
+    for typed, name in zip(envs, canonical, strict=True):
+        if typed != name:
+            raise UsageError(f"environment {typed!r} is written {name!r}: use that spelling")
+        if nodes == 1 and parse_env(name).variant.nic is not None:
+            raise UsageError(
+                f"{name}: a NIC model matters across nodes only (a one-node VM has no NIC: "
+                "its MPI ranks meet in shared memory); compare NIC models with --nodes N "
+                "(e.g. --nodes 2 --batch local), or drop the NIC variant"
+            )

@@ -24,9 +24,10 @@ from typing import Any, Protocol
 
 from pydantic import Field
 
-from hpcvm.bench.choices import NATIVE as NATIVE  # re-exported: the names live there
+from hpcvm.bench.choices import CONTAINER as CONTAINER  # re-exported: the names live there
+from hpcvm.bench.choices import NATIVE as NATIVE
 from hpcvm.bench.choices import VM_PREFIX as VM_PREFIX
-from hpcvm.bench.choices import parse_env_name as parse_env_name
+from hpcvm.bench.choices import parse_env as parse_env
 from hpcvm.bench.choices import valid_env_names as valid_env_names
 from hpcvm.bench.launch import ENV
 from hpcvm.model import Frozen

@@ -139,6 +139,12 @@ class GuestSampler:
             facts = self._exec_on(agent, ["/bin/sh", "-c", FACTS_SCRIPT, "sh", port], 120.0)
         self._facts = facts.stdout.splitlines()
 
+    def exec(self, argv: list[str], timeout: float | None = None) -> ExecResult:
+        """One command in the guest on the kept agent connection: what the checks
+        after boot run (runtime/checks.py ``GuestExec``)."""
+        with self._agent() as agent:
+            return self._exec_on(agent, argv, timeout if timeout is not None else 120.0)
+
     def close(self) -> None:
         """Drop the agent connection and the completion port (the VM is not ours)."""
         agent, self._agent_conn = self._agent_conn, None

@@ -56,9 +56,16 @@ WARMUP_MATRIX_SHARE = 8
 WARMUP_COST_SHARE = 0.3
 
 
-def _metric(name: str, unit: str, higher: bool, description: str, short: str) -> Metric:
+def _metric(
+    name: str, unit: str, higher: bool, description: str, short: str, *, memory: bool = False
+) -> Metric:
     return Metric(
-        name=name, unit=unit, higher_is_better=higher, description=description, short=short
+        name=name,
+        unit=unit,
+        higher_is_better=higher,
+        description=description,
+        short=short,
+        memory_bound=memory,
     )
 
 
@@ -66,15 +73,46 @@ METRICS: tuple[Metric, ...] = (
     _metric("HPL_Tflops", "Tflop/s", True, "HPL: dense LU solve rate", "HPL"),
     _metric("StarDGEMM_Gflops", "Gflop/s", True, "DGEMM on every process at once (mean)", "DGEMM"),
     _metric("SingleDGEMM_Gflops", "Gflop/s", True, "DGEMM on one process alone", "DGEMM single"),
-    _metric("StarSTREAM_Triad", "GB/s", True, "STREAM triad on every process (mean)", "STREAM"),
     _metric(
-        "SingleSTREAM_Triad", "GB/s", True, "STREAM triad on one process alone", "STREAM single"
+        "StarSTREAM_Triad",
+        "GB/s",
+        True,
+        "STREAM triad on every process (mean)",
+        "STREAM",
+        memory=True,
     ),
-    _metric("StarRandomAccess_GUPs", "GUP/s", True, "RandomAccess on every process (mean)", "RA"),
     _metric(
-        "SingleRandomAccess_GUPs", "GUP/s", True, "RandomAccess on one process alone", "RA single"
+        "SingleSTREAM_Triad",
+        "GB/s",
+        True,
+        "STREAM triad on one process alone",
+        "STREAM single",
+        memory=True,
     ),
-    _metric("MPIRandomAccess_GUPs", "GUP/s", True, "RandomAccess over MPI, whole job", "RA MPI"),
+    _metric(
+        "StarRandomAccess_GUPs",
+        "GUP/s",
+        True,
+        "RandomAccess on every process (mean)",
+        "RA",
+        memory=True,
+    ),
+    _metric(
+        "SingleRandomAccess_GUPs",
+        "GUP/s",
+        True,
+        "RandomAccess on one process alone",
+        "RA single",
+        memory=True,
+    ),
+    _metric(
+        "MPIRandomAccess_GUPs",
+        "GUP/s",
+        True,
+        "RandomAccess over MPI, whole job",
+        "RA MPI",
+        memory=True,
+    ),
     _metric("PTRANS_GBs", "GB/s", True, "parallel matrix transpose", "PTRANS"),
     _metric("MPIFFT_Gflops", "Gflop/s", True, "FFT over MPI, whole job", "FFT MPI"),
     _metric("StarFFT_Gflops", "Gflop/s", True, "FFT on every process (mean)", "FFT"),

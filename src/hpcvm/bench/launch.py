@@ -148,6 +148,41 @@ def mpirun_argv(
     ]
 
 
+# Every option mpirun_argv writes (and cluster/native_places.py's --cpu-list), with the
+# number of words after it: what tells mpirun's options from the program it starts.
+MPIRUN_OPTION_WORDS: dict[str, int] = {
+    "--allow-run-as-root": 0,
+    "--report-bindings": 0,
+    "--use-hwthread-cpus": 0,
+    "--oversubscribe": 0,
+    "--mca": 2,
+    "-np": 1,
+    "--map-by": 1,
+    "--bind-to": 1,
+    "--cpu-list": 1,
+}
+
+
+def with_rank_prefix(argv: Sequence[str], prefix: Sequence[str]) -> list[str]:
+    """``argv`` with every MPI rank started through ``prefix`` (``mpirun ... PREFIX
+    PROGRAM ARGS``): how ranks enter a container (cluster/bench_containers.py). Without
+    an mpirun in ``argv``, the whole command is prefixed. BenchmarkError for an mpirun
+    option this module never writes (where the program starts would be a guess)."""
+    program = mpirun_program()
+    out = list(argv)
+    if program not in out:
+        return [*prefix, *out]
+    at = out.index(program) + 1
+    while at < len(out) and out[at].startswith("-"):
+        if out[at] not in MPIRUN_OPTION_WORDS:
+            raise BenchmarkError(
+                f"cannot tell where mpirun's options end in {' '.join(out)}: {out[at]} is "
+                "not an option hpcvm writes"
+            )
+        at += 1 + MPIRUN_OPTION_WORDS[out[at]]
+    return [*out[:at], *prefix, *out[at:]]
+
+
 def in_workdir(workdir: Path, argv: Sequence[str]) -> list[str]:
     """``argv`` run from ``workdir``. The change of directory is part of the argv
     (coreutils ``env -C``) because qemu-guest-agent's guest-exec cannot set one."""

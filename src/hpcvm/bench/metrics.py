@@ -41,6 +41,10 @@ class Metric(Frozen):
     # The message size this figure was measured at (latency/bandwidth curves), for the
     # report's figures against message size; None for figures without one.
     message_bytes: int | None = None
+    # Bound by memory access (bandwidth or latency to RAM, TLB reach), as STREAM and
+    # RandomAccess are: the figures most sensitive to page sizes, which the report's
+    # page-size figure draws.
+    memory_bound: bool = False
 
     def value(self, value: float) -> MetricValue:
         """This metric measured as ``value``; a non-finite value is a failed metric."""

@@ -40,7 +40,7 @@ class NativeEnvironment:
         self.cpus = tuple(cpus) if cpus is not None else None
         self.mems = tuple(mems)
         self.vcpus = len(self.cpus) if self.cpus is not None else len(os.sched_getaffinity(0))
-        self.memory_bytes = _meminfo_total()
+        self.memory_bytes = meminfo_total()
         self._cpu_model = host.cpu_model if host is not None else platform.processor()
         self._cpuset: Cpuset | None = None
 
@@ -120,7 +120,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=30.0)
 
 
-def _meminfo_total() -> int:
+def meminfo_total() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemTotal:"):
             return int(line.split()[1]) * 1024

@@ -93,12 +93,14 @@ def native_placement(
     if not plans:
         return NativePlacement(cpus=None, source="no VM in this run")
     for profile in reversed(PROFILE_NAMES):
-        plan = plans.get(f"vm:{profile}")
+        # a profile's variants are placed like it (bench/variant_plans.py): its first
+        # environment in the run speaks for all of them
+        name, plan = next(((n, p) for n, p in plans.items() if p.profile == profile), ("", None))
         if plan is not None and plan.pinned:
             return NativePlacement(
                 cpus=plan.vcpu_pus(),
                 mems=_plan_nodes(plan, host),
-                source=f"the PUs and nodes of vm:{profile}'s vCPUs and memory",
+                source=f"the PUs and nodes of {name}'s vCPUs and memory",
             )
     plan = pinned_plan()
     return NativePlacement(

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from hpcvm.bench.cells import slug
 from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.environments import Environment, parse_env_name
+from hpcvm.bench.environments import VM_PREFIX, Environment, parse_env
 from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.noise import calibrate_iterations
 from hpcvm.bench.placement import NativePlacement, native_placement
@@ -30,6 +30,8 @@ from hpcvm.bench.results import outlier_marks
 from hpcvm.bench.runner import Outcome, ProgressSink, Runner
 from hpcvm.bench.suite import DescribesSamples, PreparesInputs, Suite
 from hpcvm.bench.suites import build_suites, validate_suites
+from hpcvm.bench.variant_plans import check_placed_alike
+from hpcvm.bench.variants import VmVariant
 from hpcvm.bench.vm import VmEnvironment, plan_vm
 from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.host.model import HostTopology
@@ -167,23 +169,67 @@ class EnvironmentMaker(Protocol):
         self, host: HostTopology, *, cpus: Sequence[int] | None, mems: Sequence[int]
     ) -> Environment: ...
 
+    def container(
+        self,
+        host: HostTopology,
+        *,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int],
+        shares: tuple[str, ...],
+        out_dir: Path,
+        runtime: str,
+    ) -> Environment: ...
+
     def vm(
-        self, plan: VMPlan, *, vm_name: str, backend: str, shares: tuple[str, ...]
+        self,
+        plan: VMPlan,
+        *,
+        vm_name: str,
+        backend: str,
+        shares: tuple[str, ...],
+        name: str,
+        variant: VmVariant,
     ) -> Environment: ...
 
 
 class OneNode:
-    """This host's environments: a cpuset-confined native and one VM per profile."""
+    """This host's environments: a cpuset-confined native, a container confined alike
+    and one VM per profile or variant."""
 
     def native(
         self, host: HostTopology, *, cpus: Sequence[int] | None, mems: Sequence[int]
     ) -> Environment:
         return NativeEnvironment(host, cpus=cpus, mems=mems)
 
-    def vm(
-        self, plan: VMPlan, *, vm_name: str, backend: str, shares: tuple[str, ...]
+    def container(
+        self,
+        host: HostTopology,
+        *,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int],
+        shares: tuple[str, ...],
+        out_dir: Path,
+        runtime: str,
     ) -> Environment:
-        return VmEnvironment(plan, vm_name=vm_name, backend=backend, shares=shares)
+        from hpcvm.bench.container import ContainerEnvironment
+
+        return ContainerEnvironment(
+            host, cpus=cpus, mems=mems, shares=shares, out_dir=out_dir, runtime=runtime
+        )
+
+    def vm(
+        self,
+        plan: VMPlan,
+        *,
+        vm_name: str,
+        backend: str,
+        shares: tuple[str, ...],
+        name: str,
+        variant: VmVariant,
+    ) -> Environment:
+        return VmEnvironment(
+            plan, vm_name=vm_name, backend=backend, shares=shares, name=name, variant=variant
+        )
 
 
 def prepare(
@@ -202,7 +248,7 @@ def prepare(
 
     config.check()
     out_dir = out_dir.absolute()
-    profiles = {name: parse_env_name(name) for name in config.envs}
+    choices = {name: parse_env(name) for name in config.envs}
     suites = build_suites(config.suites, config.suite_options)
     validate_suites(suites, config.np)
     previous = _resume_target(config, out_dir, resume)
@@ -214,19 +260,31 @@ def prepare(
         warnings += notes
         warning_envs.update(dict.fromkeys(notes, name))
         plans[name] = plan
+    check_placed_alike(plans)
     native = _native(config, previous, plans, host)
     config = _fixed_noise_work(config, previous, native)
     suites = build_suites(config.suites, config.suite_options)
     envs: dict[str, Environment] = {}
     extra = _guest_shares(config, suites, out_dir)
     make = environments or OneNode()
-    for name in profiles:
-        if name in plans:
+    for name, choice in choices.items():
+        if choice.kind == "vm":
             envs[name] = make.vm(
                 plans[name],
-                vm_name=f"bench{os.getpid()}-{profiles[name]}",
+                vm_name=f"bench{os.getpid()}-{slug(name.removeprefix(VM_PREFIX))}",
                 backend=config.vm_backend,
                 shares=extra,
+                name=name,
+                variant=choice.variant,
+            )
+        elif choice.kind == "container":
+            envs[name] = make.container(
+                host,
+                cpus=native.cpus,
+                mems=native.mems,
+                shares=extra,
+                out_dir=out_dir,
+                runtime=config.container_runtime,
             )
         else:
             envs[name] = make.native(host, cpus=native.cpus, mems=native.mems)
@@ -249,14 +307,15 @@ def vm_plans(config: BenchConfig, host: HostTopology) -> dict[str, tuple[VMPlan,
     """Each VM environment's plan on ``host``, with its warnings (by env name)."""
     plans: dict[str, tuple[VMPlan, list[str]]] = {}
     for name in config.envs:
-        profile = parse_env_name(name)
-        if profile is not None:
+        choice = parse_env(name)
+        if choice.profile is not None:
             plans[name] = plan_vm(
-                profile,
+                choice.profile,
                 vcpus=config.vcpus,
                 memory_bytes=config.vm_memory,
                 guest_nodes=config.vm_guest_nodes,
                 host=host,
+                variant=choice.variant,
             )
     return plans
 
@@ -348,11 +407,9 @@ def _check_np(config: BenchConfig, suites: list[Suite], envs: dict[str, Environm
         return
     wanted = max(config.np)
     # VMs first: native's PU count follows theirs, so a VM's size is the thing to change
-    for name, env in sorted(envs.items(), key=lambda item: item[1].kind == "native"):
+    for name, env in sorted(envs.items(), key=lambda item: item[1].kind != "vm"):
         if wanted > env.vcpus:
-            where = (
-                "PUs to run on (--native-cpus)" if env.kind == "native" else "vCPUs (--vm-vcpus)"
-            )
+            where = "vCPUs (--vm-vcpus)" if env.kind == "vm" else "PUs to run on (--native-cpus)"
             raise UsageError(
                 f"--np {wanted} is impossible in {name}: it has {env.vcpus} {where}; "
                 f"use --np {env.vcpus} or fewer"

@@ -246,6 +246,13 @@ def message_bytes(suite: str, metric: str) -> int | None:
     return next((m.message_bytes for m in kind.metrics if m.name == metric), None)
 
 
+def memory_bound(suite: str, metric: str) -> bool:
+    """Whether a stored suite's metric is memory-bound (its kind's
+    ``Metric.memory_bound``: STREAM, RandomAccess); False for an unknown one."""
+    kind = kind_of(suite)
+    return kind is not None and any(m.memory_bound for m in kind.metrics if m.name == metric)
+
+
 def np_label(suite: str, metric: str, np: int) -> str | None:
     """A kind's own label for a metric at a process count, when it has one."""
     kind = kind_of(suite)

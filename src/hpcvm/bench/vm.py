@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING
 
 from hpcvm.bench.environments import VM_PREFIX, RunOutput
 from hpcvm.bench.guest_sampler import GuestSampler
+from hpcvm.bench.variants import BASE, EnvChoice, VmVariant
 from hpcvm.bench.versions import host_versions
-from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure
+from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, VerificationFailed
 from hpcvm.host.model import HostTopology
-from hpcvm.plan.model import PlanRequest, ProfileName, VMPlan
+from hpcvm.plan.model import PlanRequest, ProfileName, ThpMode, VMPlan
+from hpcvm.plan.names import THP_MODES
 from hpcvm.store.records import EnvKind, NewEnvironment
 
 if TYPE_CHECKING:
@@ -30,8 +32,10 @@ def plan_vm(
     memory_bytes: int,
     guest_nodes: int | None = None,
     host: HostTopology | None = None,
+    variant: VmVariant = BASE,
 ) -> tuple[VMPlan, list[str]]:
-    """The plan of environment ``vm:<profile>`` on this host, and warnings for the run.
+    """The plan of environment ``vm:<profile>`` (with ``variant``'s page size and guest
+    THP mode: bench/variants.py) on this host, and warnings for the run.
 
     On a host too small for the hpc profile's housekeeping core plus ``vcpus`` vCPUs,
     retry with no housekeeping core and say so in a warning (the VM is then the hpc
@@ -42,44 +46,51 @@ def plan_vm(
     from hpcvm.plan import plan as make_plan
 
     host = host if host is not None else discover()
+    env = EnvChoice(kind="vm", profile=profile, variant=variant).name
     request = PlanRequest(
         name=f"bench-{profile}",
         profile=profile,
         vcpus=vcpus,
         memory_bytes=memory_bytes,
         guest_nodes=guest_nodes if profile in ("numa", "hpc") else None,
+        page_size_bytes=variant.page,
+        guest_thp=_thp(variant.thp),
     )
     warnings: list[str] = []
     try:
         plan = make_plan(host, request)
     except InfeasiblePlanError as exc:
         if profile != "hpc" or exc.cause != "housekeeping":
-            raise _in_bench_terms(profile, exc) from exc
+            raise _in_bench_terms(env, exc) from exc
         try:
             plan = make_plan(host, request.model_copy(update={"housekeeping": 0}))
         except HpcvmError as again:
             raise InfeasiblePlanError(
-                f"vm:hpc with {vcpus} vCPUs does not fit this host: {exc.message} "
-                f"(and housekeeping 0 is refused too: {again.message}); give vm:hpc fewer "
+                f"{env} with {vcpus} vCPUs does not fit this host: {exc.message} "
+                f"(and housekeeping 0 is refused too: {again.message}); give {env} fewer "
                 "vCPUs (--vm-vcpus, --np) or use vm:numa",
                 cause=exc.cause,
                 option="vcpus",
             ) from exc
         warnings.append(
-            f"vm:hpc: this host has too few PUs for {vcpus} vCPUs plus a housekeeping core; "
+            f"{env}: this host has too few PUs for {vcpus} vCPUs plus a housekeeping core; "
             "planned with housekeeping 0 (QEMU's own threads share the vCPUs' cores), so "
-            "vm:hpc here lacks the hpc profile's thread isolation"
+            f"{env} here lacks the hpc profile's thread isolation"
         )
     except HpcvmError as exc:
-        raise _in_bench_terms(profile, exc) from exc
+        raise _in_bench_terms(env, exc) from exc
     warnings += [
-        f"{VM_PREFIX}{profile}: {w}"
+        f"{env}: {w}"
         for w, kind in itertools.zip_longest(
             plan.warnings, plan.warning_kinds[: len(plan.warnings)], fillvalue="plan"
         )
         if kind != "tcg"  # the run says that once, from the environments' accelerators
     ]
     return plan, warnings
+
+
+def _thp(mode: str | None) -> ThpMode | None:
+    return next((m for m in THP_MODES if m == mode), None)
 
 
 # The planner's request field -> what sets it in ``hpcvm bench``, as a phrase after
@@ -89,10 +100,12 @@ _BENCH_OPTION: dict[str, str] = {
     "memory_bytes": "the VM's --memory is --vm-memory",
     "guest_nodes": "the VM's --guest-nodes is --vm-guest-nodes",
     "profile": "--profile P is --env vm:P",
+    "page_size_bytes": "the VM's --page-size is the environment's +page=4K|2M|1G, e.g. "
+    "--env vm:hpc+page=4K",
+    "guest_thp": "the guest's THP mode is the environment's +thp=always|madvise|never",
 }
 # The request field -> the flag the planner's messages call it.
 _PLAN_FLAG: dict[str, str] = {
-    "page_size_bytes": "--page-size",
     "housekeeping": "--housekeeping",
     "passthrough": "--passthrough",
     "accel": "--accel",
@@ -100,21 +113,57 @@ _PLAN_FLAG: dict[str, str] = {
 }
 
 
-def _in_bench_terms(profile: str, exc: HpcvmError) -> HpcvmError:
-    """The planner's refusal, said for ``hpcvm bench``: the request field it is about
-    (``exc.option``, data) names the bench option that sets it, or says that bench
-    plans that field with the profile's default. A refusal about no request field (the
-    host itself) needs no translation."""
-    message = f"{VM_PREFIX}{profile}: {exc.message}"
+def _in_bench_terms(env: str, exc: HpcvmError) -> HpcvmError:
+    """The planner's refusal, said for ``hpcvm bench`` about environment ``env``: the
+    request field it is about (``exc.option``, data) names the bench option that sets
+    it, or says that bench plans that field with the profile's default. A refusal about
+    no request field (the host itself) needs no translation."""
+    message = f"{env}: {exc.message}"
     if exc.option in _BENCH_OPTION:
         message += f" (in hpcvm bench {_BENCH_OPTION[exc.option]})"
     elif exc.option is not None:
         flag = _PLAN_FLAG.get(exc.option, exc.option)
-        message += (
-            f" (hpcvm bench has no {flag}: it plans {VM_PREFIX}{profile} with the "
-            "profile's default)"
-        )
+        message += f" (hpcvm bench has no {flag}: it plans {env} with the profile's default)"
     return type(exc)(message, cause=exc.cause, option=exc.option)
+
+
+def verify_variant(name: str, sampler: GuestSampler, variant: VmVariant) -> dict[str, str]:
+    """Check in the running VM that it is what its environment claims (the NIC model,
+    the host page size under guest RAM, the guest's THP mode: runtime/verify_variant.py)
+    and return what was observed; VerificationFailed (exit 6) naming what differs, so no
+    sample is ever taken in a VM that is not the environment it is recorded as."""
+    from hpcvm.runtime import verify_variant as pages
+    from hpcvm.runtime.backends import get_backend
+
+    machine = sampler.machine
+    backend = get_backend(machine.backend, machine.connect_uri)
+    seen = pages.gather(machine, sampler, backend)
+    checks = pages.run_checks(machine.plan, machine.boot.nics, variant.thp, seen)
+    wrong = [c for c in checks if not c.ok]
+    if wrong:
+        said = "; ".join(
+            f"{c.name}: expected {c.expected}, found {c.actual}"
+            + (f" ({c.detail})" if c.detail else "")
+            for c in wrong
+        )
+        raise VerificationFailed(
+            f"{name} is not what it claims after boot ({said}); it was taken down before "
+            "any sample, which would have been recorded under its name"
+        )
+    return pages.facts(machine.plan, seen)
+
+
+def with_variant(
+    described: NewEnvironment, variant: VmVariant, observed: dict[str, str]
+) -> NewEnvironment:
+    """The record of an environment with its variant (as data) and what was observed of
+    the variables variants change, in its versions."""
+    return described.model_copy(
+        update={
+            "variant": variant.record(),
+            "versions": {**described.versions, **observed},
+        }
+    )
 
 
 def describe_vm(
@@ -155,18 +204,24 @@ class VmEnvironment:
         vm_name: str,
         backend: str = "qemu",
         shares: tuple[str, ...] = (),
+        name: str | None = None,
+        variant: VmVariant = BASE,
     ) -> None:
         """``shares``: host directories the suites run from besides the working
-        directory (an NPB bin directory, a --cmd program's), shared read-only."""
+        directory (an NPB bin directory, a --cmd program's), shared read-only.
+        ``name``: the environment's (``vm:<profile>`` by default); ``variant``: what it
+        changes of its profile, checked in the running VM after boot."""
         self.plan = plan
         self.shares = shares
         self.profile: ProfileName = plan.profile
-        self.name = f"{VM_PREFIX}{plan.profile}"
+        self.name = name or f"{VM_PREFIX}{plan.profile}"
+        self.variant = variant
         self.vcpus = plan.vcpus
         self.memory_bytes = plan.memory_bytes
         self.vm_name = vm_name
         self.backend_name: str = backend
         self.sampler: GuestSampler | None = None
+        self.observed: dict[str, str] = {}  # the variant's variables, seen after boot
 
     @property
     def machine(self) -> Machine | None:
@@ -182,6 +237,7 @@ class VmEnvironment:
         self.sampler = GuestSampler(machine, self.name)
         try:
             self.sampler.learn()
+            self.observed = verify_variant(self.name, self.sampler, self.variant)
         except BaseException:
             self.close()
             raise
@@ -209,7 +265,8 @@ class VmEnvironment:
 
     def describe(self) -> NewEnvironment:
         facts = self.sampler.facts if self.sampler is not None else ()
-        return describe_vm(self.name, self.plan, self.machine, facts, vcpus=self.vcpus)
+        described = describe_vm(self.name, self.plan, self.machine, facts, vcpus=self.vcpus)
+        return with_variant(described, self.variant, self.observed)
 
     def run(
         self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()

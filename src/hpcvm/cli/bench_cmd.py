@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 
 from hpcvm.bench.choices import (
+    CONTAINER_RUNTIMES,
     DEFAULT_MAX_REPS,
     DEFAULT_VM_MEMORY,
     registered_suite_names,
     valid_env_names,
 )
+from hpcvm.bench.variants import syntax as variant_syntax
 from hpcvm.cli.common import console, err_console
 from hpcvm.errors import SamplesFailed, UsageError
 from hpcvm.runtime.backends import BACKENDS
@@ -86,6 +88,7 @@ class BenchOptions:
     batch: str
     network: str | None
     address: str | None
+    container_runtime: str
 
 
 def warn(message: str) -> None:
@@ -211,11 +214,12 @@ def _suites(o: BenchOptions) -> list[str]:
 def _config(o: BenchOptions) -> BenchConfig:
     from hpcvm.bench.config import BenchConfig
     from hpcvm.bench.placement import parse_native_cpus
+    from hpcvm.bench.variants import canonical_env_names
 
     suites = _suites(o)
     memory = o.vm_memory
     return BenchConfig(
-        envs=tuple(o.env) or DEFAULT_ENVS,
+        envs=canonical_env_names(tuple(o.env) or DEFAULT_ENVS),
         suites=tuple(suites),
         np=parse_np(o.np),
         reps=parse_reps(o.reps),
@@ -232,6 +236,7 @@ def _config(o: BenchOptions) -> BenchConfig:
         native_cpus=parse_native_cpus(o.native_cpus),
         nodes=o.nodes,
         batch=o.batch,
+        container_runtime=o.container_runtime,
         suite_options=_suite_options(o),
     ).check()
 
@@ -307,8 +312,9 @@ class _Bar:
 @click.option(
     "--env",
     multiple=True,
-    help=f"Environment (repeatable): {', '.join(valid_env_names())}. "
-    f"Default: {' '.join(DEFAULT_ENVS)}.",
+    help=f"Default: {' '.join(DEFAULT_ENVS)}. Environment (repeatable): "
+    f"choose from {', '.join(valid_env_names())}; {variant_syntax()} "
+    "(combined: vm:hpc+page=2M+thp=never; docs/comparisons.md).",
 )
 @click.option(
     "--suite",
@@ -386,6 +392,14 @@ class _Bar:
     default=None,
     metavar="IP/PREFIX",
     help="With --nodes: the first VM's address; its network carries every MPI run.",
+)
+@click.option(
+    "--container-runtime",
+    type=click.Choice(list(CONTAINER_RUNTIMES)),
+    default="auto",
+    show_default=True,
+    help="The OCI runtime of --env container (auto: the first of crun, runc that runs "
+    "the container here).",
 )
 @click.option("--interval", type=click.Choice(["fieller", "bootstrap"]), default="fieller")
 @click.option(

@@ -54,9 +54,10 @@ def _noise(figures: dict[str, float | None] | None) -> str:
 
 
 def host_pus(run: RunRecord, env: EnvironmentRecord) -> str:
-    """Where an environment ran: native's cpuset (as recorded with the run), a VM's
-    vCPU pins (from its plan), or "any" where nothing confined it."""
-    if env.kind == "native":
+    """Where an environment ran: native's cpuset (as recorded with the run; a
+    container is confined to the same), a VM's vCPU pins (from its plan), or "any"
+    where nothing confined it."""
+    if env.kind != "vm":
         native = run.args.get("native")
         cpus = native.get("cpus") if isinstance(native, dict) else None
         mems = native.get("mems") if isinstance(native, dict) else None
@@ -68,6 +69,44 @@ def host_pus(run: RunRecord, env: EnvironmentRecord) -> str:
     return format_cpu_list(pins) if pins else "any (unpinned)"
 
 
+def runtime_of(env: EnvironmentRecord) -> str:
+    """What runs the environment, with its version: a container's OCI runtime, a VM's
+    QEMU (or its backend), nothing natively."""
+    versions = env.versions
+    if env.kind == "container":
+        return versions.get("container_runtime", "?")
+    if env.kind == "vm":
+        backend = versions.get("backend", "qemu")
+        qemu = versions.get("qemu")
+        return f"{backend} (QEMU {qemu})" if qemu and backend != "qemu" else f"QEMU {qemu or '?'}"
+    return "-"
+
+
+def pages_of(env: EnvironmentRecord) -> str:
+    """A VM's pages as observed after boot: the host's under guest RAM (with what of
+    it the host's THP backs) and the guest's THP mode; "-" elsewhere."""
+    if env.kind != "vm":
+        return "-"
+    host = env.versions.get("host_page", "?")
+    thp = env.versions.get("guest_ram_on_host_thp", "0")
+    if thp not in ("0", ""):
+        host += f" ({thp} on THP)"
+    return f"{host} / THP {env.versions.get('guest_thp', '?')}"
+
+
+def differs_in(env: EnvironmentRecord) -> str:
+    """What a variant changes of its profile (bench/variants.py), from the variant
+    stored with it; "-" for a profile as it is, native and a container."""
+    from hpcvm.bench.variants import KEYS
+
+    parts = [
+        f"{k.variable} {k.show(env.variant[k.name])}"
+        for k in KEYS.values()
+        if k.name in env.variant
+    ]
+    return ", ".join(parts) or "-"
+
+
 def conditions(
     run: RunRecord,
     envs: Sequence[EnvironmentRecord],
@@ -76,7 +115,8 @@ def conditions(
 ) -> RenderableType:
     """Accelerator, CPU model, confidence, n and stopping rule, in a small table."""
     table = Table(title=f"run {run.id}: conditions", box=None, header_style="bold")
-    for col in ("env", "accel", "CPU model", "vCPUs", "host PUs", "memory", "n (reps)", "failed"):
+    columns = ("env", "accel", "runtime", "CPU model", "vCPUs", "host PUs", "memory")
+    for col in (*columns, "pages host/guest", "differs in", "n (reps)", "failed"):
         table.add_column(col)
     for e in envs:
         ns = [r.n for r in rows if r.env == e.name and not r.detail]
@@ -84,10 +124,13 @@ def conditions(
         table.add_row(
             e.name,
             e.accel,
+            runtime_of(e),
             e.cpu_model or "-",
             str(e.vcpus),
             host_pus(run, e),
             f"{e.memory_bytes / 2**30:.1f} GiB",
+            pages_of(e),
+            differs_in(e),
             f"{min(ns)}-{max(ns)}" if ns and min(ns) != max(ns) else str(ns[0] if ns else 0),
             str(failed) if failed else "-",
         )

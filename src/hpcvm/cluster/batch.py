@@ -54,6 +54,9 @@ class BatchSystem(Protocol):
 
     name: str
     submit_hint: str  # how a user gets an allocation, for messages: "sbatch -N NODES"
+    # every node is this one host (``local``): a process cannot tell its node from where
+    # it runs, so an MPI rank's node is the one --map-by node deals it to
+    nodes_share_this_host: bool
 
     def allocation(self, nodes: int | None, env: Mapping[str, str]) -> Allocation:
         """The allocation ``env`` (this process's environment) runs in. ``nodes``: how

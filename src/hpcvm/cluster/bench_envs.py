@@ -27,17 +27,19 @@ from hpcvm.bench.environments import VM_PREFIX, RunOutput
 from hpcvm.bench.guest_sampler import GuestSampler
 from hpcvm.bench.launch import mpirun_program
 from hpcvm.bench.native import NativeEnvironment
-from hpcvm.bench.vm import describe_vm
+from hpcvm.bench.variants import BASE, VmVariant
+from hpcvm.bench.vm import describe_vm, verify_variant, with_variant
 from hpcvm.cluster import control, guest_mpi, native_places
 from hpcvm.cluster.addresses import AUTO, site_pool
 from hpcvm.cluster.batch import Allocation
 from hpcvm.cluster.batches import get_batch
+from hpcvm.cluster.bench_containers import ClusterContainerEnvironment
 from hpcvm.cluster.spec import ClusterRequest, check_addresses
 from hpcvm.cluster.spec import node_address as nth_address
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
-from hpcvm.runtime.network import node_address, parse_address
+from hpcvm.runtime.network import node_address, parse_address, with_nic_model
 from hpcvm.runtime.options import VmOptions
 from hpcvm.store.records import EnvKind, NewEnvironment
 
@@ -121,11 +123,16 @@ class ClusterVmEnvironment:
         backend: str = "qemu",
         shares: tuple[str, ...] = (),
         say: Callable[[str], None] = lambda _text: None,
+        name: str | None = None,
+        variant: VmVariant = BASE,
     ) -> None:
         """``plan``: this (the first) node's plan, which its VM will have; each other
-        node plans its own."""
+        node plans its own. ``network``: the VMs' NIC, of the variant's model;
+        ``variant`` is checked in the first VM after boot (bench/vm.py)."""
         self.plan = plan
-        self.name = f"{VM_PREFIX}{plan.profile}"
+        self.name = name or f"{VM_PREFIX}{plan.profile}"
+        self.variant = variant
+        self.observed: dict[str, str] = {}
         self.nodes = len(allocation.nodes)
         self.vcpus = plan.vcpus * self.nodes  # over all nodes
         self.memory_bytes = plan.memory_bytes
@@ -162,6 +169,7 @@ class ClusterVmEnvironment:
         self.vcpus = self.plan.vcpus * self.nodes
         self.sampler = GuestSampler(machine, self.name)
         self.sampler.learn()
+        self.observed = verify_variant(self.name, self.sampler, self.variant)
 
     def activate(self) -> None:
         return None  # the other nodes' VMs cannot be paused from here (module doc)
@@ -183,8 +191,10 @@ class ClusterVmEnvironment:
             **described.versions,
             "nodes": str(self.nodes),
             "vcpu_pins": "; ".join(self._pins),
+            "nic": self.network,
         }
-        return described.model_copy(update={"versions": versions})
+        described = described.model_copy(update={"versions": versions})
+        return with_variant(described, self.variant, self.observed)
 
     def run(
         self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
@@ -242,8 +252,36 @@ class ClusterEnvironments:
             host, config=self.config, allocation=self.allocation, cpus=cpus, say=self.say
         )
 
+    def container(
+        self,
+        host: HostTopology,
+        *,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int],
+        shares: tuple[str, ...],
+        out_dir: Path,
+        runtime: str,
+    ) -> ClusterContainerEnvironment:
+        del cpus, mems  # each node finds its own (native_places), as native does
+        return ClusterContainerEnvironment(
+            host,
+            config=self.config,
+            allocation=self.allocation,
+            shares=shares,
+            out_dir=out_dir,
+            runtime=runtime,
+            say=self.say,
+        )
+
     def vm(
-        self, plan: VMPlan, *, vm_name: str, backend: str, shares: tuple[str, ...]
+        self,
+        plan: VMPlan,
+        *,
+        vm_name: str,
+        backend: str,
+        shares: tuple[str, ...],
+        name: str,
+        variant: VmVariant,
     ) -> ClusterVmEnvironment:
         first = self.first_address
         if first != AUTO:  # each cluster's addresses after the previous cluster's
@@ -253,10 +291,12 @@ class ClusterEnvironments:
         return ClusterVmEnvironment(
             plan,
             cluster=vm_name,
-            network=self.network,
+            network=with_nic_model(self.network, variant.nic),
             first_address=first,
             allocation=self.allocation,
             backend=backend,
             shares=shares,
             say=self.say,
+            name=name,
+            variant=variant,
         )

@@ -8,7 +8,11 @@
 - ``holder STATE_DIR STEP_ARGV...``: runs the holder step on the batch node and removes
   the cluster's state when it ends (holder.py);
 - ``reaper VM_NAME``: takes a node's VM down when its task dies (reaper.py);
-- ``local-step JOB NAME NODES ARGV...``: a step of the ``local`` batch system (local.py).
+- ``local-step JOB NAME NODES ARGV...``: a step of the ``local`` batch system (local.py);
+- ``container-node SPEC_JSON``: one task of a ``bench --nodes`` step holding this node's
+  benchmark container (bench_containers.py);
+- ``container-rank SPEC_JSON ARGV...``: one MPI rank entering its node's container
+  (bench_containers.py).
 
 Why one module and not hidden CLI commands: these are not commands a user runs, and
 each must start with the same interpreter and package as the process that starts it
@@ -71,6 +75,22 @@ def _local_step(args: list[str]) -> int:
     return local.run_step(job, name, nodes, argv)
 
 
+def _container_node(args: list[str]) -> int:
+    from hpcvm.cluster import bench_containers
+
+    if len(args) != 1:
+        raise UsageError("container-node takes one argument: the node specification as JSON")
+    return bench_containers.node_main(args[0])
+
+
+def _container_rank(args: list[str]) -> int:
+    from hpcvm.cluster import bench_containers
+
+    if not args:
+        raise UsageError("container-rank takes the rank specification and a command")
+    return bench_containers.rank_main(args[0], args[1:])
+
+
 def _no_more(args: list[str], role: str) -> None:
     if args:
         raise UsageError(f"{role} takes no arguments")
@@ -82,6 +102,8 @@ ROLES: dict[str, Callable[[list[str]], int]] = {
     "holder": _holder,
     "reaper": _reaper,
     "local-step": _local_step,
+    "container-node": _container_node,
+    "container-rank": _container_rank,
 }
 
 

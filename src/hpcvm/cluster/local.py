@@ -55,6 +55,7 @@ class Local:
 
     name = "local"
     submit_hint = "run it on this machine with --batch local --nodes N"
+    nodes_share_this_host = True
 
     def allocation(self, nodes: int | None, env: Mapping[str, str]) -> Allocation:
         count = 1 if nodes is None else nodes

@@ -57,6 +57,7 @@ class Slurm:
 
     name = "slurm"
     submit_hint = "submit the commands in a batch script with sbatch -N NODES, or under salloc"
+    nodes_share_this_host = False
 
     def allocation(self, nodes: int | None, env: Mapping[str, str]) -> Allocation:
         job = env.get("SLURM_JOB_ID")

@@ -21,6 +21,7 @@ from hpcvm.plan.names import SMT_POLICIES as SMT_POLICIES
 from hpcvm.plan.names import AccelChoice as AccelChoice
 from hpcvm.plan.names import ProfileName as ProfileName
 from hpcvm.plan.names import SmtPolicy as SmtPolicy
+from hpcvm.plan.names import ThpMode as ThpMode
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -52,6 +53,8 @@ class PlanRequest(Frozen):
     passthrough: tuple[str, ...] = ()  # PCI addresses as typed (normalised by plan)
     accel: AccelChoice = "auto"
     smt: SmtPolicy | None = None  # pinned profiles; None: "cores"
+    # the guest kernel's transparent huge page mode; None: the guest kernel's default
+    guest_thp: ThpMode | None = None
 
 
 class Profile(Frozen):
@@ -165,6 +168,10 @@ class VMPlan(Frozen):
     guest_distances: tuple[tuple[int, ...], ...]  # by guest node index; empty if flat
     memory: tuple[MemoryRegion, ...]
     page_size_bytes: int
+    # whether the host may back anonymous guest RAM with its transparent huge pages
+    # (QEMU asks for them); False when 4K pages were asked for explicitly: QEMU then
+    # starts with THP disabled for it (prctl PR_SET_THP_DISABLE), so 4K means 4K
+    host_thp: bool = True
     # host node -> number of huge pages of page_size_bytes the plan takes there
     hugepages_needed: dict[int, int] = Field(default_factory=dict)
     emulator_pus: tuple[int, ...] = ()  # empty: not restricted

@@ -16,3 +16,10 @@ ACCEL_CHOICES: tuple[AccelChoice, ...] = ("auto", "kvm", "tcg")
 # siblings only, refused on a host without SMT (require).
 SmtPolicy = Literal["cores", "pack", "require"]
 SMT_POLICIES: tuple[SmtPolicy, ...] = ("cores", "pack", "require")
+# The guest kernel's transparent huge page modes (``transparent_hugepage=`` on its
+# command line, /sys/kernel/mm/transparent_hugepage/enabled inside it).
+ThpMode = Literal["always", "madvise", "never"]
+THP_MODES: tuple[ThpMode, ...] = ("always", "madvise", "never")
+# The page sizes guest RAM may sit on (bytes): ordinary 4 KiB pages, 2 MiB and 1 GiB
+# huge pages (x86-64's sizes; plan/profiles.py's PAGE_SIZES, kept here for --help).
+PAGE_SIZE_CHOICES: tuple[int, ...] = (4 * 1024, 2 * 1024 * 1024, 1024 * 1024 * 1024)

@@ -25,10 +25,10 @@ from hpcvm.plan.placement import (
     host_layout,
     why_not_local,
 )
-from hpcvm.plan.profiles import PROFILES
+from hpcvm.plan.profiles import PROFILES, SMALL_PAGE
 from hpcvm.plan.select import select
 from hpcvm.plan.topology import GuestCpus, flat_guest, guest_distances, naive_guest, numa_guest
-from hpcvm.plan.tuning import guest_kernel_args, host_tuning
+from hpcvm.plan.tuning import guest_kernel_args, guest_thp_args, host_tuning
 from hpcvm.units import format_cpu_list
 
 
@@ -60,6 +60,7 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
         tuning_host = host_tuning(host, vcpu_pus, hk, page, memory.hugepages_needed, notes)
     if profile.housekeeping:
         tuning_guest = guest_kernel_args(request.vcpus, cpu.accel, notes)
+    tuning_guest += guest_thp_args(request.guest_thp, notes)
     passthrough = passthrough_devices(devices, first_guest, notes)
     return VMPlan(
         name=request.name,
@@ -77,6 +78,7 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
         guest_distances=guest_distances(host_of_guest, distance, notes) if guest_nodes else (),
         memory=memory.regions,
         page_size_bytes=page,
+        host_thp=_host_thp(request, page, notes),
         hugepages_needed=memory.hugepages_needed,
         emulator_pus=qemu_pus,
         iothreads=1 if qemu_pus else 0,
@@ -91,6 +93,20 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
         warnings=tuple(notes.warnings),
         warning_kinds=tuple(notes.kinds),
     )
+
+
+def _host_thp(request: PlanRequest, page: int, notes: Notes) -> bool:
+    """Whether the host may put anonymous guest RAM on transparent huge pages: yes,
+    unless 4K pages were asked for by name (then they must be 4K pages)."""
+    if request.page_size_bytes != SMALL_PAGE or page != SMALL_PAGE:
+        return True
+    notes.decide(
+        "memory",
+        "guest RAM on the host's 4K pages, asked for by name: QEMU starts with transparent "
+        "huge pages disabled for it (prctl PR_SET_THP_DISABLE), which it would otherwise "
+        "ask the host for, so none of its RAM sits on 2M pages",
+    )
+    return False
 
 
 def _profile(request: PlanRequest) -> Profile:

@@ -5,11 +5,11 @@ measured on its own (the study's figures compare exactly these steps)."""
 from __future__ import annotations
 
 from hpcvm.plan.model import Profile
-from hpcvm.plan.names import ProfileName
-from hpcvm.units import GIB, KIB, MIB
+from hpcvm.plan.names import PAGE_SIZE_CHOICES, ProfileName
+from hpcvm.units import KIB, MIB
 
 SMALL_PAGE = 4 * KIB
-PAGE_SIZES: tuple[int, ...] = (SMALL_PAGE, 2 * MIB, GIB)
+PAGE_SIZES: tuple[int, ...] = PAGE_SIZE_CHOICES
 
 PROFILES: dict[ProfileName, Profile] = {
     "naive": Profile(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hpcvm.host.model import HostTopology
-from hpcvm.plan.model import Accel
+from hpcvm.plan.model import Accel, ThpMode
 from hpcvm.plan.notes import Notes
 from hpcvm.plan.profiles import SMALL_PAGE, page_dir_name
 from hpcvm.units import GIB, format_cpu_list
@@ -118,3 +118,18 @@ def guest_kernel_args(vcpus: int, accel: Accel, notes: Notes) -> tuple[str, ...]
         + why,
     )
     return tuple(args)
+
+
+def guest_thp_args(mode: ThpMode | None, notes: Notes) -> tuple[str, ...]:
+    """The guest's transparent huge page mode, when one was asked for: the guest kernel
+    takes it from its command line (the built-in guest's; a disk image keeps its own
+    boot loader's, and verification then finds the mode it really has)."""
+    if mode is None:
+        return ()
+    notes.decide(
+        "tuning",
+        f"guest transparent huge pages {mode}: transparent_hugepage={mode} on the guest "
+        "kernel command line (the guest's own page size over its memory, whatever the "
+        "host's pages under it)",
+    )
+    return (f"transparent_hugepage={mode}",)

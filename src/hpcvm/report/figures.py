@@ -33,25 +33,31 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from hpcvm.bench.suites import memory_bound
 from hpcvm.model import Frozen
 from hpcvm.report.compare import Comparison
 from hpcvm.report.drawing import DPI, TCG_NOTE, fit_tick_labels, new_figure, text
 from hpcvm.report.labels import env_colours, env_order, label, short_name
 from hpcvm.report.model import NATIVE, NoiseCurve, ReportData, Row
 from hpcvm.report.sizes import sized_rows, sizes_figure
+from hpcvm.report.variables import differs_line, page_combination
 
-FigureKind = Literal["overhead", "absolute", "sizes", "interrupts", "noise", "compare"]
+FigureKind = Literal[
+    "overhead", "overview", "pages", "absolute", "sizes", "interrupts", "noise", "compare"
+]
 MAX_GROUPS_PER_PANEL = 12
 UNBOUNDED_NOTE = "hatched bar with arrow: interval unbounded (no finite interval exists)"
 
 
 class FigureFile(Frozen):
-    """One figure written to disk; ``path`` is relative to the report directory."""
+    """One figure written to disk; ``path`` is relative to the report directory;
+    ``differs``: what its environments differ in (report/variables.py), said next to it."""
 
     kind: FigureKind
     title: str
     path: str
     caption: str
+    differs: str = ""
 
 
 @dataclass(frozen=True)
@@ -127,8 +133,15 @@ def draw_bars(
     return unbounded
 
 
-def legend_handles(names: Sequence[str], colours: dict[str, str], unbounded: bool) -> list[Artist]:
-    handles: list[Artist] = [Patch(color=colours[n], label=text(n)) for n in names]
+def legend_handles(
+    names: Sequence[str],
+    colours: dict[str, str],
+    unbounded: bool,
+    labels: Mapping[str, str] | None = None,
+) -> list[Artist]:
+    """One patch per series (``labels``: what to call each, its name by default)."""
+    said = labels or {}
+    handles: list[Artist] = [Patch(color=colours[n], label=text(said.get(n, n))) for n in names]
     if unbounded:
         handles.append(
             Patch(facecolor="white", edgecolor="black", hatch="///", label="interval unbounded")
@@ -142,6 +155,7 @@ def bar_panels(
     colours: dict[str, str],
     title: str,
     ylabel: str,
+    labels: Mapping[str, str] | None = None,
 ) -> Figure:
     """Bars split into stacked panels of at most MAX_GROUPS_PER_PANEL groups."""
     chunks = [
@@ -159,9 +173,9 @@ def bar_panels(
         ax.set_ylabel(ylabel)
     fig.suptitle(text(title))
     fig.legend(
-        handles=legend_handles(list(series), colours, unbounded),
+        handles=legend_handles(list(series), colours, unbounded, labels),
         loc="outside lower center",
-        ncols=min(len(series) + int(unbounded), 6),
+        ncols=min(len(series) + int(unbounded), 2 if labels else 6),
     )
     fit_tick_labels(fig)
     return fig
@@ -183,34 +197,93 @@ def _tcg(rows: Sequence[Row]) -> bool:
     return any(r.accel == "tcg" for r in rows)
 
 
-def overhead_figure(
-    rows: Sequence[Row], colours: dict[str, str], suite: str, confidence: float
-) -> Figure | None:
-    """Grouped overhead bars of one suite's VM rows; None when no VM row has one."""
-    vm = [r for r in _plotted(rows) if r.env != NATIVE and r.overhead_pct is not None]
-    if not vm:
-        return None
-    keys = _group_keys(vm)
-    envs = env_order(r.env for r in vm)
-    index = {(r.env, r.metric, r.np): r for r in vm}
+def _overhead_series(
+    vm: Sequence[Row], keys: Sequence[tuple[str, str, int | None]]
+) -> dict[str, Sequence[Bar | None]]:
+    """Per environment, its overhead bar for each (suite, metric, np) of ``keys``."""
+    index = {(r.env, r.suite, r.metric, r.np): r for r in vm}
     series: dict[str, Sequence[Bar | None]] = {}
-    for env in envs:
+    for env in env_order(r.env for r in vm):
         bars: list[Bar | None] = []
-        for metric, np_ in keys:
-            r = index.get((env, metric, np_))
+        for suite, metric, np_ in keys:
+            r = index.get((env, suite, metric, np_))
             bars.append(
                 None
                 if r is None or r.overhead_pct is None
                 else Bar(r.overhead_pct, r.overhead_ci_low, r.overhead_ci_high)
             )
         series[env] = bars
+    return series
+
+
+def _with_overhead(rows: Sequence[Row]) -> list[Row]:
+    return [r for r in _plotted(rows) if r.env != NATIVE and r.overhead_pct is not None]
+
+
+OVERHEAD_LABEL = "overhead vs native (%)\n(positive: slower than native)"
+
+
+def overhead_figure(
+    rows: Sequence[Row], colours: dict[str, str], suite: str, confidence: float
+) -> Figure | None:
+    """Grouped overhead bars of one suite's rows of every environment but native; None
+    when no row has one."""
+    vm = _with_overhead(rows)
+    if not vm:
+        return None
+    keys = [(suite, m, n) for m, n in _group_keys(vm)]
     title = f"{suite}: overhead against native, {confidence * 100:g}% interval"
     if _tcg(vm):
         title += f"\n{TCG_NOTE}"
-    groups = [label(suite, m, n) for m, n in keys]
-    return bar_panels(
-        groups, series, colours, title, "overhead vs native (%)\n(positive: VM slower)"
+    groups = [label(suite, m, n) for _, m, n in keys]
+    return bar_panels(groups, _overhead_series(vm, keys), colours, title, OVERHEAD_LABEL)
+
+
+def overview_figure(
+    rows: Sequence[Row], colours: dict[str, str], confidence: float
+) -> Figure | None:
+    """Every environment of the run against native in one figure: each suite's
+    headline figures (not those per message size, which the sizes figure draws); None
+    with fewer than two suites or environments to set side by side."""
+    vm = [r for r in _with_overhead(rows) if r not in sized_rows(rows)]
+    suites = list(dict.fromkeys(r.suite for r in vm))
+    if len(suites) < 2 and len({r.env for r in vm}) < 2:
+        return None
+    keys = list(dict.fromkeys((r.suite, r.metric, r.np) for r in vm))
+    several = len(suites) > 1
+    groups = [(f"{s}: " if several else "") + label(s, m, n) for s, m, n in keys]
+    title = f"Every environment against native, {confidence * 100:g}% interval"
+    if _tcg(vm):
+        title += f"\n{TCG_NOTE}"
+    return bar_panels(groups, _overhead_series(vm, keys), colours, title, OVERHEAD_LABEL)
+
+
+def pages_figure(
+    data: ReportData, colours: dict[str, str], confidence: float
+) -> tuple[Figure, list[str]] | None:
+    """The memory-bound benchmarks' overhead (bench/suites.py ``memory_bound``: STREAM,
+    RandomAccess) with one bar series per VM page-size combination (host page size
+    under guest RAM x the guest's THP mode, as observed after boot), as the study of
+    hardware-assisted paging drew them; None unless the run's VMs have at least two
+    combinations. Also returns the environments drawn."""
+    vms = {e.name: e for e in data.envs if e.kind == "vm"}
+    rows = [
+        r for r in _with_overhead(data.rows) if r.env in vms and memory_bound(r.suite, r.metric)
+    ]
+    drawn = [vms[n] for n in env_order(r.env for r in rows)]
+    if len({page_combination(e) for e in drawn}) < 2:
+        return None
+    keys = list(dict.fromkeys((r.suite, r.metric, r.np) for r in rows))
+    groups = [label(s, m, n) for s, m, n in keys]
+    labels = {e.name: f"{e.name}: {page_combination(e)}" for e in drawn}
+    title = (
+        "Memory-bound benchmarks: overhead per page-size combination\n"
+        f"(host page size x guest THP), {confidence * 100:g}% interval"
     )
+    if _tcg(rows):
+        title += f"\n{TCG_NOTE}"
+    fig = bar_panels(groups, _overhead_series(rows, keys), colours, title, OVERHEAD_LABEL, labels)
+    return fig, [e.name for e in drawn]
 
 
 def _axis_unit(row: Row) -> str:
@@ -379,19 +452,52 @@ def _slug(s: str) -> str:
 
 def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> list[FigureFile]:
     """Write every figure of the report as PNG under ``out_dir/subdir``; the list says
-    what each shows. Figures without data (no VM, no interrupts, no noise) are skipped."""
+    what each shows and what its environments differ in. Figures without data (no VM,
+    no interrupts, no noise) are skipped."""
     colours = env_colours(data.env_names)
     conf = data.run.confidence
     made: list[FigureFile] = []
+    bar_caption = f"whiskers: {conf * 100:g}% interval (Fieller); {UNBOUNDED_NOTE}."
 
-    def emit(fig: Figure | None, kind: FigureKind, name: str, title: str, caption: str) -> None:
+    def emit(
+        fig: Figure | None,
+        kind: FigureKind,
+        name: str,
+        title: str,
+        caption: str,
+        envs: Sequence[str] = (),
+    ) -> None:
         if fig is None:
             return
         rel = f"{subdir}/{name}.png"
         save(fig, out_dir / rel)
-        made.append(FigureFile(kind=kind, title=title, path=rel, caption=caption))
+        drawn = [e for e in data.envs if e.name in envs]
+        differs = differs_line(drawn) if drawn else ""
+        made.append(FigureFile(kind=kind, title=title, path=rel, caption=caption, differs=differs))
 
     suites = list(dict.fromkeys(r.suite for r in data.rows))
+    every = data.env_names
+    pages = pages_figure(data, colours, conf)
+    if pages is not None:
+        emit(
+            pages[0],
+            "pages",
+            "pages-memory-bound",
+            "Memory-bound benchmarks per page-size combination",
+            "Bars: overhead against native of STREAM and RandomAccess, one series per VM and "
+            "its page-size combination (host page size under guest RAM x guest THP mode, both "
+            f"as observed in the running VM); {bar_caption}",
+            [*pages[1], NATIVE],
+        )
+    emit(
+        overview_figure(data.rows, colours, conf),
+        "overview",
+        "overhead-all",
+        "Every environment against native",
+        "Bars: overhead against native of every environment of the run (containers and VMs) "
+        f"for each suite's headline figures; {bar_caption}",
+        every,
+    )
     for suite in suites:
         rows = [r for r in data.rows if r.suite == suite]
         emit(
@@ -399,8 +505,8 @@ def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> 
             "overhead",
             f"overhead-{_slug(suite)}",
             f"Overhead against native: {suite}",
-            f"Bars: overhead of each VM against native (positive: the VM is slower); "
-            f"whiskers: {conf * 100:g}% interval (Fieller); {UNBOUNDED_NOTE}.",
+            f"Bars: overhead of each environment against native (positive: slower); {bar_caption}",
+            [r.env for r in rows],
         )
     for suite in suites:
         rows = [r for r in data.rows if r.suite == suite]
@@ -410,9 +516,10 @@ def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> 
             "sizes",
             f"sizes-{_slug(suite)}",
             f"Latency and bandwidth against message size: {suite}",
-            "Lines: mean per message size and environment (native against each VM); "
+            "Lines: mean per message size and environment (native, containers, VMs); "
             f"bands: {conf * 100:g}% Student-t interval of each mean (running past the frame when "
             "wider than the plot). Latency on log axes.",
+            [r.env for r in sized],
         )
         rows = [r for r in rows if r not in sized]
         emit(
@@ -422,6 +529,7 @@ def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> 
             f"Absolute figures: {suite}",
             f"Mean per environment in the metric's unit; whiskers: {conf * 100:g}% "
             "Student-t interval of the mean (none with a single sample).",
+            [r.env for r in rows],
         )
     emit(
         interrupts_figure(data, colours),
@@ -430,6 +538,7 @@ def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> 
         "Interrupts per second against overhead",
         "Mean interrupts per second during the benchmark's samples (sum over sources) "
         "against its overhead; native points lie on zero overhead.",
+        every,
     )
     emit(
         noise_figure(data.noise, colours, any(e.accel == "tcg" for e in data.envs)),
@@ -437,6 +546,7 @@ def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> 
         "noise-detours",
         "Noise: detour distribution",
         "Fraction of fixed work quanta delayed by more than x, over all CPUs and runs.",
+        [c.env for c in data.noise],
     )
     return made
 

@@ -114,6 +114,7 @@ def _host(data: ReportData) -> str:
 def _env_rows(e: EnvInfo) -> list[tuple[str, str]]:
     rows = [
         ("kind / accelerator", f"{e.kind} / {e.accel}"),
+        ("variant", ", ".join(f"{k}={v}" for k, v in e.variant.items()) or "-"),
         ("CPU model", e.cpu_model or "-"),
         ("vCPUs / memory", f"{e.vcpus} / {human_size(e.memory_bytes)}"),
         ("versions", ", ".join(f"{k} {v}" for k, v in sorted(e.versions.items())) or "-"),
@@ -162,7 +163,9 @@ def _figures(figures: Sequence[FigureFile], out_dir: Path) -> str:
         png = (out_dir / f.path).read_bytes()
         parts.append(
             f'<figure id="fig-{_e(Path(f.path).stem)}"><h3>{_e(f.title)}</h3>'
-            f"{image_tag(png, f.title, f.path)}<figcaption>{_e(f.caption)}</figcaption></figure>"
+            f"{image_tag(png, f.title, f.path)}<figcaption>{_e(f.caption)}"
+            + (f'<br><strong class="differs">{_e(f.differs)}</strong>' if f.differs else "")
+            + "</figcaption></figure>"
         )
     parts.append("</section>")
     return "".join(parts)

@@ -12,10 +12,13 @@ from collections.abc import Iterable
 
 from hpcvm.bench.suites import np_label as suite_np_label
 from hpcvm.bench.suites import short_name as suite_short_name
+from hpcvm.bench.variants import CONTAINER, parse_env
+from hpcvm.errors import UsageError
 from hpcvm.plan.names import PROFILE_NAMES
 from hpcvm.report.model import NATIVE
 
 NATIVE_COLOUR = "#4d4d4d"
+CONTAINER_COLOUR = "#17becf"
 PROFILE_COLOURS = {
     "vm:naive": "#d62728",
     "vm:pinned": "#ff7f0e",
@@ -23,7 +26,7 @@ PROFILE_COLOURS = {
     "vm:numa": "#2ca02c",
     "vm:hpc": "#1f77b4",
 }
-OTHER_COLOURS = ("#17becf", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8")
+OTHER_COLOURS = ("#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8", "#98df8a")
 
 
 def short_name(suite: str, metric: str) -> str:
@@ -42,21 +45,35 @@ def label(suite: str, metric: str, np: int | None) -> str:
     return name if np is None else f"{name} {np}"
 
 
+def _rank(name: str) -> tuple[int, int, str]:
+    """Native, the container, then each profile in the study's order followed by its
+    variants (by name); names no environment syntax reads last."""
+    try:
+        choice = parse_env(name)
+    except UsageError:
+        return (3, 0, name)
+    if choice.kind != "vm" or choice.profile is None:
+        return (0 if choice.kind == NATIVE else 1, 0, name)
+    return (2, PROFILE_NAMES.index(choice.profile), "" if choice.variant.is_base else name)
+
+
 def env_order(names: Iterable[str]) -> list[str]:
-    """Native first, then the profiles in the study's order, then the rest by name."""
-    rank = {NATIVE: 0, **{f"vm:{p}": i + 1 for i, p in enumerate(PROFILE_NAMES)}}
-    unique = list(dict.fromkeys(names))
-    return sorted(unique, key=lambda n: (rank.get(n, len(rank)), n))
+    """Native first, the container, then the profiles in the study's order, each
+    followed by its variants, then the rest by name."""
+    return sorted(dict.fromkeys(names), key=_rank)
 
 
 def env_colours(names: Iterable[str]) -> dict[str, str]:
-    """The colour of every environment: fixed for native and the five profiles; other
-    names take the remaining colours in name order (cycling past six)."""
+    """The colour of every environment: fixed for native, the container and the five
+    profiles; other names (variants) take the remaining colours in the report's order
+    (cycling past six)."""
     colours: dict[str, str] = {}
     others = 0
     for name in env_order(names):
         if name == NATIVE:
             colours[name] = NATIVE_COLOUR
+        elif name == CONTAINER:
+            colours[name] = CONTAINER_COLOUR
         elif name in PROFILE_COLOURS:
             colours[name] = PROFILE_COLOURS[name]
         else:

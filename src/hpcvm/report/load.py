@@ -115,6 +115,7 @@ def _env_info(e: EnvironmentRecord) -> EnvInfo:
         vcpus=e.vcpus,
         memory_bytes=e.memory_bytes,
         plan=plan_summary(e.plan),
+        variant=e.variant,
     )
 
 

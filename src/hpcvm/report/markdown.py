@@ -89,6 +89,8 @@ def render_markdown(data: ReportData, figures: Sequence[FigureFile]) -> str:
         lines += ["## Figures", ""]
         for f in figures:
             lines += [f"![{f.title}]({f.path})", "", f"*{f.caption}*", ""]
+            if f.differs:
+                lines += [f"**{f.differs}**", ""]
     lines += [f"> {note}" for note in data.notes]
     return "\n".join(lines).rstrip() + "\n"
 

@@ -95,7 +95,7 @@ class EnvInfo(Frozen):
     """One environment of the run as the store describes it."""
 
     name: str
-    kind: str  # "native" or "vm"
+    kind: str  # "native", "container" or "vm"
     profile: str | None
     accel: str  # "native", "kvm", "tcg"
     cpu_model: str
@@ -103,6 +103,7 @@ class EnvInfo(Frozen):
     vcpus: int
     memory_bytes: int
     plan: PlanSummary | None = None
+    variant: dict[str, str | int] = Field(default_factory=dict)  # bench/variants.py's keys
 
 
 class HostSummary(Frozen):

@@ -318,6 +318,11 @@ class LibvirtBackend:
     def start(self, machine: Machine) -> Machine:
         """Define the domain and start it (paused when the boot spec says so); return
         ``machine`` with libvirt's QEMU pid. The definition is removed if start fails."""
+        if not machine.plan.host_thp:
+            raise UsageError(
+                f"{machine.name}: guest RAM on the host's 4K pages needs QEMU started without "
+                "transparent huge pages, which libvirt cannot do: use the qemu backend"
+            )
         libvirt = _libvirt()
         name = domain_name(machine)
         machine = with_private_agent_port(machine)
@@ -380,16 +385,26 @@ class LibvirtBackend:
         reply = self.monitor(machine, "query-cpus-fast")
         return {int(c["cpu-index"]): int(c["thread-id"]) for c in reply}
 
-    def monitor(self, machine: Machine, command: str) -> Any:
+    def qmp(
+        self, machine: Machine, command: str, arguments: dict[str, object] | None = None
+    ) -> Any:
+        return self.monitor(machine, command, arguments)
+
+    def monitor(
+        self, machine: Machine, command: str, arguments: dict[str, object] | None = None
+    ) -> Any:
         """One QMP command through libvirt's monitor (libvirt owns the QMP socket)."""
         import libvirt_qemu  # type: ignore[import-untyped]
 
         dom = self._domain(machine)
+        request: dict[str, object] = {"execute": command}
+        if arguments:
+            request["arguments"] = arguments
         text = self._call(
             f"run {command} on domain {domain_name(machine)}",
             libvirt_qemu.qemuMonitorCommand,
             dom,
-            json.dumps({"execute": command}),
+            json.dumps(request),
             0,
         )
         reply = json.loads(text)

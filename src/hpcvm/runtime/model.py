@@ -8,7 +8,7 @@ VM with exactly what was planned.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from hpcvm.bootspec import BootSpec
 from hpcvm.model import Frozen
@@ -78,6 +78,13 @@ class Backend(Protocol):
         ...
 
     def alive(self, machine: Machine) -> bool: ...
+
+    def qmp(
+        self, machine: Machine, command: str, arguments: dict[str, object] | None = None
+    ) -> Any:
+        """One QMP command to QEMU and its return value (its own socket, or through
+        libvirt, which owns the socket); RuntimeFailure when QEMU refuses it."""
+        ...
 
     def status(self, machine: Machine) -> str:
         """``running`` or ``paused``, as the backend sees it."""

@@ -93,6 +93,24 @@ def parse_network(text: str) -> NetworkRequest:
     )
 
 
+def with_nic_model(text: str, model: str | None) -> str:
+    """``--network`` text with its NIC model set to ``model`` (a VM variant's, bench's
+    ``vm:hpc+e1000``); unchanged for None. UsageError for a kind whose NIC has no model
+    (a passed-through VF is the device itself)."""
+    if model is None:
+        return text
+    request = parse_network(text)
+    if request.kind == "vf":
+        raise UsageError(
+            f"--network {text!r} passes a VF through, which has no NIC model: a NIC variant "
+            "(+e1000, +virtio) needs --network bridge=... or macvtap=..."
+        )
+    fields = [f"{request.kind}={request.source}", f"model={_model(model, text)}"]
+    if request.mtu is not None:
+        fields.append(f"mtu={request.mtu}")
+    return ",".join(fields)
+
+
 def _model(value: str, text: str) -> NicModel:
     for model in MODELS:
         if value == model:

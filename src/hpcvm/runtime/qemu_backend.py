@@ -22,13 +22,14 @@ private mount namespace QEMU starts in (runtime/staging.py); the record keeps th
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from hpcvm.errors import RuntimeFailure
 from hpcvm.runtime import network, paths, qmp, staging, state
@@ -117,7 +118,7 @@ class QemuBackend:
                 cwd=run_dir,
                 start_new_session=True,
                 pass_fds=[fd for fds in opened.values() for fd in fds.all()],
-                preexec_fn=_affinity_setter(machine.plan.emulator_pus),
+                preexec_fn=_before_exec(machine.plan.emulator_pus, machine.plan.host_thp),
             )
 
     def _wait_for_qmp(self, machine: Machine, proc: subprocess.Popen[bytes]) -> None:
@@ -167,6 +168,11 @@ class QemuBackend:
 
     def alive(self, machine: Machine) -> bool:
         return state.machine_process_alive(machine)[0]
+
+    def qmp(
+        self, machine: Machine, command: str, arguments: dict[str, object] | None = None
+    ) -> Any:
+        return qmp.execute(_qmp_socket(machine), command, arguments)
 
     def status(self, machine: Machine) -> Literal["running", "paused"]:
         """Whether the guest's vCPUs run (QMP query-status)."""
@@ -236,13 +242,22 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=30.0)
 
 
-def _affinity_setter(pus: tuple[int, ...]) -> Callable[[], None] | None:
-    """A pre-exec hook giving QEMU the emulator PUs from its first instruction."""
-    if not pus:
+PR_SET_THP_DISABLE = 41  # linux/prctl.h: inherited across fork and kept across execve
+
+
+def _before_exec(pus: tuple[int, ...], host_thp: bool) -> Callable[[], None] | None:
+    """A pre-exec hook giving QEMU the emulator PUs from its first instruction and,
+    for a plan on the host's 4K pages by name, no transparent huge pages (plan/model.py
+    ``host_thp``)."""
+    if not pus and host_thp:
         return None
     cpus = set(pus)
+    libc = None if host_thp else ctypes.CDLL(None, use_errno=True)
 
     def _set() -> None:
-        os.sched_setaffinity(0, cpus)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        if libc is not None and libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_THP_DISABLE)")
 
     return _set

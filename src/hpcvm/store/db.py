@@ -19,7 +19,12 @@ from typing import Any
 from hpcvm import __version__
 from hpcvm.errors import BenchmarkError, UsageError
 from hpcvm.lock import is_held, read_holder
-from hpcvm.store.migrate import WARNING_ENVS_SINCE, adopt_warning_envs
+from hpcvm.store.migrate import (
+    WARNING_ENVS_SINCE,
+    WIDE_ENVIRONMENTS_SINCE,
+    adopt_warning_envs,
+    rebuild_environments,
+)
 from hpcvm.store.records import (
     EnvironmentRecord,
     MetricRecord,
@@ -30,7 +35,7 @@ from hpcvm.store.records import (
     SampleKey,
     SampleRecord,
 )
-from hpcvm.store.schema import SCHEMA_VERSION, TABLES
+from hpcvm.store.schema import ENVIRONMENTS, ENVIRONMENTS_TABLE, SCHEMA_VERSION, TABLES
 
 DB_NAME = "hpcvm.db"
 WRITER_LOCK = "hpcvm.lock"  # held by the one process writing the directory (hpcvm.lock)
@@ -112,6 +117,8 @@ class Store:
         # executescript commits on its own; IF NOT EXISTS makes it a no-op on a database
         # of this version.
         self._db.executescript(TABLES)
+        if 0 < found < WIDE_ENVIRONMENTS_SINCE:
+            rebuild_environments(self._db, ENVIRONMENTS, ENVIRONMENTS_TABLE)
         with self._transaction():
             # a database of an older version has just gained the newer tables
             if 0 < found < WARNING_ENVS_SINCE:
@@ -276,8 +283,8 @@ class Store:
         with self._transaction():
             self._db.execute(
                 "INSERT OR IGNORE INTO environments (run_id, name, kind, profile, plan_json, "
-                "accel, cpu_model, versions_json, vcpus, memory_bytes) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "accel, cpu_model, versions_json, vcpus, memory_bytes, variant_json) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     env.name,
@@ -289,6 +296,7 @@ class Store:
                     _dumps(env.versions),
                     env.vcpus,
                     env.memory_bytes,
+                    _dumps(env.variant),
                 ),
             )
         return self.environment(run_id, env.name)
@@ -445,6 +453,7 @@ def _environment(row: sqlite3.Row) -> EnvironmentRecord:
         versions=json.loads(row["versions_json"]),
         vcpus=row["vcpus"],
         memory_bytes=row["memory_bytes"],
+        variant=json.loads(row["variant_json"]),
     )
 
 

@@ -1,5 +1,12 @@
 """What a database written by an older hpcvm gains when this one opens it.
 
+Schema 4 widens the environments table: a kind ``container``, and each environment's VM
+variant (``variant_json``). SQLite cannot change a CHECK constraint in place, so the
+table is rebuilt once (``rebuild_environments``), as SQLite's documentation prescribes:
+foreign keys off, a new table, the rows copied, the old one dropped, the new one
+renamed, the foreign keys checked, all in one transaction. Every row keeps its id, so
+the samples that refer to it stay attached.
+
 Schema 3 records which environment a run warning is about (the ``warning_envs`` table).
 Before it, that was said only in the warning's wording: an environment's warning began
 with its name and ": " ("vm:hpc: planned with housekeeping 0 ..."). So, once, when a
@@ -15,6 +22,34 @@ import json
 import sqlite3
 
 WARNING_ENVS_SINCE = 3  # the schema version that records warning owners as data
+WIDE_ENVIRONMENTS_SINCE = 4  # containers and variants in the environments table
+
+
+def rebuild_environments(db: sqlite3.Connection, definition: str, table: str) -> None:
+    """Replace ``table`` by one made with ``definition`` (a CREATE TABLE IF NOT EXISTS
+    of the same name), keeping every row and id (module doc). Call outside a
+    transaction: foreign keys can only be switched off between transactions."""
+    db.execute("PRAGMA foreign_keys = OFF")
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            fresh = f"{table}_new"
+            old = [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+            db.execute(definition.replace(f" {table} (", f" {fresh} (", 1))
+            new = [r[1] for r in db.execute(f"PRAGMA table_info({fresh})")]
+            shared = ", ".join(c for c in new if c in old)
+            db.execute(f"INSERT INTO {fresh} ({shared}) SELECT {shared} FROM {table}")
+            db.execute(f"DROP TABLE {table}")
+            db.execute(f"ALTER TABLE {fresh} RENAME TO {table}")
+            broken = db.execute("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise sqlite3.IntegrityError(f"{len(broken)} rows lost their {table} row")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+    finally:
+        db.execute("PRAGMA foreign_keys = ON")
 
 
 def adopt_warning_envs(db: sqlite3.Connection) -> None:

@@ -16,7 +16,7 @@ from hpcvm.model import Frozen
 RunStatus = Literal["running", "finished", "interrupted", "failed", "abandoned"]
 # "abandoned" is never written: a run recorded as running whose writer no longer holds
 # the results directory's lock (killed with SIGKILL, a power loss) reads back as it.
-EnvKind = Literal["native", "vm"]
+EnvKind = Literal["native", "container", "vm"]
 
 
 class RunRecord(Frozen):
@@ -55,7 +55,7 @@ class RunRecord(Frozen):
 class NewEnvironment(Frozen):
     """An environment as the runner describes it before its first sample."""
 
-    name: str  # "native", "vm:hpc"
+    name: str  # "native", "container", "vm:hpc", "vm:hpc+e1000"
     kind: EnvKind
     profile: str | None = None
     plan: dict[str, Any] | None = None  # VMPlan as JSON
@@ -64,6 +64,8 @@ class NewEnvironment(Frozen):
     versions: dict[str, str] = Field(default_factory=dict)
     vcpus: int
     memory_bytes: int
+    # a VM variant's keys (bench/variants.py: {"nic": "e1000", "page": 4096}); {} else
+    variant: dict[str, str | int] = Field(default_factory=dict)
 
 
 class EnvironmentRecord(NewEnvironment):

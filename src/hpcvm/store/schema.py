@@ -10,9 +10,12 @@ One file per results directory. Tables:
   behind that (``stop_detail``), warnings (JSON list).
 - ``warning_envs``: which environment a run's warning is about (by its text, as the
   warning is stored once per run); a warning not here is about the whole run.
-- ``environments``: one row per environment of a run (``native``, ``vm:<profile>``):
-  the plan (VMPlan JSON, NULL natively), accelerator (``native``, ``kvm``, ``tcg``), CPU
-  model, software versions (JSON), vCPUs and memory it offered.
+- ``environments``: one row per environment of a run (``native``, ``container``,
+  ``vm:<profile>[+variant]``): its kind, the plan (VMPlan JSON, NULL natively and in a
+  container), accelerator (``native``, ``kvm``, ``tcg``), CPU model, software versions
+  and observed facts (JSON: a container's runtime, a VM's guest THP mode...), vCPUs and
+  memory it offered, and the VM variant (JSON: ``{"nic": "e1000", "page": 4096,
+  "thp": "never"}``, the keys it sets, bench/variants.py).
 - ``samples``: one row per run of one suite in one environment: np (0 when the suite
   ignores it), repetition (block index; warm-ups are repetition 0 with ``warmup`` 1),
   position in its block's interleaved order, ok or failed with the error, the log and
@@ -27,8 +30,29 @@ sample it finished.
 
 from __future__ import annotations
 
-# 2: the flags table (outlying values, kept and marked); 3: the warning_envs table
-SCHEMA_VERSION = 3
+# 2: the flags table (outlying values, kept and marked); 3: the warning_envs table;
+# 4: environments of kind container, and each environment's VM variant
+SCHEMA_VERSION = 4
+
+ENVIRONMENTS_TABLE = "environments"
+# The environments table's definition, apart: a database older than schema 4 gets it
+# by a rebuild (migrate.py), as SQLite cannot widen a CHECK in place.
+ENVIRONMENTS = """
+CREATE TABLE IF NOT EXISTS environments (
+    id            INTEGER PRIMARY KEY,
+    run_id        INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    name          TEXT    NOT NULL,
+    kind          TEXT    NOT NULL CHECK (kind IN ('native', 'container', 'vm')),
+    profile       TEXT,
+    plan_json     TEXT,
+    accel         TEXT    NOT NULL,
+    cpu_model     TEXT    NOT NULL DEFAULT '',
+    versions_json TEXT    NOT NULL DEFAULT '{}',
+    vcpus         INTEGER NOT NULL,
+    memory_bytes  INTEGER NOT NULL,
+    variant_json  TEXT    NOT NULL DEFAULT '{}',
+    UNIQUE (run_id, name)
+);"""
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -52,20 +76,7 @@ CREATE TABLE IF NOT EXISTS runs (
     warnings_json TEXT    NOT NULL DEFAULT '[]',
     hpcvm_version TEXT    NOT NULL
 );
-CREATE TABLE IF NOT EXISTS environments (
-    id            INTEGER PRIMARY KEY,
-    run_id        INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    name          TEXT    NOT NULL,
-    kind          TEXT    NOT NULL CHECK (kind IN ('native', 'vm')),
-    profile       TEXT,
-    plan_json     TEXT,
-    accel         TEXT    NOT NULL,
-    cpu_model     TEXT    NOT NULL DEFAULT '',
-    versions_json TEXT    NOT NULL DEFAULT '{}',
-    vcpus         INTEGER NOT NULL,
-    memory_bytes  INTEGER NOT NULL,
-    UNIQUE (run_id, name)
-);
+{ENVIRONMENTS}
 CREATE TABLE IF NOT EXISTS samples (
     id            INTEGER PRIMARY KEY,
     run_id        INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -107,4 +118,4 @@ CREATE TABLE IF NOT EXISTS flags (
     kind      TEXT    NOT NULL CHECK (kind IN ('outlier')),
     PRIMARY KEY (sample_id, metric, kind)
 );
-"""
+""".replace("{ENVIRONMENTS}", ENVIRONMENTS.strip())

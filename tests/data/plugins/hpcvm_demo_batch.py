@@ -26,6 +26,7 @@ from hpcvm.errors import UsageError
 class DemoBatch:
     name = "demo"
     submit_hint = "set DEMO_NODES=a,b"
+    nodes_share_this_host = False
 
     def allocation(self, nodes: int | None, env: Mapping[str, str]) -> Allocation:
         names = tuple(n for n in env.get("DEMO_NODES", "").split(",") if n)
