@@ -90,7 +90,8 @@ def test_report_holds_every_environment_and_metric_of_the_run(
         assert r["metric"] in md and r["env"] in md
     data = json.loads(report["json"].read_text())
     figures = {f["kind"]: report["html"].parent / f["path"] for f in data["figures"]}
-    assert set(figures) == {"overhead", "absolute", "interrupts", "noise"}
+    # Two suites: the every-environment figure (overview) is drawn beside the per-suite ones.
+    assert set(figures) == {"overhead", "overview", "absolute", "interrupts", "noise"}
     for path in figures.values():
         assert imread(path).shape[1] > 300
     assert {c["env"] for c in data["report"]["noise"]} == set(ENVS)  # guest raw copied back
