@@ -35,6 +35,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +153,24 @@ class LocalCluster:
             "OMPI_ALLOW_RUN_AS_ROOT": "1",
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         }
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's state as sinfo prints it (idle, completing, allocated ...)."""
+        proc = self.run(["sinfo", "-h", "-N", "-o", "%N %T"])
+        return dict(line.split()[:2] for line in proc.stdout.splitlines() if line.strip())
+
+    def wait_settled(self, timeout: float = 120.0) -> dict[str, str]:
+        """The node states once no node is still completing an earlier test's job
+        (its epilog runs after the job's end), so a test that reads the cluster's
+        resting state does not race the tests before it. Fails after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        states = self.node_states()
+        while any(s.startswith("completing") for s in states.values()):
+            if time.monotonic() > deadline:
+                pytest.fail(f"nodes still completing after {timeout:.0f} s: {states}")
+            time.sleep(1.0)
+            states = self.node_states()
+        return states
 
     def log_tails(self, lines: int = 15) -> str:
         """The ends of the daemons' logs, for a failure message."""

@@ -90,6 +90,7 @@ def submit(
 
 
 def test_sinfo_shows_every_node_idle_at_its_namespace_address(slurm_cluster: LocalCluster) -> None:
+    slurm_cluster.wait_settled()  # an earlier module's job may still run its epilog
     proc = slurm_cluster.run(["sinfo", "-h", "-N", "-o", "%N %T %o"])
     rows = {tuple(line.split()) for line in proc.stdout.splitlines() if line.strip()}
     expected = {
