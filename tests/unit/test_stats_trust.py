@@ -35,6 +35,9 @@ def test_an_outlier_in_the_vm_is_reported_with_its_subject() -> None:
     assert t.kinds == ("outliers",)
     assert t.issues[0].subject == "VM"
     assert t.sentence.startswith("the mean's interval should not be trusted: 1 of 20 VM runs")
+    named = overhead_trust(nat, vm, overhead(nat, vm, higher_is_better=False), subject="container")
+    assert named.issues[0].subject == "container"
+    assert "1 of 20 container runs" in named.sentence
 
 
 def test_skewed_runs_are_reported() -> None:

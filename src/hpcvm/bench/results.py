@@ -208,7 +208,9 @@ def _row(
         )
     native_vals = values.get((NATIVE, suite, np_), {}).get(metric, [])
     if env_name != NATIVE:
-        fields |= _overhead_fields(native_vals, vals, higher, run.confidence, method, cell)
+        fields |= _overhead_fields(
+            native_vals, vals, higher, run.confidence, method, cell, env_name
+        )
     fields["warnings"] = tuple(_warnings(run, env, fields))
     return ResultRow.model_validate(fields)
 
@@ -305,6 +307,7 @@ def _overhead_fields(
     confidence: float,
     method: Method,
     cell: Cell,
+    env_name: str,
 ) -> dict[str, Any]:
     base: dict[str, Any] = {"significant": False, "overhead_method": method}
     if not native:
@@ -316,7 +319,7 @@ def _overhead_fields(
         o = overhead(native, vm, higher_is_better=higher, confidence=confidence, method=method)
     except BenchmarkError as exc:
         return base | {"overhead_note": exc.message}
-    trust = overhead_trust(native, vm, o)
+    trust = overhead_trust(native, vm, o, subject=env_name)
     base |= {"trust_kinds": trust.kinds, "trust_note": trust.sentence}
     if not o.bounded:
         return base | {"overhead_note": o.note}

@@ -113,8 +113,9 @@ def sample_trust(values: Sample, *, subject: str = "") -> Trust:
     return Trust(issues=tuple(_sample_issues(values, subject)))
 
 
-def overhead_trust(native: Sample, vm: Sample, result: Overhead) -> Trust:
-    """Verdict on the mean's overhead interval ``result`` = overhead(native, vm, ...).
+def overhead_trust(native: Sample, vm: Sample, result: Overhead, *, subject: str = "VM") -> Trust:
+    """Verdict on the mean's overhead interval ``result`` = overhead(native, vm, ...);
+    ``subject`` names the compared environment in the text (a container is no VM).
 
     Raises UsageError when ``result`` is the robust overhead (it is what to use
     instead, not something this verdict judges) or does not match the samples.
@@ -126,7 +127,7 @@ def overhead_trust(native: Sample, vm: Sample, result: Overhead) -> Trust:
             f"overhead_trust: the result has {result.n_native}/{result.n_vm} runs but "
             f"{len(native)}/{len(vm)} samples were given; pass the samples it came from"
         )
-    issues = _sample_issues(native, "native") + _sample_issues(vm, "VM")
+    issues = _sample_issues(native, "native") + _sample_issues(vm, subject)
     few = min(result.n_native, result.n_vm)
     if result.method == "fieller" and not result.bounded and few >= 2:
         text = "the Fieller interval is unbounded (the denominator's mean is not clearly non-zero)"
