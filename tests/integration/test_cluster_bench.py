@@ -1,8 +1,9 @@
 """`hpcvm bench --nodes 2` inside a Slurm job on the one-machine test cluster: the example
 batch script (docs/examples/hpcvm-bench-job.sh), submitted by the unprivileged test user
 with `sbatch -N 2` to the site-configured cluster (Slurm's cgroup plugins, the node
-install's grants), runs NetPIPE with `mpirun -np 2` natively across the two nodes and
-across a vm:hpc VM on each, into a results database and a report the user owns.
+install's grants), runs NetPIPE with `mpirun -np 2` natively across the two nodes, in a
+container on each (rootless: the test user's) and across a vm:hpc VM on each, into a
+results database and a report the user owns.
 
 Sizes are the smallest (`--size quick`, two repetitions, NetPIPE only: the script's
 default adds HPC Challenge, whose path across nodes is the same and which takes minutes
@@ -11,7 +12,8 @@ the nodes, samples, logs, figures) is what is tested, not the numbers.
 
 Oracles independent of hpcvm's summary: each stored sample's log (Open MPI's
 ``--report-bindings`` lines name the host of each rank: both nodes natively, both VMs
-in vm:hpc), the kernel's cpuset files of the test cluster's nodes (which PUs each node
+in vm:hpc; NetPIPE's own lines name the host each rank reads from inside: its node's
+container), the kernel's cpuset files of the test cluster's nodes (which PUs each node
 has: the VM pins and native PUs recorded for each node must be those), SQLite read
 directly, the report's files.
 """
@@ -38,6 +40,8 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH_SCRIPT = REPO / "docs" / "examples" / "hpcvm-bench-job.sh"
 BENCH_TIMEOUT = 1500.0  # two TCG guests running MPI over a bridge on 2 shared cores
 BINDING = re.compile(r"\[(\S+?):\d+\] MCW rank (\d+) (?:is not bound|bound)")
+RANK_HOST = re.compile(r"^([01]): (\S+)$", re.M)  # NetPIPE: each rank's own gethostname()
+ENVS = ("native", "container", "vm:hpc")
 SUITES = ("netpipe",)
 REPS = 2
 
@@ -59,6 +63,7 @@ def _bench_job(slurm_cluster: LocalCluster, site: sites.SlurmSite, job_dir: Path
         "HPCVM_OUT": str(out),
         "HPCVM_NP": "2",
         "HPCVM_SUITES": " ".join(SUITES),
+        "HPCVM_ENVS": " ".join(ENVS),
         "HPCVM_REPS": str(REPS),
         "HPCVM_SITE_CONFIG": str(sites.site_config(cluster_support.NET_PREFIX)),
         "HPCVM_BENCH_OPTIONS": "--size quick --vm-memory 512M",
@@ -77,15 +82,23 @@ def _bench_job(slurm_cluster: LocalCluster, site: sites.SlurmSite, job_dir: Path
     assert owners == {site.uid}, owners  # the results are the user's
     db = sqlite3.connect(out / "hpcvm.db")
     envs = dict(db.execute("SELECT id, name FROM environments").fetchall())
-    assert sorted(envs.values()) == ["native", "vm:hpc"]
+    assert sorted(envs.values()) == sorted(ENVS)
     rows = db.execute("SELECT env_id, suite, ok, log_path FROM samples WHERE warmup = 0").fetchall()
     counts = sorted((envs[e], suite, ok) for e, suite, ok, _ in rows)
     expected = sorted((env, suite, 1) for env in envs.values() for suite in SUITES) * REPS
     assert counts == sorted(expected), rows
     for env_id, suite, _, log_path in rows:
-        hosts = {h for h, _ in BINDING.findall(Path(log_path).read_text(errors="replace"))}
+        text = Path(log_path).read_text(errors="replace")
+        hosts = {h for h, _ in BINDING.findall(text)}
         if envs[env_id] == "native":
             assert hosts == {"node1", "node2"}, (suite, log_path)
+        elif envs[env_id] == "container":
+            # mpirun's daemons on both nodes; each rank in its node's container (its
+            # UTS namespace's hostname, as the rank itself reads it)
+            assert hosts == {"node1", "node2"}, (suite, log_path)
+            inside = dict(RANK_HOST.findall(text))
+            assert sorted(inside) == ["0", "1"], text
+            assert set(inside.values()) == {f"hpcvm-container-{h}" for h in hosts}, text
         else:
             assert sorted(h.rsplit("-", 1)[1] for h in hosts) == ["node1", "node2"], hosts
     versions = {
@@ -102,7 +115,23 @@ def _bench_job(slurm_cluster: LocalCluster, site: sites.SlurmSite, job_dir: Path
             # Each node planned its own VM and its own native PUs, on the PUs it has.
             assert int(pins[node]) in cpuset[0], (node, pins, cpuset)
             assert native[node] == f"PUs {pins[node]}, mems {min(cpuset[1])}", (node, native)
+    _check_container_record(versions["container"])
     figures = out / "report" / "figures"
     assert (out / "report" / "report.html").is_file()
     assert (figures / "sizes-netpipe.png").is_file(), sorted(figures.iterdir())
     assert_nothing_left(site, "bench", free)
+
+
+def _check_container_record(record: dict[str, str]) -> None:
+    """The container environment's record names its runtime and, per node, the PUs its
+    processes were allowed: the kernel's cpuset of that test-cluster node."""
+    assert record["nodes"] == "2"
+    assert record["container_runtime"].split()[0] in ("crun", "runc"), record
+    assert "psec=none" in record["container_ranks"], record
+    for part in record["container_cpus"].split("; "):
+        node = part.split(":", 1)[0]
+        cpuset = cluster_support.node_cpuset(node)
+        pus = re.search(r"PUs ([\d,-]+)", part)
+        assert pus is not None, part
+        if cpuset is not None:
+            assert cluster_support.expand_list(pus.group(1)) <= cpuset[0], (part, cpuset)

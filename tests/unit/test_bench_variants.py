@@ -113,15 +113,6 @@ def test_a_nic_variant_needs_nodes() -> None:
         BenchConfig(envs=("vm:hpc+thp=never+page=4K",), suites=("hpcc",)).check()
 
 
-def test_a_container_across_nodes_is_refused_for_now() -> None:
-    """Across nodes a container's ranks did not start (the run hung on the Slurm test
-    cluster): refused in one line before anything starts, not left to hang."""
-    config = BenchConfig(envs=("native", "container"), suites=("netpipe",), nodes=2)
-    with pytest.raises(UsageError, match="one node only for now"):
-        config.check()
-    config.model_copy(update={"nodes": 1}).check()
-
-
 def test_light_copies_of_the_registries_agree() -> None:
     assert NIC_MODELS == MODELS
     assert (AUTO, *RUNTIMES) == CONTAINER_RUNTIMES

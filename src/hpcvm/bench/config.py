@@ -113,13 +113,6 @@ def check_env_names(envs: tuple[str, ...], nodes: int) -> None:
     """Every environment well formed, in its canonical spelling (the CLI writes it so,
     bench/variants.py), once; a NIC variant only where VMs have a NIC (--nodes)."""
     canonical = canonical_env_names(envs)
-    if nodes > 1 and "container" in canonical:
-        # Tried on the Slurm test cluster: mpirun's daemons connected and no rank ever
-        # started (cluster/bench_containers.py), so the run hung. Refused until fixed.
-        raise UsageError(
-            "the container environment runs on one node only for now (across nodes its "
-            "ranks do not start yet): run --env container without --nodes"
-        )
     for typed, name in zip(envs, canonical, strict=True):
         if typed != name:
             raise UsageError(f"environment {typed!r} is written {name!r}: use that spelling")

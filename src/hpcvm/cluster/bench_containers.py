@@ -68,7 +68,15 @@ MPI_VARIABLES = ("OMPI_", "PMIX_", "OPAL_", "ORTE_")  # what a rank needs of its
 # own): a rank attaching them crashes in gds_ds12_lock_pthread.c. The hash store
 # hands the same job data over the daemon's socket instead; only MPI_Init's lookups
 # take that path, never a measured message.
-RANK_OVERRIDES = ("PMIX_MCA_gds=hash",)
+# PMIx's "native" security has a client state its uid and gid, and the daemon refuses
+# any but its own user's. A rootless container maps the user to root in it (runc needs
+# its root mapped: runtime/oci_bundle.py), so a rank there says uid 0 and is refused
+# before MPI_Init ends (checked on the test cluster: "OPAL ERROR: Unreachable", after
+# which mpirun hung). The daemons listen on the node's loopback over TCP, where PMIx has
+# no kernel word on the peer (no SO_PEERCRED): the uid was the client's own claim, so
+# "none" drops no check the kernel made. Only this job's mpirun and ranks get it.
+NO_CLAIM = "PMIX_MCA_psec=none"
+RANK_OVERRIDES = ("PMIX_MCA_gds=hash", NO_CLAIM)
 
 
 class NodeSpec(Frozen):
@@ -91,8 +99,9 @@ class NodeContainer(Frozen):
     version: str
     program: str
     root: str
-    cpus: tuple[int, ...] | None
+    cpus: tuple[int, ...] | None  # the native placement's (None: not confined further)
     mems: tuple[int, ...]
+    allowed: tuple[int, ...] = ()  # the PUs its processes may use at all (the job's)
     step: str
 
 
@@ -137,6 +146,7 @@ def node_main(spec_json: str) -> int:
             root=str(oci.state_root()),
             cpus=place.cpus,
             mems=place.mems,
+            allowed=tuple(sorted(os.sched_getaffinity(0))),
             step=batch.task_place(os.environ).step,
         )
         sys.stdout.write(ready.model_dump_json() + "\n")
@@ -147,6 +157,13 @@ def node_main(spec_json: str) -> int:
     finally:
         container.stop()
     return 0
+
+
+def _pus(c: NodeContainer) -> str:
+    """The PUs a node's container runs on: its placement's, else all its node allows."""
+    if c.cpus is None and c.allowed:
+        return f"{cpus_text(c.allowed)} (all the node allows)"
+    return cpus_text(c.cpus)
 
 
 # -- on every node: one rank entering its node's container ------------------------------
@@ -314,8 +331,7 @@ class ClusterContainerEnvironment:
 
     def placement(self) -> str:
         return "; ".join(
-            f"{c.node}: {c.id} ({c.runtime} {c.version}), PUs {cpus_text(c.cpus)}, "
-            f"mems {cpus_text(c.mems)}"
+            f"{c.node}: {c.id} ({c.runtime} {c.version}), PUs {_pus(c)}, mems {cpus_text(c.mems)}"
             for c in self.ready
         )
 
@@ -342,7 +358,8 @@ class ClusterContainerEnvironment:
             "container_runtime": "; ".join(runtimes),
             "container_cpus": self.placement(),
             "container_ranks": "mpirun on the host, each rank exec'd into its node's "
-            "container (the hybrid model); the host's network",
+            "container (the hybrid model); the host's network; PMIx settings unlike "
+            f"native's: {', '.join(RANK_OVERRIDES)}",
         }
         return described.model_copy(update={"versions": versions})
 
@@ -363,7 +380,8 @@ class ClusterContainerEnvironment:
             placed, [*internal_argv("container-rank"), rank.model_dump_json()]
         )
         batch_env = get_batch(self.allocation.batch).native_mpi_env(os.environ)
-        return self.native.run([ENV, *batch_env, *wrapped], workdir, timeout, outputs=outputs)
+        argv = [ENV, *batch_env, NO_CLAIM, *wrapped]
+        return self.native.run(argv, workdir, timeout, outputs=outputs)
 
     def close(self) -> None:
         step, self._step = self._step, None
