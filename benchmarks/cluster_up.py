@@ -9,7 +9,11 @@ inside a batch job of 1 and of 2 nodes. The cluster times are taken inside the b
 script around the `cluster up` command alone (Slurm's scheduling of the job is not
 counted); each is followed by `cluster down`. All VMs: hpc profile, 1 vCPU, 256 MiB,
 TCG. Printed: mean seconds with their 97% Student-t interval, and the ratio to the
-single `up` with its Fieller interval (hpcvm.stats.overhead, lower is better).
+single `up` with its Fieller interval (hpcvm.stats.overhead, lower is better), then
+where the time goes: each run's marks (hpcvm.timeline, ``HPCVM_TIMELINE``: the client,
+the holder, each node's task and ``up`` itself mark their steps) as mean seconds since
+the run's start (for 2 nodes, the later node's), so the extra seconds of `cluster up`
+are found between two marks.
 
 On the one-machine cluster the nodes share 2 cores, so two nodes boot two TCG guests
 on the same cores at once: the 2-node ratio there bounds what a real cluster (one
@@ -45,6 +49,7 @@ KINDS = ("single up", "cluster up, 1 node", "cluster up, 2 nodes")
 
 JOB = """#!/bin/sh
 set -e
+export HPCVM_TIMELINE={timeline}
 t0=$(date +%s.%N)
 {hpcvm} cluster up --name {name} {vm} --address 10.77.0.101/24 >&2
 t1=$(date +%s.%N)
@@ -69,20 +74,41 @@ def vm_options(nodes: int) -> list[str]:
     return [*VM_SHAPE, "--housekeeping", "0"] if min(pus) < 2 else list(VM_SHAPE)
 
 
-def single_up(workdir: Path, vm: list[str]) -> float:
+Marks = dict[str, float]  # what -> seconds since the run's start
+
+
+def read_marks(path: Path, t0: float) -> Marks:
+    """A run's timeline (hpcvm.timeline) as seconds since ``t0``; a mark made on
+    several nodes counts at its latest (the slowest node sets the pace)."""
+    marks: Marks = {}
+    if not path.exists():
+        return marks
+    for line in path.read_text().splitlines():
+        seconds, _pid, what = line.split(" ", 2)
+        marks[what] = max(marks.get(what, float("-inf")), float(seconds) - t0)
+    path.unlink()
+    return marks
+
+
+def single_up(workdir: Path, vm: list[str]) -> tuple[float, Marks]:
     """One `hpcvm up` on node1, timed from outside (the command's whole run)."""
-    argv = ["exec", "--node", "node1", "--", "env", f"--chdir={workdir}", HPCVM, "up"]
+    timeline = workdir / "timeline-single.txt"
+    argv = ["exec", "--node", "node1", "--", "env", f"--chdir={workdir}"]
+    argv += [f"HPCVM_TIMELINE={timeline}", HPCVM, "up"]
+    t0 = time.time()
     begin = time.monotonic()
     cluster(*argv, "--name", "bench-single", *vm, *NET)
     seconds = time.monotonic() - begin
     cluster("exec", "--node", "node1", "--", HPCVM, "down", "bench-single")
-    return seconds
+    return seconds, read_marks(timeline, t0)
 
 
-def cluster_up(workdir: Path, nodes: int, rep: int, vm: list[str]) -> float:
+def cluster_up(workdir: Path, nodes: int, rep: int, vm: list[str]) -> tuple[float, Marks]:
     """`cluster up` in a batch job of ``nodes`` nodes, timed inside the job."""
     job = workdir / f"job{nodes}-{rep}.sh"
-    job.write_text(JOB.format(hpcvm=HPCVM, name=f"b{nodes}r{rep}", vm=" ".join(vm)))
+    timeline = workdir / f"timeline-{nodes}-{rep}.txt"
+    text = JOB.format(hpcvm=HPCVM, name=f"b{nodes}r{rep}", vm=" ".join(vm), timeline=timeline)
+    job.write_text(text)
     out = workdir / f"job{nodes}-{rep}.out"
     argv = ["sbatch", "-N", str(nodes), "--wait", f"--chdir={workdir}", f"--output={out}"]
     done = cluster("exec", "--", *argv, str(job), check=False)
@@ -91,7 +117,7 @@ def cluster_up(workdir: Path, nodes: int, rep: int, vm: list[str]) -> float:
     if done.returncode != 0 or line is None:
         sys.exit(f"cluster up on {nodes} node(s) failed:\n{done.stderr}\n{text}")
     _, t0, t1 = line.split()
-    return float(t1) - float(t0)
+    return float(t1) - float(t0), read_marks(timeline, float(t0))
 
 
 def main() -> None:
@@ -106,21 +132,24 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="hpcvm-cluster-up-", dir="/var/tmp"))
     workdir.chmod(0o755)
     times: dict[str, list[float]] = {k: [] for k in KINDS}
+    marks: dict[str, list[Marks]] = {k: [] for k in KINDS}
     try:
         for block in range(args.reps + 1):
             for kind in interleaved_order(KINDS, block, seed=11):
                 if kind == KINDS[0]:
-                    seconds = single_up(workdir, vm)
+                    seconds, seen = single_up(workdir, vm)
                 else:
-                    seconds = cluster_up(workdir, 1 if kind == KINDS[1] else 2, block, vm)
+                    seconds, seen = cluster_up(workdir, 1 if kind == KINDS[1] else 2, block, vm)
                 if block > 0:  # block 0 warms caches (guest image, page cache)
                     times[kind].append(seconds)
+                    marks[kind].append(seen)
                 print(f"block {block} {kind}: {seconds:.2f} s", file=sys.stderr)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         if not was_up:
             cluster("down", check=False)
     report(times, args.reps)
+    breakdown(marks)
 
 
 def report(times: dict[str, list[float]], reps: int) -> None:
@@ -142,3 +171,20 @@ def report(times: dict[str, list[float]], reps: int) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def breakdown(marks: dict[str, list[Marks]]) -> None:
+    """Each mark's mean seconds since its run's start, per kind, in the order they come
+    (module doc); '-' where a kind has no such mark."""
+    names = sorted(
+        {w for runs in marks.values() for m in runs for w in m},
+        key=lambda w: min(m[w] for runs in marks.values() for m in runs if w in m),
+    )
+    print("\n# where the time goes: mean seconds since the run's start")
+    print(f"{'mark':34}" + "".join(f"{k:>22}" for k in KINDS))
+    for w in names:
+        cells = []
+        for kind in KINDS:
+            got = [m[w] for m in marks[kind] if w in m]
+            cells.append(f"{sum(got) / len(got):22.3f}" if got else f"{'-':>22}")
+        print(f"{w:34}" + "".join(cells))

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
 
+from hpcvm import timeline
 from hpcvm.cluster import guest_mpi, state
 from hpcvm.cluster.addresses import AUTO
 from hpcvm.cluster.batch import Allocation, BatchSystem
@@ -61,6 +62,8 @@ Say = Callable[[str], None]
 def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
     """Start the VMs of ``request.name`` on every node of this allocation; return their
     ready events, or raise after taking every VM down again."""
+    timeline.mark_process_start("client: process start")
+    timeline.mark("client: up entered")
     batch = get_batch(request.batch)
     guest_mpi.require_sshd()
     check_job_dir(request.workdir, request.vm.shares)
@@ -71,6 +74,7 @@ def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
     name = request.name
     with state.one_writer(name), state.claimed(name) as directory:
         public, private = state.make_keys(directory, name)
+        timeline.mark("client: keys made")
         spec = ClusterSpec.model_validate(
             {
                 **request.model_dump(),
@@ -80,6 +84,7 @@ def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
             }
         )
         holder = _start_holder(batch, allocation, spec, directory)
+        timeline.mark("client: holder started")
         record = ClusterRecord(
             name=name,
             batch=batch.name,
@@ -94,7 +99,9 @@ def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
         say(f"{name}: starting a VM on {len(allocation.nodes)} node(s): {nodes}")
         try:
             ready = _wait_ready(record, holder, timeout, say)
+            timeline.mark("client: every node ready")
             state.write_record(_launch_mpi(record, ready, private))
+            timeline.mark("client: MPI launcher set")
             return ready
         except BaseException:
             with signals_deferred():

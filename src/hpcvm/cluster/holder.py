@@ -21,10 +21,12 @@ import signal
 import subprocess
 from pathlib import Path
 
+from hpcvm import timeline
 from hpcvm.cluster import state
 
 
 def main(argv: list[str]) -> int:
+    timeline.mark_process_start("holder: process start")
     state_dir, *step = argv
     directory = Path(state_dir)
     started: list[subprocess.Popen[bytes]] = []
@@ -41,6 +43,7 @@ def main(argv: list[str]) -> int:
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _forward)
     started.append(subprocess.Popen(step, stdin=subprocess.DEVNULL))
+    timeline.mark("holder: step launched")
     code = started[0].wait()
     if state.taken_down_by_another(directory):
         return code  # `cluster down` (or a failed `up`) reads the events, then removes it

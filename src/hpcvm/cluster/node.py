@@ -23,6 +23,7 @@ import threading
 from ipaddress import IPv4Interface
 from types import FrameType
 
+from hpcvm import timeline
 from hpcvm.cluster import guest_mpi, reaper
 from hpcvm.cluster.addresses import AUTO, Claim, candidates, claim, site_pool
 from hpcvm.cluster.batch import TaskPlace
@@ -115,10 +116,12 @@ def _boot_at(spec: ClusterSpec, name: str, address: IPv4Interface) -> Machine:
         address=str(address),
     )
     machine = _up(spec, spec.plan.model_copy(update={"name": name}), options)
+    timeline.mark("node: VM up")
     try:
         guest_mpi.run_script(
             machine, guest_mpi.sshd_script(name, address), spec.public_key, "starting sshd"
         )
+        timeline.mark("node: guest sshd started")
     except BaseException:
         stopping.teardown(machine)
         raise
@@ -161,9 +164,12 @@ def _hold(machine: Machine) -> bool:
 
 def run() -> int:
     """The task's whole life; its exit code tells the step whether this node failed."""
+    timeline.mark_process_start("node: process start")
+    timeline.mark("node: task entered")
     spec = read_spec()
     place = get_batch(spec.batch).task_place(os.environ)
     reaper.start(spec.vm_name(place.node))  # its pipe closes when this process ends
+    timeline.mark("node: reaper started")
     try:
         with interrupting(*_SIGNALS):  # up then removes a half-started VM itself
             machine, held = _boot(spec, place)
@@ -171,6 +177,7 @@ def run() -> int:
         why = "interrupted while starting" if isinstance(exc, KeyboardInterrupt) else str(exc)
         emit(_event("failed", spec, place, message=why))
         return 1
+    timeline.mark("node: ready")
     emit(
         _event(
             "ready",

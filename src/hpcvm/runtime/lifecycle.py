@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpcvm import timeline
 from hpcvm.bootspec import Nic, nic_kernel_arg
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
@@ -118,6 +119,8 @@ def up(
     A restore (runtime/checkpoint.py) gives the boot ``media`` itself (instead of
     those ``options`` name) and ``load_state``, called once QEMU runs paused and is
     pinned, before its vCPUs run: it loads the saved state into that QEMU."""
+    timeline.mark_process_start("up: process start")
+    timeline.mark("up: entered")
     name = paths.check_name(options.name)
     requests = sharing.parse_shares(options.shares)
     _refuse_if_in_use(name)
@@ -135,6 +138,7 @@ def up(
     if isinstance(target, PlanRequest):
         request = _with_vfs(target.model_copy(update={"name": name}), nics)
         plan = make_plan(request, host=host, kernel=media.kernel, warn=warn)
+        timeline.mark("up: planned")
     else:
         plan = _plan_has_vfs(target, nics)
     backend = get_backend(options.backend, options.connect_uri)
@@ -351,6 +355,7 @@ def _start(
     with signals_deferred():
         started = backend.start(machine)
         state.save_machine(started)  # from here on `down` can clean up after us
+    timeline.mark("up: qemu started")
     assert started.pid is not None
     threads = backend.vcpu_threads(started)
     if backend.pins_itself:
@@ -362,7 +367,9 @@ def _start(
     if started.boot.paused:
         backend.resume(started)
     _wait_for_agent(started, backend, time.monotonic() + ready_timeout, ready_timeout)
+    timeline.mark("up: agent answered")
     _check_guest_nics(started)
+    timeline.mark("up: guest NICs checked")
     return started
 
 
