@@ -70,3 +70,27 @@ def test_a_vm_beyond_the_jobs_memory_is_refused_naming_the_batch_option() -> Non
     tight = host.model_copy(update={"memory_limit": qemu_overhead(512 * MIB) - MIB})
     with pytest.raises(InfeasiblePlanError, match="#SBATCH --mem"):
         plan(tight, _request("hugepages", 512 * MIB))
+
+
+def test_bench_vms_that_fit_alone_but_not_held_together_are_refused() -> None:
+    """bench keeps every environment's VM up (paused) at once: each within the job's
+    memory alone, all of them beyond it, is refused before any starts (a 4K-page VM
+    was OOM-killed midway on the Slurm test cluster before this check)."""
+    from hpcvm.bench.config import BenchConfig
+    from hpcvm.bench.session import vm_plans
+
+    one = 640 * MIB
+    small_pages = one + qemu_overhead(one)  # vm:hpc+page=4K: RAM and QEMU charged
+    huge = qemu_overhead(one)  # vm:hpc: QEMU's own memory only
+    config = BenchConfig(
+        envs=("native", "vm:hpc", "vm:hpc+page=4K"), suites=("hpcc",), vm_memory=one
+    )
+    host = roomy(synthetic_host("pack:1 numa:1 core:4 pu:1"))
+    alone = host.model_copy(update={"memory_limit": small_pages + MIB})
+    for env in ("vm:hpc", "vm:hpc+page=4K"):
+        vm_plans(config.model_copy(update={"envs": ("native", env)}), alone)
+    with pytest.raises(InfeasiblePlanError, match="held at once") as info:
+        vm_plans(config, alone)
+    assert "#SBATCH --mem" in str(info.value) and info.value.cause == "memory-limit"
+    enough = host.model_copy(update={"memory_limit": small_pages + huge})
+    assert sorted(vm_plans(config, enough)) == ["vm:hpc", "vm:hpc+page=4K"]

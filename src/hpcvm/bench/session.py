@@ -36,6 +36,7 @@ from hpcvm.bench.vm import VmEnvironment, plan_vm
 from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.lock import Holder, exclusive, read_holder
+from hpcvm.plan.memory import check_held_together, limit_charge
 from hpcvm.plan.model import VMPlan
 from hpcvm.signals import interrupting, signals_deferred
 from hpcvm.store import (
@@ -317,6 +318,8 @@ def vm_plans(config: BenchConfig, host: HostTopology) -> dict[str, tuple[VMPlan,
                 host=host,
                 variant=choice.variant,
             )
+    charges = [(n, limit_charge(p.memory, p.memory_bytes)) for n, (p, _) in plans.items()]
+    check_held_together(host, charges)
     return plans
 
 

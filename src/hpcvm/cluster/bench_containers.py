@@ -251,7 +251,7 @@ class ClusterContainerEnvironment:
         self.say = say
         self.log = out_dir / "logs" / f"{slug(name)}-step.log"
         self.native = NativeEnvironment(host, cpus=None)  # how a run is started and timed
-        self.vcpus = self.native.vcpus
+        self.vcpus = self.native.vcpus * self.nodes  # until start: native's guess, per node
         self.memory_bytes = self.native.memory_bytes
         self._cpu_model = host.cpu_model if host is not None else ""
         self.ready: list[NodeContainer] = []
@@ -287,7 +287,8 @@ class ClusterContainerEnvironment:
         except BaseException:
             self.close()
             raise
-        self.vcpus = sum(len(c.cpus) if c.cpus is not None else 0 for c in self.ready) or self.vcpus
+        used = sum(len(c.allowed if c.cpus is None else c.cpus) for c in self.ready)
+        self.vcpus = used or self.vcpus
         self.say(f"{self.name}: {self.placement()}")
 
     def _wait_ready(self) -> list[NodeContainer]:

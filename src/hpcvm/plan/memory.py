@@ -337,6 +337,34 @@ def check_memory_limit(host: HostTopology, total: int, overhead: int, page: int)
     )
 
 
+def limit_charge(regions: Sequence[MemoryRegion], total: int) -> int:
+    """What a VM charges to its process's memory limit (:func:`check_memory_limit`):
+    QEMU's own memory and its guest RAM on 4K pages."""
+    small = sum(r.size_bytes for r in regions if r.page_size_bytes == SMALL_PAGE)
+    return qemu_overhead(total) + small
+
+
+def check_held_together(host: HostTopology, vms: Sequence[tuple[str, int]]) -> None:
+    """Refuse, before any starts, VMs that are each within this process's memory limit
+    (a batch job's memory) but held at once are not (``bench`` keeps every
+    environment's VM up, paused, while another is measured): the kernel would kill the
+    last QEMU to grow, midway. ``vms``: each VM's name and :func:`limit_charge`."""
+    limit = host.memory_limit
+    charged = sum(c for _name, c in vms)
+    if limit is None or len(vms) < 2 or charged <= limit:
+        return
+    each = ", ".join(f"{name} {format_size(c)}" for name, c in vms)
+    raise InfeasiblePlanError(
+        f"the VMs held at once ({each}) would charge about {format_size(charged)} to this "
+        f"process's memory limit of {format_size(limit)} (its cgroup: a batch job's "
+        "memory), and the kernel would kill one midway: ask the batch system for more "
+        "memory (Slurm: #SBATCH --mem=SIZE), or run fewer VM environments with guest RAM "
+        "on 4K pages, or a smaller --vm-memory",
+        cause="memory-limit",
+        option="memory_bytes",
+    )
+
+
 def _too_big_flat(
     total: int, overhead: int, limit: int, normal: Sequence[NumaNode], page: int
 ) -> InfeasiblePlanError:
