@@ -18,7 +18,7 @@ network=${HPCVM_NETWORK:-bridge=br0}
 address=${HPCVM_ADDRESS:-auto}                  # auto: each VM an address of the site's pool
 reps=${HPCVM_REPS:-auto}
 suites=${HPCVM_SUITES:-hpcc netpipe}
-envs=${HPCVM_ENVS:-native vm:hpc}                # e.g. native vm:hpc vm:hpc+e1000
+envs=${HPCVM_ENVS:-native vm:hpc}                # e.g. native container vm:hpc vm:hpc+e1000
 extra=${HPCVM_BENCH_OPTIONS:-}                  # e.g. --size quick --max-time 20m
 
 suite_options=()
