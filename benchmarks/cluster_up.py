@@ -169,10 +169,6 @@ def report(times: dict[str, list[float]], reps: int) -> None:
         print(f"{kind:22} {s.mean:8.2f} {interval:>17} {ratio.ratio:12.2f} {r_int:>17}")
 
 
-if __name__ == "__main__":
-    main()
-
-
 def breakdown(marks: dict[str, list[Marks]]) -> None:
     """Each mark's mean seconds since its run's start, per kind, in the order they come
     (module doc); '-' where a kind has no such mark."""
@@ -188,3 +184,7 @@ def breakdown(marks: dict[str, list[Marks]]) -> None:
             got = [m[w] for m in marks[kind] if w in m]
             cells.append(f"{sum(got) / len(got):22.3f}" if got else f"{'-':>22}")
         print(f"{w:34}" + "".join(cells))
+
+
+if __name__ == "__main__":
+    main()

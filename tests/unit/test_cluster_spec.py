@@ -204,3 +204,17 @@ def test_the_guest_scripts_are_valid_shell() -> None:
         "x", ipaddress.IPv4Interface("10.0.0.5/24")
     )
     assert "10.0.0.6 slots=2" in guest_mpi.first_vm_script([("10.0.0.6", 2)])
+
+
+def test_each_guest_gets_a_valid_host_key_of_its_own(tmp_path: Path) -> None:
+    """Made on the host (guest_mpi.py): ssh-keygen itself derives its public half, and
+    two guests never share one."""
+    first, second = guest_mpi.host_key("c-node1"), guest_mpi.host_key("c-node2")
+    assert first != second
+    path = tmp_path / "key"
+    path.write_text(first)
+    path.chmod(0o600)
+    done = subprocess.run(["ssh-keygen", "-y", "-f", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("ssh-ed25519 "), done.stderr
+    keys = guest_mpi.sshd_stdin("ssh-ed25519 AAAA job\n", first)
+    assert keys.splitlines()[0] == "ssh-ed25519 AAAA job" and keys.endswith(first)

@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 
 from hpcvm import timeline
-from hpcvm.cluster import state
+from hpcvm.cluster import state_files as state
 
 
 def main(argv: list[str]) -> int:

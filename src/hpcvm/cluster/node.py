@@ -118,9 +118,8 @@ def _boot_at(spec: ClusterSpec, name: str, address: IPv4Interface) -> Machine:
     machine = _up(spec, spec.plan.model_copy(update={"name": name}), options)
     timeline.mark("node: VM up")
     try:
-        guest_mpi.run_script(
-            machine, guest_mpi.sshd_script(name, address), spec.public_key, "starting sshd"
-        )
+        keys = guest_mpi.sshd_stdin(spec.public_key, guest_mpi.host_key(name))
+        guest_mpi.run_script(machine, guest_mpi.sshd_script(name, address), keys, "starting sshd")
         timeline.mark("node: guest sshd started")
     except BaseException:
         stopping.teardown(machine)

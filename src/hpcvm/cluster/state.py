@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hpcvm.cluster.spec import NodeEvent, parse_events
+from hpcvm.cluster.state_files import TAKING_DOWN, remove_dir
 from hpcvm.errors import BusyError, RuntimeFailure, UsageError
 from hpcvm.lock import exclusive
 from hpcvm.model import Frozen
@@ -34,7 +35,6 @@ CLUSTERS_DIR = ".clusters"  # under the runtime root; dot: `hpcvm ps` skips it
 LOG_FILE = "holder.log"
 RECORD_FILE = "cluster.json"
 KEY_FILE = "id_job"
-TAKING_DOWN = "taking-down"
 LOCK_SUFFIX = ".lock"
 
 
@@ -162,19 +162,9 @@ def mark_taking_down(name: str) -> None:
     (cluster_dir(name) / TAKING_DOWN).touch()
 
 
-def taken_down_by_another(directory: Path) -> bool:
-    return (directory / TAKING_DOWN).exists()
-
-
 def remove(name: str) -> None:
     """The cluster's state directory, and the clusters' directory once it is empty."""
     remove_dir(cluster_dir(name))
-
-
-def remove_dir(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        directory.parent.rmdir()
 
 
 def names() -> list[str]:
