@@ -318,7 +318,7 @@ def vm_plans(config: BenchConfig, host: HostTopology) -> dict[str, tuple[VMPlan,
                 host=host,
                 variant=choice.variant,
             )
-    charges = [(n, limit_charge(p.memory, p.memory_bytes)) for n, (p, _) in plans.items()]
+    charges = [(n, limit_charge(p.memory_bytes, p.page_size_bytes)) for n, (p, _) in plans.items()]
     check_held_together(host, charges)
     return plans
 

@@ -51,16 +51,21 @@ def sshd_stdin(public_key: str, host_key: str) -> str:
     return public_key.strip() + "\n" + host_key
 
 
+def keygen(path: Path, comment: str) -> None:
+    """An ed25519 key pair without passphrase at ``path`` (and ``path``.pub)."""
+    done = subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeFailure(f"ssh-keygen failed: {done.stderr.strip()}")
+
+
 def host_key(name: str) -> str:
     """A fresh ed25519 host key for guest ``name`` (module doc), made natively."""
     with tempfile.TemporaryDirectory(prefix="hpcvm-hostkey-") as tmp:
         path = Path(tmp) / "host_key"
-        done = subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(path)],
-            capture_output=True, text=True, check=False, timeout=60,
-        )  # fmt: skip
-        if done.returncode != 0:
-            raise RuntimeFailure(f"ssh-keygen failed: {done.stderr.strip()}")
+        keygen(path, name)
         return path.read_text()
 
 

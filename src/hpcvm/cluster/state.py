@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+from hpcvm.cluster.guest_mpi import keygen
 from hpcvm.cluster.spec import NodeEvent, parse_events
 from hpcvm.cluster.state_files import TAKING_DOWN, remove_dir
-from hpcvm.errors import BusyError, RuntimeFailure, UsageError
+from hpcvm.errors import BusyError, UsageError
 from hpcvm.lock import exclusive
 from hpcvm.model import Frozen
 from hpcvm.runtime import paths
@@ -194,11 +194,5 @@ def make_keys(directory: Path, name: str) -> tuple[str, str]:
     """A key pair for this job only (ed25519, no passphrase) in ``directory``:
     (public, private)."""
     key = directory / KEY_FILE
-    done = subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"hpcvm-cluster-{name}",
-         "-f", str(key)],
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeFailure(f"ssh-keygen failed: {done.stderr.strip()}")
+    keygen(key, f"hpcvm-cluster-{name}")
     return key.with_suffix(".pub").read_text(), key.read_text()

@@ -308,15 +308,15 @@ def check_host_total(
             + (f"use --memory {format_size(best)} or less" if best else "the host is too small"),
             option="memory_bytes",
         )
-    check_memory_limit(host, total, overhead, page)
+    check_memory_limit(host, total, page)
 
 
-def check_memory_limit(host: HostTopology, total: int, overhead: int, page: int) -> None:
+def check_memory_limit(host: HostTopology, total: int, page: int) -> None:
     """Refuse, before anything starts, a VM that this process's cgroup would OOM-kill
     midway: QEMU's own memory, and guest RAM on 4K pages, are charged to it (a batch
     job's memory request); guest RAM on huge pages is not (no hugetlb limit)."""
     limit = host.memory_limit
-    charged = overhead + (total if page == SMALL_PAGE else 0)
+    charged = limit_charge(total, page)
     if limit is None or charged <= limit:
         return
     fix = "ask the batch system for more memory (Slurm: #SBATCH --mem=SIZE)"
@@ -337,11 +337,11 @@ def check_memory_limit(host: HostTopology, total: int, overhead: int, page: int)
     )
 
 
-def limit_charge(regions: Sequence[MemoryRegion], total: int) -> int:
-    """What a VM charges to its process's memory limit (:func:`check_memory_limit`):
-    QEMU's own memory and its guest RAM on 4K pages."""
-    small = sum(r.size_bytes for r in regions if r.page_size_bytes == SMALL_PAGE)
-    return qemu_overhead(total) + small
+def limit_charge(total: int, page: int) -> int:
+    """What a VM of ``total`` guest RAM on ``page``-sized pages charges to its
+    process's memory limit: QEMU's own memory, and guest RAM on 4K pages (huge pages
+    are not charged: no hugetlb limit)."""
+    return qemu_overhead(total) + (total if page == SMALL_PAGE else 0)
 
 
 def check_held_together(host: HostTopology, vms: Sequence[tuple[str, int]]) -> None:
