@@ -55,7 +55,7 @@ MIB = 1024 * 1024
 SECTOR = 512
 
 RECIPE: dict[str, object] = {
-    "version": 3,  # bump when the build steps change in a way the fields do not show
+    "version": 4,  # bump when the build steps change in a way the fields do not show
     "suite": "bookworm",
     "mirror": "http://deb.debian.org/debian",
     "variant": "minbase",
@@ -65,6 +65,12 @@ RECIPE: dict[str, object] = {
         "udev",
         "qemu-guest-agent",
         "cloud-init",
+        # for cluster guests (cluster up --image): MPI ranks start over ssh, and the
+        # guest's address is set with ip (tests/integration/test_cluster_checkpoint.py)
+        "openmpi-bin",
+        "openssh-server",
+        "iproute2",
+        "iputils-arping",
     ],
     "boot_mib": 96,  # FAT: kernel (~8 MiB) + initrd (~30 MiB) + SYSLINUX
     "root_mib": 2048,  # ext4, sparse in the qcow2
@@ -204,6 +210,10 @@ def _configure(root: Path, root_uuid: str) -> None:
     (root / "etc/cloud/cloud.cfg.d/90-hpcvm-test.cfg").write_text(_CLOUD_CFG)
     # A fresh machine-id per boot (systemd makes one when the file is empty).
     (root / "etc/machine-id").write_text("")
+    # The image's own sshd stays off: a cluster guest's sshd is started by hpcvm with
+    # the job's keys (cluster/guest_mpi.py), on its address only.
+    for unit in ("multi-user.target.wants/ssh.service", "sshd.service"):
+        (root / "etc/systemd/system" / unit).unlink(missing_ok=True)
 
 
 def _kernel_files(root: Path) -> tuple[Path, Path]:

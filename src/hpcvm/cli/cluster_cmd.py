@@ -1,4 +1,4 @@
-"""`hpcvm cluster up|ps|exec|down`: tuned VMs on every node of a batch job.
+"""`hpcvm cluster up|ps|exec|wait|checkpoint|down`: tuned VMs on every node of a batch job.
 
 Thin: options become a ClusterRequest, hpcvm/cluster/ does the work. Run inside an
 allocation (a batch script under ``sbatch -N N``, or ``salloc``), on its first node, or
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
 from hpcvm.cli.common import console, err_console, seconds
-from hpcvm.cli.vm_options import vm_options
+from hpcvm.cli.vm_options import require_shape, vm_options_shape_optional
 from hpcvm.cluster.addresses import AUTO
 from hpcvm.cluster.batches import BATCH_SYSTEMS, DEFAULT_BATCH
 from hpcvm.errors import UsageError
@@ -31,12 +32,16 @@ def _say(text: str) -> None:
 
 @click.group("cluster")
 def cluster() -> None:
-    """Tuned VMs on every node of a batch job, joined by a network, running MPI.
+    """Tuned VMs on every node of a batch job, joined by a network, running MPI;
+    checkpoint the whole job and restore it on other nodes.
 
     In a batch script (sbatch -N 2): cluster up starts one VM per allocated node, each
     planned for its node; cluster exec runs a command (mpirun) in the first VM with
-    ranks on every VM; cluster ps lists them; cluster down stops them all. scancel or
-    the job's end stops them too. On one machine: cluster up --batch local --nodes N.
+    ranks on every VM (--detach, then cluster wait); cluster ps lists them; cluster
+    down stops them all. scancel or the job's end stops them too. cluster checkpoint
+    saves every VM of a job booted from a disk image (--image), and cluster up
+    --restore starts them again in a later job. On one machine: cluster up --batch
+    local --nodes N.
     """
 
 
@@ -56,7 +61,7 @@ def cluster() -> None:
     default=None,
     help="How many nodes (local: made here; slurm: checked against the allocation).",
 )
-@vm_options
+@vm_options_shape_optional
 @click.option(
     "--timeout",
     type=str,
@@ -66,19 +71,40 @@ def cluster() -> None:
     show_default=True,
     help="Seconds for every VM to come up before all are taken down.",
 )
-def up_cmd(name: str, batch: str, nodes: int | None, timeout: float, **kw: Any) -> int:
+@click.option(
+    "--restore",
+    "restore",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Restore the VMs of a job checkpoint (cluster checkpoint) instead, one per node "
+    "in node order, each re-planned for its node; the VM options are the checkpoint's.",
+)
+def up_cmd(
+    name: str, batch: str, nodes: int | None, timeout: float, restore: Path | None, **kw: Any
+) -> int:
     """Start one VM per node of this allocation; return when every guest answers.
 
     --network is each node's (default bridge=br0). --address auto gives each VM an
     address of the site's pool derived from its node's own (/etc/hpcvm/site.toml);
     --address IP/PREFIX is the first node's VM's, and the k-th node's VM gets the k-th
     next one. Either way each guest checks its address is free on the segment first.
+    With --image each VM boots that disk image (with openssh-server, Open MPI and
+    qemu-guest-agent in it): such a job can be checkpointed (docs/checkpoint.md).
     """
     from hpcvm.cli.vm_values import VmOptionValues
     from hpcvm.cluster import control
     from hpcvm.cluster.spec import ClusterRequest
     from hpcvm.runtime.network import parse_address
 
+    if restore is not None:
+        _refuse_vm_options(kw)
+        request = control.restore_request(restore, name, batch, nodes, os.getcwd())
+        with interrupting():
+            ready = control.up(request, timeout, _say, restore=restore.absolute())
+        _say(f"{name}: {len(ready)} VM(s) restored and running")
+        return 0
+    require_shape(kw)
     values = VmOptionValues.parse(kw)
     if not values.address:
         raise UsageError(
@@ -104,6 +130,21 @@ def up_cmd(name: str, batch: str, nodes: int | None, timeout: float, **kw: Any) 
         ready = control.up(request, timeout, _say)
     _say(f"{name}: {len(ready)} VM(s) up")
     return 0
+
+
+def _refuse_vm_options(kw: dict[str, Any]) -> None:
+    """A restore runs the saved VMs: any VM option given with it is refused."""
+    ctx = click.get_current_context()
+    given = [
+        f"--{k.replace('_', '-')}"
+        for k in kw
+        if ctx.get_parameter_source(k) is click.core.ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} cannot be given with --restore: the restored VMs are the "
+            "saved ones (their plan is made again for each node); drop them"
+        )
 
 
 @cluster.command("ps")
@@ -182,15 +223,72 @@ def _ps_all(as_json: bool) -> int:
     default=None,
     help="Seconds before giving up (exit 124).",
 )
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Start the command and return its id at once; cluster wait collects its output "
+    "and exit status later, also after a checkpoint and restore of the job.",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
-def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
+def exec_cmd(name: str, timeout: float | None, detach: bool, argv: tuple[str, ...]) -> int:
     """Run a command in the first VM; mpirun there starts ranks on every VM of the job."""
     from hpcvm.cluster import control
 
+    if detach:
+        if timeout is not None:
+            raise UsageError("--timeout is for cluster wait when the command is detached")
+        started = control.exec_detached(name, argv, os.getcwd())
+        sys.stdout.write(f"{started.pid}\n")
+        _say(f"{name}: started as {started.pid}; hpcvm cluster wait {name} {started.pid}")
+        return 0
     result = control.exec_first(name, argv, os.getcwd(), timeout)
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     return result.exit_code
+
+
+@cluster.command("wait")
+@click.argument("name")
+@click.argument("command_id", metavar="ID", type=int, required=False)
+@click.option(
+    "--timeout",
+    callback=seconds,
+    metavar="SECONDS",
+    default=None,
+    help="Seconds before giving up (exit 124; the command runs on).",
+)
+def wait_cmd(name: str, command_id: int | None, timeout: float | None) -> int:
+    """Wait for a command cluster exec --detach started; print its output, exit with its
+    exit status. ID may be left out when there is one."""
+    from hpcvm.cluster import control
+
+    result = control.wait_detached(name, command_id, timeout)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    return result.exit_code
+
+
+@cluster.command("checkpoint")
+@click.argument("name")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option(
+    "--resume", is_flag=True, help="Run the VMs on after the save instead of taking them down."
+)
+def checkpoint_cmd(name: str, directory: Path, resume: bool) -> int:
+    """Pause every VM of the job, then save them all into DIRECTORY (on a file system
+    every node shares), then take them down (or --resume). Restore later, on any nodes:
+    cluster up --restore DIRECTORY."""
+    from hpcvm.cluster import checkpoint
+
+    with interrupting():
+        saved = checkpoint.checkpoint(name, directory, resume_after=resume, say=_say)
+    size = sum(r.state_bytes + r.disk_bytes for r in saved.results)
+    _say(
+        f"{name}: {len(saved.results)} VM(s) saved in {saved.directory} "
+        f"({size / 2**20:.1f} MiB); paused for {saved.paused_seconds:.2f} s"
+        + ("" if resume else ", then taken down")
+    )
+    return 0
 
 
 @cluster.command("down")

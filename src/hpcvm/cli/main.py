@@ -76,7 +76,8 @@ COMMANDS: dict[str, LazyCommand] = {
     ),
     "cluster": LazyCommand(
         "cluster_cmd",
-        "Tuned VMs on every node of a batch job, joined by a network, running MPI.",
+        "Tuned VMs on every node of a batch job, joined by a network, running MPI; "
+        "checkpoint the whole job and restore it on other nodes.",
     ),
     "checkpoint": LazyCommand(
         "checkpoint_cmd",

@@ -24,14 +24,35 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+SHAPE_OPTIONS = ("profile", "vcpus", "memory")  # required unless a command says otherwise
+
+
 def vm_options(func: F) -> F:
     """The VM's shape and how to boot it."""
+    return _vm_options(func, shape_required=True)
+
+
+def vm_options_shape_optional(func: F) -> F:
+    """``vm_options`` where the shape may be left out (``cluster up --restore``: the
+    saved VMs have theirs); the command checks it with ``require_shape``."""
+    return _vm_options(func, shape_required=False)
+
+
+def require_shape(kw: Mapping[str, Any]) -> None:
+    """click's own refusal of a missing required option, for a shape left optional."""
+    for name in SHAPE_OPTIONS:
+        if kw.get(name) is None:
+            raise click.MissingParameter(param_type="option", param_hint=f"'--{name}'")
+
+
+def _vm_options(func: F, *, shape_required: bool) -> F:
+    req = shape_required
     options = [
         click.option(
-            "--profile", required=True, type=click.Choice(PROFILE_NAMES), help="Tuning profile."
+            "--profile", required=req, type=click.Choice(PROFILE_NAMES), help="Tuning profile."
         ),
-        click.option("--vcpus", required=True, type=int, help="Number of vCPUs."),
-        click.option("--memory", required=True, help="Guest memory, e.g. 2G or 512M."),
+        click.option("--vcpus", required=req, type=int, help="Number of vCPUs."),
+        click.option("--memory", required=req, help="Guest memory, e.g. 2G or 512M."),
         click.option("--page-size", default=None, help="4K, 2M or 1G (profile default)."),
         click.option(
             "--housekeeping", type=int, default=None, help="hpc: cores per node for QEMU."

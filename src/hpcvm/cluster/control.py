@@ -22,15 +22,17 @@ from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
 
 from hpcvm import timeline
-from hpcvm.cluster import guest_mpi, state
+from hpcvm.cluster import checkpoint_model, guest_mpi, state
 from hpcvm.cluster.addresses import AUTO
 from hpcvm.cluster.batch import Allocation, BatchSystem
 from hpcvm.cluster.batches import get_batch
+from hpcvm.cluster.checkpoint_model import DetachedExec
 from hpcvm.cluster.spawn import internal_argv
 from hpcvm.cluster.spec import (
     SPEC_ENV,
     ClusterRequest,
     ClusterSpec,
+    EventKind,
     NodeEvent,
     check_addresses,
     latest_per_node,
@@ -59,21 +61,33 @@ Say = Callable[[str], None]
 # -- up ---------------------------------------------------------------------------------
 
 
-def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
+def up(
+    request: ClusterRequest, timeout: float, say: Say, restore: Path | None = None
+) -> list[NodeEvent]:
     """Start the VMs of ``request.name`` on every node of this allocation; return their
-    ready events, or raise after taking every VM down again."""
+    ready events, or raise after taking every VM down again. With ``restore`` (a job
+    checkpoint, cluster/checkpoint_model.py) each node restores its saved VM instead,
+    paused, and every VM runs again only once all are loaded."""
     timeline.mark_process_start("client: process start")
     timeline.mark("client: up entered")
     batch = get_batch(request.batch)
-    guest_mpi.require_sshd()
-    check_job_dir(request.workdir, request.vm.shares)
-    check_workdir(request.workdir, request.vm.backend)
+    saved = checkpoint_model.read(restore) if restore is not None else None
+    if saved is None:
+        _check_new_guests(request)
     allocation = batch.allocation(request.nodes, os.environ)
+    if saved is not None and len(saved.vms) != len(allocation.nodes):
+        raise UsageError(
+            f"job checkpoint {restore} holds {len(saved.vms)} VMs and this allocation has "
+            f"{len(allocation.nodes)} node(s): restore it in a job of {len(saved.vms)} nodes"
+        )
     if request.first_address != AUTO:
         check_addresses(request.first_address, len(allocation.nodes))
     name = request.name
     with state.one_writer(name), state.claimed(name) as directory:
-        public, private = state.make_keys(directory, name)
+        if restore is not None:
+            public, private = state.install_keys(directory, restore)
+        else:
+            public, private = state.make_keys(directory, name)
         timeline.mark("client: keys made")
         spec = ClusterSpec.model_validate(
             {
@@ -81,8 +95,10 @@ def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
                 "job_id": allocation.job_id,
                 "nodes": len(allocation.nodes),
                 "public_key": public,
+                "restore": str(restore) if restore is not None else None,
             }
         )
+        state.write_spec(directory, spec)
         holder = _start_holder(batch, allocation, spec, directory)
         timeline.mark("client: holder started")
         record = ClusterRecord(
@@ -91,14 +107,20 @@ def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
             job_id=allocation.job_id,
             nodes=allocation.nodes,
             holder_pid=holder.pid,
-            network="",
+            network=saved.network if saved is not None else "",
             vcpus=spec.plan.vcpus,
+            detached=saved.detached if saved is not None else (),
         )
         state.write_record(record)
         nodes = ", ".join(allocation.nodes)
-        say(f"{name}: starting a VM on {len(allocation.nodes)} node(s): {nodes}")
+        verb = "restoring the VMs of a job checkpoint" if saved else "starting a VM"
+        say(f"{name}: {verb} on {len(allocation.nodes)} node(s): {nodes}")
         try:
-            ready = _wait_ready(record, holder, timeout, say)
+            if saved is not None:
+                _wait_for(record, holder, timeout, say, "loaded")
+                _resume_all(record, batch)
+                return _wait_for(record, holder, timeout, say, "ready")
+            ready = _wait_for(record, holder, timeout, say, "ready")
             timeline.mark("client: every node ready")
             state.write_record(_launch_mpi(record, ready, private))
             timeline.mark("client: MPI launcher set")
@@ -107,6 +129,27 @@ def up(request: ClusterRequest, timeout: float, say: Say) -> list[NodeEvent]:
             with signals_deferred():
                 _take_down(record, holder, say)
             raise
+
+
+def _check_new_guests(request: ClusterRequest) -> None:
+    """What new guests need of this node: the built-in guest runs the host's sshd and
+    the job's directory is shared with it (a disk image brings its own sshd)."""
+    if request.vm.image is not None:
+        return
+    guest_mpi.require_sshd()
+    check_job_dir(request.workdir, request.vm.shares)
+    check_workdir(request.workdir, request.vm.backend)
+
+
+def _resume_all(record: ClusterRecord, batch: BatchSystem) -> None:
+    """Every node has loaded its VM, paused: tell every node's task to run it (SIGUSR1
+    to the holder step's tasks, cluster/node.py)."""
+    step = _step(record, batch)
+    if step is None or not batch.signal_step(step, "USR1"):
+        raise RuntimeFailure(
+            f"could not tell the nodes of cluster {record.name} to run their restored VMs "
+            f"(step {step or 'not found'})"
+        )
 
 
 def _launch_mpi(record: ClusterRecord, ready: list[NodeEvent], private_key: str) -> ClusterRecord:
@@ -165,19 +208,24 @@ def _start_holder(
         )
 
 
-def _wait_ready(
-    record: ClusterRecord, holder: subprocess.Popen[bytes], timeout: float, say: Say
+def _wait_for(
+    record: ClusterRecord,
+    holder: subprocess.Popen[bytes],
+    timeout: float,
+    say: Say,
+    kind: EventKind,
 ) -> list[NodeEvent]:
-    """Until every node reported ``ready`` (its events, read as they arrive), one
+    """Until every node reported ``kind`` (its events, read as they arrive), one
     failed, the step ended or ``timeout`` passed."""
     deadline = time.monotonic() + timeout
     announced: set[int] = set()
     while True:
         latest = latest_per_node(state.events(record.name))
         for index, event in latest.items():
-            if event.event == "ready" and index not in announced:
+            if event.event == kind and index not in announced:
                 announced.add(index)
-                say(f"{event.node}: {event.vm} ready at {event.address}")
+                said = "loaded, paused" if kind == "loaded" else "ready"
+                say(f"{event.node}: {event.vm} {said} at {event.address}")
         bad = [e for e in latest.values() if e.event in ("failed", "died")]
         if bad:
             e = bad[0]
@@ -185,19 +233,19 @@ def _wait_ready(
                 f"node {e.node}: {e.message}; every VM of cluster {record.name} is taken down"
                 f"{_log_hint(record.name)}"
             )
-        ready = [e for e in latest.values() if e.event == "ready"]
-        if len(ready) == len(record.nodes):
-            return ready
+        arrived = [e for e in latest.values() if e.event == kind]
+        if len(arrived) == len(record.nodes):
+            return arrived
         if holder.poll() is not None:
             raise RuntimeFailure(
                 f"the holder step of cluster {record.name} ended (exit {holder.returncode}) "
-                f"before every node was ready{_log_hint(record.name)}"
+                f"before every node was {kind}{_log_hint(record.name)}"
             )
         if time.monotonic() > deadline:
             missing = [n for i, n in enumerate(record.nodes) if i not in announced]
             raise RuntimeFailure(
-                f"node(s) {', '.join(missing)} did not report their VM ready within {timeout:g} s"
-                f"{_log_hint(record.name)}"
+                f"node(s) {', '.join(missing)} did not report their VM {kind} within "
+                f"{timeout:g} s{_log_hint(record.name)}"
             )
         time.sleep(POLL)
 
@@ -213,13 +261,13 @@ def _log_hint(name: str) -> str:
 # -- down -------------------------------------------------------------------------------
 
 
-def _allocation(record: ClusterRecord) -> Allocation:
+def allocation_of(record: ClusterRecord) -> Allocation:
     return Allocation(batch=record.batch, job_id=record.job_id, nodes=record.nodes)
 
 
 def _step(record: ClusterRecord, batch: BatchSystem) -> str | None:
     found = next((e.step for e in state.events(record.name) if e.step), None)
-    return found or batch.find_step(_allocation(record), step_name(record.name))
+    return found or batch.find_step(allocation_of(record), step_name(record.name))
 
 
 def _take_down(
@@ -259,6 +307,17 @@ def _take_down(
     return unconfirmed
 
 
+def take_down(record: ClusterRecord, say: Say) -> None:
+    """End the job's VMs (``down`` without its lock: a caller that holds it, such as
+    ``cluster checkpoint``); RuntimeFailure naming nodes that did not confirm."""
+    unconfirmed = _take_down(record, None, say)
+    if unconfirmed:
+        raise RuntimeFailure(
+            f"node(s) {', '.join(unconfirmed)} did not confirm their VM down; the batch "
+            "system ended the step, check those nodes with hpcvm ps"
+        )
+
+
 def _holder_running(record: ClusterRecord, holder: subprocess.Popen[bytes] | None) -> bool:
     if holder is not None:
         return holder.poll() is None
@@ -270,12 +329,7 @@ def down(name: str, say: Say) -> None:
     with state.one_writer(name):
         record = state.read_record(name)
         with signals_deferred():
-            unconfirmed = _take_down(record, None, say)
-    if unconfirmed:
-        raise RuntimeFailure(
-            f"node(s) {', '.join(unconfirmed)} did not confirm their VM down; the batch "
-            "system ended the step, check those nodes with hpcvm ps"
-        )
+            take_down(record, say)
 
 
 def down_if_up(name: str, say: Say) -> None:
@@ -309,6 +363,14 @@ def first_vm(name: str) -> tuple[ClusterRecord, NodeEvent]:
     return record, first
 
 
+def _first_argv(machine: Machine, argv: Sequence[str], workdir: str) -> list[str]:
+    """``argv`` as the first VM runs it: in the job's directory where the guest shares
+    it (the built-in guest), as is in a disk-image guest (which has its own files)."""
+    if machine.boot.disk_image is not None:
+        return ["/usr/bin/env", *argv]
+    return ["/usr/bin/env", "-C", workdir, *argv]
+
+
 def exec_first(name: str, argv: Sequence[str], workdir: str, timeout: float | None) -> ExecResult:
     """Run ``argv`` in the first node's VM, with the MPI environment that spreads its
     ranks over every VM of the job."""
@@ -317,4 +379,71 @@ def exec_first(name: str, argv: Sequence[str], workdir: str, timeout: float | No
     record, first = first_vm(name)
     machine = vm_of(name, first)
     env = guest_mpi.mpi_environment(IPv4Network(record.network))
-    return exec_in(machine, ["/usr/bin/env", "-C", workdir, *argv], timeout, env=env)
+    return exec_in(machine, _first_argv(machine, argv, workdir), timeout, env=env)
+
+
+def exec_detached(name: str, argv: Sequence[str], workdir: str) -> DetachedExec:
+    """Start ``argv`` as ``exec_first`` would and return at once: its output and exit
+    status stay in the guest (qemu-ga) until ``wait_detached`` collects them, across a
+    checkpoint and restore of the job."""
+    from hpcvm.runtime.guest_exec import connected
+
+    with state.one_writer(name):
+        record, first = first_vm(name)
+        machine = vm_of(name, first)
+        env = guest_mpi.mpi_environment(IPv4Network(record.network))
+        with connected(machine) as agent:
+            pid = agent.spawn(_first_argv(machine, argv, workdir), env=env)
+        started = DetachedExec(pid=pid, argv=tuple(argv), started_at=time.time())
+        state.write_record(record.model_copy(update={"detached": (*record.detached, started)}))
+    return started
+
+
+WAIT_POLL = 0.5  # seconds between asks whether a detached command has ended
+
+
+def wait_detached(name: str, pid: int | None, timeout: float | None) -> ExecResult:
+    """Until the detached command ``pid`` (the only one when None) ends: its output
+    and exit status, collected once (qemu-ga then forgets them)."""
+    from hpcvm.runtime.guest_exec import ExecTimeout, connected
+
+    record, first = first_vm(name)
+    chosen = _detached(record, pid)
+    machine = vm_of(name, first)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with connected(machine) as agent:
+        while (result := agent.exit_status(chosen.pid)) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise ExecTimeout(
+                    f"command {chosen.pid} ({' '.join(chosen.argv)}) still runs after "
+                    f"{timeout:g} s; wait again later"
+                )
+            time.sleep(WAIT_POLL)
+    with state.one_writer(name):
+        record = state.read_record(name)
+        left = tuple(d for d in record.detached if d.pid != chosen.pid)
+        state.write_record(record.model_copy(update={"detached": left}))
+    return result
+
+
+def _detached(record: ClusterRecord, pid: int | None) -> DetachedExec:
+    if pid is None and len(record.detached) == 1:
+        return record.detached[0]
+    found = [d for d in record.detached if d.pid == pid]
+    if found:
+        return found[0]
+    known = ", ".join(f"{d.pid} ({' '.join(d.argv)})" for d in record.detached) or "none"
+    what = f"no detached command {pid}" if pid is not None else "say which command"
+    raise UsageError(f"cluster {record.name}: {what}; its detached commands: {known}")
+
+
+def restore_request(
+    directory: Path, name: str, batch: str, nodes: int | None, workdir: str
+) -> ClusterRequest:
+    """What ``cluster up --restore`` asks: the saved job's request (every node plans it
+    again for itself), under this job's name, batch system and directory."""
+    saved = checkpoint_model.read(directory)
+    fields = saved.spec.model_dump(include=set(ClusterRequest.model_fields))
+    return ClusterRequest.model_validate(
+        {**fields, "name": name, "batch": batch, "nodes": nodes, "workdir": workdir}
+    )

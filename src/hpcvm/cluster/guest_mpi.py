@@ -18,6 +18,12 @@ The guest's ``/etc/shadow`` is hidden from it (the host's secrets stay on the ho
 sshd refuses an account whose password entry it cannot read ("account is locked"), so
 the guest writes its own one-line ``/etc/shadow`` (root, no password: key only) into its
 private overlay. Nothing of it reaches the host.
+
+A disk-image guest (``cluster up --image``, the guests a job checkpoints) runs its own
+image's ``sshd``, ``ssh`` and Open MPI instead, keeps its own ``/etc/shadow``, and
+gives itself the job's address first (:func:`address_script`): only the built-in guest
+configures its network at boot. Everything the scripts write in a guest is in its
+``/run`` (tmpfs), so a checkpoint keeps it and nothing reaches the image.
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ mkdir -p {d} /run/sshd
 IFS= read -r key
 printf '%s\\n' "$key" > {AUTHORIZED_KEYS}
 cat > {d}/host_key
-echo 'root:*:1::::::' > /etc/shadow
+[ -s /etc/shadow ] || echo 'root:*:1::::::' > /etc/shadow
 cat > {d}/sshd_config <<'EOF'
 HostKey {d}/host_key
 AuthorizedKeysFile {AUTHORIZED_KEYS}
@@ -94,6 +100,34 @@ StrictModes no
 PidFile {d}/sshd.pid
 EOF
 {SSHD} -f {d}/sshd_config -E {d}/sshd.log
+"""
+
+
+ADDRESS_TAKEN_EXIT = 3  # address_script's exit code when the segment answers for it
+
+
+def address_script(mac: str, address: ipaddress.IPv4Interface) -> str:
+    """Shell run in a disk-image guest before :func:`sshd_script`: give the NIC with
+    ``mac`` the job's ``address``, after asking the segment whether anyone answers for
+    it (RFC 5227's probe, ``arping -D``, when the image has it; exit
+    ``ADDRESS_TAKEN_EXIT`` if someone does), and stop the image's own sshd if it runs
+    (the job's listens on the same port)."""
+    ip = address.ip
+    return f"""set -e
+dev=
+for f in /sys/class/net/*/address; do
+    [ "$(cat "$f")" = {shlex.quote(mac)} ] && dev=$(basename "$(dirname "$f")")
+done
+[ -n "$dev" ] || {{ echo "no network interface with MAC {mac} in the guest" >&2; exit 1; }}
+ip link set "$dev" up
+if ! ip -4 -o addr show dev "$dev" | grep -q " {ip}/"; then
+    if command -v arping >/dev/null && ! arping -D -q -c 2 -w 3 -I "$dev" {ip}; then
+        echo "address {ip} is in use on the segment already" >&2
+        exit {ADDRESS_TAKEN_EXIT}
+    fi
+    ip addr add {address} dev "$dev"
+fi
+systemctl stop ssh.service ssh.socket 2>/dev/null || true
 """
 
 
@@ -132,9 +166,17 @@ def mpi_environment(network: ipaddress.IPv4Network) -> list[str]:
     ]
 
 
-def run_script(machine: Machine, script: str, stdin: str, what: str, timeout: float = 60) -> None:
+def run_script(
+    machine: Machine,
+    script: str,
+    stdin: str,
+    what: str,
+    timeout: float = 60,
+    causes: dict[int, str] | None = None,
+) -> None:
     """Run ``script`` with ``sh`` in the guest, ``stdin`` fed to it; RuntimeFailure with
-    the guest's own error text when it fails."""
+    the guest's own error text when it fails (its ``cause`` from ``causes`` by exit
+    code)."""
     from hpcvm.runtime.guest_exec import exec_in
 
     done = exec_in(
@@ -146,7 +188,10 @@ def run_script(machine: Machine, script: str, stdin: str, what: str, timeout: fl
     )
     if done.exit_code != 0:
         text = done.stderr.strip() or done.stdout.strip() or f"exit code {done.exit_code}"
-        raise RuntimeFailure(f"{what} failed in VM {machine.name}: {text.splitlines()[-1]}")
+        raise RuntimeFailure(
+            f"{what} failed in VM {machine.name}: {text.splitlines()[-1]}",
+            cause=(causes or {}).get(done.exit_code),
+        )
 
 
 def require_sshd() -> None:

@@ -12,7 +12,9 @@
 - ``container-node SPEC_JSON``: one task of a ``bench --nodes`` step holding this node's
   benchmark container (bench_containers.py);
 - ``container-rank SPEC_JSON ARGV...``: one MPI rank entering its node's container
-  (bench_containers.py).
+  (bench_containers.py);
+- ``checkpoint-node PHASE_JSON``: one task of a ``cluster checkpoint`` phase: check,
+  pause, save or resume this node's VM (checkpoint_node.py).
 
 Why one module and not hidden CLI commands: these are not commands a user runs, and
 each must start with the same interpreter and package as the process that starts it
@@ -91,6 +93,14 @@ def _container_rank(args: list[str]) -> int:
     return bench_containers.rank_main(args[0], args[1:])
 
 
+def _checkpoint_node(args: list[str]) -> int:
+    from hpcvm.cluster import checkpoint_node
+
+    if len(args) != 1:
+        raise UsageError("checkpoint-node takes one argument: the phase as JSON")
+    return checkpoint_node.run(args[0])
+
+
 def _no_more(args: list[str], role: str) -> None:
     if args:
         raise UsageError(f"{role} takes no arguments")
@@ -104,6 +114,7 @@ ROLES: dict[str, Callable[[list[str]], int]] = {
     "local-step": _local_step,
     "container-node": _container_node,
     "container-rank": _container_rank,
+    "checkpoint-node": _checkpoint_node,
 }
 
 

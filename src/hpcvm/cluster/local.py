@@ -210,6 +210,10 @@ class _Step:
     def end(self, signum: int = signal.SIGTERM) -> None:
         """Signal every task still running (once per call)."""
         self.ending.set()
+        self.relay(signum)
+
+    def relay(self, signum: int) -> None:
+        """Pass ``signum`` on to every running task."""
         for task in self.tasks:
             if task.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -270,5 +274,8 @@ def run_step(job_id: str, step_name: str, nodes: str, argv: Sequence[str]) -> in
         return 1  # the job ended before its step started
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, lambda _n, _f: step.end())
+    # SIGUSR1 is a message to the tasks (a restored job's VMs may run: cluster/node.py),
+    # passed on without ending the step, as Slurm's scancel --signal does
+    signal.signal(signal.SIGUSR1, lambda _n, _f: step.relay(signal.SIGUSR1))
     step.start()
     return step.wait(leader)

@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 from ipaddress import IPv4Interface
+from pathlib import Path
 from types import FrameType
 
 from hpcvm import timeline
@@ -58,6 +59,8 @@ def emit(event: NodeEvent) -> None:
 
 
 def _event(kind: EventKind, spec: ClusterSpec, place: TaskPlace, **fields: object) -> NodeEvent:
+    """An event of this node; ``vm`` defaults to the name a new VM gets here (a
+    restored one keeps its saved name)."""
     return NodeEvent.model_validate(
         {
             "event": kind,
@@ -72,7 +75,10 @@ def _event(kind: EventKind, spec: ClusterSpec, place: TaskPlace, **fields: objec
 
 def _warn(text: str) -> None:
     """A warning of this node's ``up``: on stderr, which the step relays to the holder
-    log."""
+    log. Not the one that a disk image's address is not set: the node sets it
+    (guest_mpi.address_script)."""
+    if text == lifecycle.DISK_ADDRESS_WARNING:
+        return
     sys.stderr.write(f"hpcvm: warning: {text}\n")
     sys.stderr.flush()
 
@@ -118,13 +124,74 @@ def _boot_at(spec: ClusterSpec, name: str, address: IPv4Interface) -> Machine:
     machine = _up(spec, spec.plan.model_copy(update={"name": name}), options)
     timeline.mark("node: VM up")
     try:
-        keys = guest_mpi.sshd_stdin(spec.public_key, guest_mpi.host_key(name))
-        guest_mpi.run_script(machine, guest_mpi.sshd_script(name, address), keys, "starting sshd")
+        _start_sshd(spec, machine, address)
         timeline.mark("node: guest sshd started")
     except BaseException:
         stopping.teardown(machine)
         raise
     return machine
+
+
+def _start_sshd(spec: ClusterSpec, machine: Machine, address: IPv4Interface) -> None:
+    """The guest's sshd with the job's keys; a disk-image guest gives itself its address
+    first (guest_mpi.py), in the same agent call."""
+    script = guest_mpi.sshd_script(machine.name, address)
+    if machine.boot.disk_image is not None and machine.boot.nics:
+        script = guest_mpi.address_script(machine.boot.nics[0].mac, address) + script
+    keys = guest_mpi.sshd_stdin(spec.public_key, guest_mpi.host_key(machine.name))
+    causes = {guest_mpi.ADDRESS_TAKEN_EXIT: ADDRESS_IN_USE}
+    guest_mpi.run_script(machine, script, keys, "starting sshd", causes=causes)
+
+
+def _restore(spec: ClusterSpec, place: TaskPlace) -> tuple[Machine, Claim | None]:
+    """Restore this node's VM of the job checkpoint, re-planned for this node, under
+    its saved name (its MAC follows the name) at its saved address, which must be free
+    here: claimed on this node (addresses.py) and not answered for on the segment.
+    Once its state is loaded, the VM waits, paused, until every node's is (the client
+    sends SIGUSR1, control.py), so that no guest runs while another is still frozen."""
+    from hpcvm.cluster.address_probe import check_free
+    from hpcvm.cluster.checkpoint_model import read, vm_dir_name
+    from hpcvm.runtime import checkpoint
+
+    directory = Path(spec.restore or "")
+    saved = read(directory).vms[place.index]
+    address = IPv4Interface(saved.address)
+    held = claim(address)
+    if held is None:
+        raise RuntimeFailure(
+            f"address {address.ip} of the saved VM {saved.vm} is claimed by another VM on "
+            f"node {place.node}: restore the job on other nodes, or stop that VM"
+        )
+    go = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda _s, _f: go.set())
+
+    def wait_for_every_node(machine: Machine) -> None:
+        emit(_event("loaded", spec, place, vm=machine.name, address=saved.address))
+        while not go.wait(0.05):
+            pass
+
+    try:
+        check_free(address, saved.vm)
+        restored = checkpoint.restore(
+            directory / vm_dir_name(place.index),
+            name=saved.vm,
+            warn=_warn,
+            before_resume=wait_for_every_node,
+        )
+    except BaseException:
+        held.release()
+        raise
+    if restored.clock is not None:
+        _say(
+            f"{saved.vm}: guest clock was {restored.clock.behind_before:.1f} s behind the "
+            "host's; stepped to it"
+        )
+    return restored.machine, held
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"hpcvm: {text}\n")
+    sys.stderr.flush()
 
 
 def _up(spec: ClusterSpec, request: PlanRequest, options: UpOptions) -> Machine:
@@ -161,20 +228,34 @@ def _hold(machine: Machine) -> bool:
     return True
 
 
+def _vm_name(spec: ClusterSpec, place: TaskPlace) -> str:
+    """This node's VM's name: a new one's from the node, a restored one's as saved."""
+    if not spec.restore:
+        return spec.vm_name(place.node)
+    from hpcvm.cluster.checkpoint_model import read
+
+    return read(Path(spec.restore)).vms[place.index].vm
+
+
 def run() -> int:
     """The task's whole life; its exit code tells the step whether this node failed."""
     timeline.mark_process_start("node: process start")
     timeline.mark("node: task entered")
     spec = read_spec()
     place = get_batch(spec.batch).task_place(os.environ)
-    reaper.start(spec.vm_name(place.node))  # its pipe closes when this process ends
+    try:
+        vm = _vm_name(spec, place)
+    except HpcvmError as exc:
+        emit(_event("failed", spec, place, message=str(exc)))
+        return 1
+    reaper.start(vm)  # its pipe closes when this process ends
     timeline.mark("node: reaper started")
     try:
         with interrupting(*_SIGNALS):  # up then removes a half-started VM itself
-            machine, held = _boot(spec, place)
+            machine, held = _restore(spec, place) if spec.restore else _boot(spec, place)
     except (HpcvmError, KeyboardInterrupt) as exc:
         why = "interrupted while starting" if isinstance(exc, KeyboardInterrupt) else str(exc)
-        emit(_event("failed", spec, place, message=why))
+        emit(_event("failed", spec, place, vm=vm, message=why))
         return 1
     timeline.mark("node: ready")
     emit(
@@ -182,6 +263,7 @@ def run() -> int:
             "ready",
             spec,
             place,
+            vm=machine.name,
             address=machine.boot.nics[0].address if machine.boot.nics else None,
             vcpu_pus=tuple(p.host_pu for p in machine.plan.placements),
             profile=machine.plan.profile,
@@ -195,7 +277,7 @@ def run() -> int:
         if held is not None:
             held.release()
     if ended:
-        emit(_event("down", spec, place))
+        emit(_event("down", spec, place, vm=vm))
         return 0
-    emit(_event("died", spec, place, message=f"VM {machine.name} died; see its console log"))
+    emit(_event("died", spec, place, vm=vm, message=f"VM {vm} died; see its console log"))
     return 1

@@ -24,7 +24,7 @@ from hpcvm.runtime.options import VmRequest
 SPEC_ENV = "HPCVM_CLUSTER_SPEC"
 EVENT_PREFIX = "hpcvm-cluster-event "
 
-EventKind = Literal["ready", "failed", "died", "down"]
+EventKind = Literal["loaded", "ready", "failed", "died", "down"]
 DEFAULT_BATCH = "slurm"
 
 
@@ -55,6 +55,9 @@ class ClusterSpec(ClusterRequest):
     public_key: str  # the job's SSH key: every guest's sshd accepts it (its private
     #                  half stays on the batch node: cluster up installs it in the
     #                  first VM only, where mpirun runs)
+    # A job checkpoint (cluster/checkpoint_model.py) each node restores its VM from,
+    # instead of booting one: ``cluster up --restore DIR``
+    restore: str | None = None
 
     def address(self, index: int) -> ipaddress.IPv4Interface:
         """The guest address of the job's ``index``-th node: the first address plus
@@ -88,7 +91,8 @@ def check_addresses(first: str, count: int) -> None:
 
 class NodeEvent(Frozen):
     """What one node's task reports: its VM is ready, failed to start, died, or is
-    down. ``vcpu_pus`` maps vCPU -> host PU (None: not pinned)."""
+    down; a restoring node first reports its VM ``loaded`` (paused, waiting for every
+    other node's). ``vcpu_pus`` maps vCPU -> host PU (None: not pinned)."""
 
     event: EventKind
     node: str

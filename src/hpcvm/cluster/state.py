@@ -7,6 +7,8 @@
   pid) that ``ps``, ``exec`` and ``down`` read;
 - ``holder.log``: the holder step's output, where the nodes' event lines arrive;
 - ``id_job`` and ``id_job.pub``: the job's ssh key pair (guest_mpi.py);
+- ``spec.json``: the ClusterSpec every node's task planned from (a job checkpoint
+  keeps it, cluster/checkpoint.py);
 - ``taking-down``: made by ``down`` (or a failing ``up``) before it ends the step, so
   the holder leaves the directory to it.
 
@@ -23,8 +25,9 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from hpcvm.cluster.checkpoint_model import KEY_FILE, DetachedExec
 from hpcvm.cluster.guest_mpi import keygen
-from hpcvm.cluster.spec import NodeEvent, parse_events
+from hpcvm.cluster.spec import ClusterSpec, NodeEvent, parse_events
 from hpcvm.cluster.state_files import TAKING_DOWN, remove_dir
 from hpcvm.errors import BusyError, UsageError
 from hpcvm.lock import exclusive
@@ -34,7 +37,7 @@ from hpcvm.runtime import paths
 CLUSTERS_DIR = ".clusters"  # under the runtime root; dot: `hpcvm ps` skips it
 LOG_FILE = "holder.log"
 RECORD_FILE = "cluster.json"
-KEY_FILE = "id_job"
+SPEC_FILE = "spec.json"
 LOCK_SUFFIX = ".lock"
 
 
@@ -48,6 +51,8 @@ class ClusterRecord(Frozen):
     holder_pid: int
     network: str  # the VMs' network, e.g. 10.0.0.0/24
     vcpus: int
+    # commands `cluster exec --detach` started in the first VM, not yet waited for
+    detached: tuple[DetachedExec, ...] = ()
 
 
 def cluster_dir(name: str) -> Path:
@@ -188,6 +193,27 @@ def remove_if_stale(name: str) -> bool:
             remove(name)
             return True
     return False
+
+
+def write_spec(directory: Path, spec: ClusterSpec) -> None:
+    (directory / SPEC_FILE).write_text(spec.model_dump_json())
+
+
+def read_spec(name: str) -> ClusterSpec | None:
+    """The spec the cluster's nodes got; None for a cluster started before it was kept."""
+    path = cluster_dir(name) / SPEC_FILE
+    return ClusterSpec.model_validate_json(path.read_text()) if path.is_file() else None
+
+
+def install_keys(directory: Path, source: Path) -> tuple[str, str]:
+    """A saved job's key pair (a restore, cluster/checkpoint_model.py) copied into
+    ``directory``, private: (public, private)."""
+    for name in (KEY_FILE, f"{KEY_FILE}.pub"):
+        fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write((source / name).read_bytes())
+    key = directory / KEY_FILE
+    return key.with_suffix(".pub").read_text(), key.read_text()
 
 
 def make_keys(directory: Path, name: str) -> tuple[str, str]:

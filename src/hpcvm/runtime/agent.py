@@ -271,6 +271,23 @@ class GuestAgent:
         completion.py), blocks up to ``seconds`` and says whether it has: the status is
         then asked once a second while it runs, instead of polling that backs off.
         """
+        begin = time.monotonic()
+        try:
+            pid = self.spawn(argv, input=input, env=env)
+            status = self._wait_exit(pid, argv, begin, timeout, finished)
+        except AgentGone as exc:
+            raise AgentGone(
+                f"the VM stopped while running {argv[0]!r} (the guest agent went away)"
+            ) from exc
+        return _result(status, time.monotonic() - begin)
+
+    def spawn(
+        self, argv: list[str], *, input: bytes | None = None, env: list[str] | None = None
+    ) -> int:
+        """Start ``argv`` in the guest with its output captured; its guest pid. qemu-ga
+        keeps the process's output and exit status in the guest's memory until
+        :meth:`exit_status` has reported its end once: a detached ``cluster exec``
+        outlives a checkpoint and restore of its VMs this way (cluster/jobs.py)."""
         if not argv:
             raise RuntimeFailure("nothing to run in the guest: empty command")
         args: dict[str, Any] = {"path": argv[0], "arg": list(argv[1:]), "capture-output": True}
@@ -278,22 +295,20 @@ class GuestAgent:
             args["input-data"] = base64.b64encode(input).decode()
         if env is not None:
             args["env"] = env
-        begin = time.monotonic()
         try:
-            try:
-                started = self.call("guest-exec", args)
-            except AgentCommandError as exc:
-                desc = exc.desc.removeprefix("Guest agent command failed, error was ").strip("'")
-                raise AgentCommandError(
-                    f"cannot run {argv[0]!r} in the guest: {desc}", desc
-                ) from exc
-            pid = int(started["pid"])
-            status = self._wait_exit(pid, argv, begin, timeout, finished)
-        except AgentGone as exc:
-            raise AgentGone(
-                f"the VM stopped while running {argv[0]!r} (the guest agent went away)"
-            ) from exc
-        return _result(status, time.monotonic() - begin)
+            started = self.call("guest-exec", args)
+        except AgentCommandError as exc:
+            desc = exc.desc.removeprefix("Guest agent command failed, error was ").strip("'")
+            raise AgentCommandError(f"cannot run {argv[0]!r} in the guest: {desc}", desc) from exc
+        return int(started["pid"])
+
+    def exit_status(self, pid: int) -> ExecResult | None:
+        """The result of guest process ``pid`` once it has exited (qemu-ga then forgets
+        it), None while it runs."""
+        status = self.call("guest-exec-status", {"pid": pid})
+        if isinstance(status, dict) and status.get("exited"):
+            return _result(status, 0.0)
+        return None
 
     def _wait_exit(
         self,

@@ -25,15 +25,16 @@ class BootMedia:
     disk: str | None = None  # a user's disk image: overlay and seed go in the run dir
     ready_timeouts: Mapping[str, float] | None = None  # per accel; None: the runtime's
     # How the media become files in the run dir when not as ``disk`` says (a restore
-    # copies a checkpoint's disk there, runtime/checkpoint.py): run dir -> boot spec.
-    into_run_dir: Callable[[Path], BootSpec] | None = None
+    # copies a checkpoint's disk there, runtime/checkpoint.py): (run dir, the boot spec
+    # so far, NICs and shares added) -> boot spec.
+    into_run_dir: Callable[[Path, BootSpec], BootSpec] | None = None
 
 
 def in_run_dir(media: BootMedia, run_dir: Path, name: str) -> BootSpec:
     """The boot spec once the VM's run dir exists: a disk image boots through a qcow2
     overlay and a NoCloud seed made there (guest/disk.py), so ``down`` removes both."""
     if media.into_run_dir is not None:
-        return media.into_run_dir(run_dir)
+        return media.into_run_dir(run_dir, media.boot)
     if media.disk is None:
         return media.boot
     from hpcvm.guest.disk import disk_boot

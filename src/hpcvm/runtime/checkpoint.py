@@ -342,10 +342,13 @@ def restore(
     host: HostTopology | None = None,
     warn: Warn | None = None,
     step_clock: bool = True,
+    before_resume: Callable[[Machine], None] | None = None,
 ) -> Restored:
     """Start the VM saved in ``directory`` on this host, re-planned here; return once
     its agent answers. Refused before anything starts when the checkpoint is damaged
-    or incompatible with this host; nothing is left when a later step fails."""
+    or incompatible with this host; nothing is left when a later step fails.
+    ``before_resume(machine)`` runs once the state is loaded, the vCPUs still stopped:
+    a job's restore waits there until every node has loaded its VM (cluster/node.py)."""
     from hpcvm.runtime.checkpoint_qemu import emulator_here
 
     begin = time.monotonic()
@@ -363,6 +366,8 @@ def restore(
         if differences:  # what up() built must be what was planned above
             raise InfeasiblePlanError(f"the restored VM differs: {'; '.join(differences)}")
         saver.load(machine, checkpoint.file(STATE_FILE))
+        if before_resume is not None:
+            before_resume(machine)
 
     machine = lifecycle.up(
         plan, options, host=host, warn=warn, media=_media(checkpoint), load_state=load_state
@@ -384,7 +389,7 @@ def _media(checkpoint: Checkpoint) -> BootMedia:
         incoming=True,
     )
 
-    def into_run_dir(run_dir: Path) -> BootSpec:
+    def into_run_dir(run_dir: Path, boot: BootSpec) -> BootSpec:
         made: dict[str, str] = {}
         for name, field in ((DISK_FILE, "disk_image"), (SEED_FILE, "seed_image")):
             entry = checkpoint.manifest.files.get(name)

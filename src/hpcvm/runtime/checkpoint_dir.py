@@ -115,7 +115,7 @@ def commit(writer: Writer, manifest: Manifest, target: Path) -> Path:
     complete = manifest.model_copy(update={"files": dict(writer.files)})
     with _private(writer.path(MANIFEST)) as fh:
         fh.write(complete.model_dump_json(indent=2).encode())
-    _fsync_dir(writer.partial)
+    fsync_dir(writer.partial)
     try:
         os.rename(writer.partial, target)
     except OSError as exc:
@@ -123,7 +123,7 @@ def commit(writer: Writer, manifest: Manifest, target: Path) -> Path:
             f"cannot put the checkpoint at {target} ({exc.strerror}): did another "
             "process create it meanwhile? give a new directory"
         ) from exc
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return target
 
 
@@ -165,7 +165,7 @@ def copy_hashed(source: Path, dest: Path) -> FileEntry:
     return FileEntry(size=size, sha256=digest.hexdigest())
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

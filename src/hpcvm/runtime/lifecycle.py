@@ -51,6 +51,7 @@ from hpcvm.signals import signals_deferred
 if TYPE_CHECKING:
     from hpcvm.runtime.agent import GuestAgent
 
+DISK_ADDRESS_WARNING = "a disk image configures its own network: --address is not set in the guest"
 ADDRESS_IN_USE_FILE = "/run/hpcvm/address-in-use"  # written by the guest (guest/scripts.py)
 
 Warn = Callable[[str], None]
@@ -204,7 +205,7 @@ def _with_nics(media: BootMedia, nics: tuple[Nic, ...], warn: Warn | None) -> Bo
         words = " ".join(nic_kernel_arg(nic) for nic in nics)
         boot = boot.model_copy(update={"cmdline": f"{boot.cmdline} {words}"})
     elif warn is not None and any(nic.address for nic in nics):
-        warn("a disk image configures its own network: --address is not set in the guest")
+        warn(DISK_ADDRESS_WARNING)
     return replace(media, boot=boot)
 
 

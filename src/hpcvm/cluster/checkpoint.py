@@ -1,0 +1,225 @@
+"""``cluster checkpoint``: save every VM of a job at one moment, on the batch node.
+
+The order is the point: every VM is paused before any is saved, so no message between
+the guests is half sent (a TCP segment is either in a guest's memory or acknowledged),
+and the guests' connections survive the restore. Each phase (check, pause, save,
+resume) is one step of the batch system with a task per node (checkpoint_node.py),
+and the next begins only when the step has ended on every node.
+
+The job's checkpoint directory (checkpoint_model.py) is written into a hidden sibling
+that every node writes its VM's directory into, then the manifest last, then one
+rename: it exists complete or not at all. A failure removes the partial directory and
+runs the VMs again; ``--resume`` aside, the VMs are taken down after the save (as
+``cluster down``), and the job goes on from the directory: ``cluster up --restore``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcvm.cluster import control, state
+from hpcvm.cluster.batches import get_batch
+from hpcvm.cluster.checkpoint_model import (
+    KEY_FILE,
+    MANIFEST,
+    JobManifest,
+    SavedVm,
+)
+from hpcvm.cluster.checkpoint_node import NodeResult, NodeVm, Phase, parse_results
+from hpcvm.cluster.spawn import internal_argv
+from hpcvm.cluster.spec import ClusterSpec, NodeEvent
+from hpcvm.cluster.state import ClusterRecord
+from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
+from hpcvm.runtime import checkpoint_dir
+from hpcvm.signals import signals_deferred
+
+STEP_NAME = "hpcvm-checkpoint"
+PHASE_TIMEOUT = 1800.0  # seconds for one phase on every node (a save writes all RAM)
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class JobSaved:
+    directory: Path
+    manifest: JobManifest
+    results: list[NodeResult]  # each node's save
+    paused_seconds: float  # from the pause step's start to the end of the resume (or
+    #                        the save, when the VMs are taken down)
+
+
+def checkpoint(name: str, directory: Path, *, resume_after: bool, say: Say) -> JobSaved:
+    """Check, pause, save every VM of cluster ``name`` into ``directory``, then take the
+    job's VMs down (or run them on). On failure the VMs run again and no directory is
+    left."""
+    target = checkpoint_dir.check_target(directory)
+    with state.one_writer(name):
+        record, ready = _ready_vms(name)
+        spec = _saved_spec(record)
+        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+        try:
+            saved = _save_all(record, ready, spec, partial, target, say)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        if resume_after:
+            _phase(record, ready, "resume", partial.parent)
+            say(f"{name}: every VM runs again")
+        else:
+            with signals_deferred():
+                control.take_down(record, say)
+        return JobSaved(
+            saved.directory, saved.manifest, saved.results, time.monotonic() - saved.began
+        )
+
+
+@dataclass(frozen=True)
+class _Written:
+    directory: Path
+    manifest: JobManifest
+    results: list[NodeResult]
+    began: float
+
+
+def _save_all(
+    record: ClusterRecord,
+    ready: list[NodeEvent],
+    spec: ClusterSpec,
+    partial: Path,
+    target: Path,
+    say: Say,
+) -> _Written:
+    _phase(record, ready, "check", partial)
+    began = time.monotonic()
+    _phase(record, ready, "pause", partial)
+    say(f"{record.name}: every VM paused")
+    try:
+        results = _phase(record, ready, "save", partial)
+    except BaseException:
+        with contextlib.suppress(HpcvmError), signals_deferred():
+            _phase(record, ready, "resume", partial)
+        raise
+    paused = time.monotonic() - began
+    keys = _copy_keys(record.name, partial)
+    manifest = JobManifest(
+        name=record.name,
+        job_id=record.job_id,
+        saved_at=time.time(),
+        spec=spec,
+        network=record.network,
+        vcpus=record.vcpus,
+        vms=tuple(
+            SavedVm(index=e.index, node=e.node, vm=e.vm, address=e.address or "") for e in ready
+        ),
+        detached=record.detached,
+        key_sha256=keys,
+        pause_seconds=round(paused, 6),
+    )
+    _commit(partial, manifest, target)
+    return _Written(target, manifest, results, began)
+
+
+def _ready_vms(name: str) -> tuple[ClusterRecord, list[NodeEvent]]:
+    """The record and every node's ``ready`` event, in node order; refused when the
+    job is not wholly up."""
+    record, latest, alive = control.status(name)
+    ready = sorted((e for e in latest if e.event == "ready"), key=lambda e: e.index)
+    if not alive or len(ready) != len(record.nodes):
+        raise RuntimeFailure(
+            f"cluster {name} is not up on every node (see hpcvm cluster ps {name}): "
+            "only a whole job is checkpointed"
+        )
+    return record, ready
+
+
+def _saved_spec(record: ClusterRecord) -> ClusterSpec:
+    """The spec every node planned from, as the holder's tasks got it."""
+    spec = state.read_spec(record.name)
+    if spec is None:
+        raise RuntimeFailure(
+            f"cluster {record.name} was started by an older hpcvm (no spec in its state): "
+            "it cannot be checkpointed; take it down and start it again"
+        )
+    return spec
+
+
+def _phase(
+    record: ClusterRecord, ready: list[NodeEvent], action: str, directory: Path
+) -> list[NodeResult]:
+    """One phase as a step on every node; every node's result, or RuntimeFailure
+    naming each node that failed and why."""
+    batch = get_batch(record.batch)
+    phase = Phase.model_validate(
+        {
+            "action": action,
+            "batch": record.batch,
+            "vms": {e.node: NodeVm(vm=e.vm, index=e.index) for e in ready},
+            "directory": str(directory),
+        }
+    )
+    argv = batch.step_argv(
+        control.allocation_of(record),
+        STEP_NAME,
+        [*internal_argv("checkpoint-node"), phase.model_dump_json()],
+    )
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, check=False, timeout=PHASE_TIMEOUT
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeFailure(
+            f"the {action} step did not end on every node within {PHASE_TIMEOUT:g} s"
+        ) from exc
+    results = parse_results(done.stdout)
+    failed = [r for r in results if not r.ok]
+    missing = sorted(set(phase.vms) - {r.node for r in results})
+    if failed or missing:
+        said = [f"{r.node}: {r.message}" for r in failed]
+        why = f"step exit {done.returncode}: {_tail(done.stderr)}"
+        said += [f"{n}: no answer ({why})" for n in missing]
+        raise RuntimeFailure(
+            f"cluster checkpoint of {record.name}: {action} failed on {'; '.join(said)}"
+        )
+    return results
+
+
+def _tail(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "nothing said"
+
+
+def _copy_keys(name: str, partial: Path) -> dict[str, str]:
+    """The job's key pair into the checkpoint (private, fsynced); their SHA-256."""
+    source = state.cluster_dir(name)
+    digests = {}
+    for file_name in (KEY_FILE, f"{KEY_FILE}.pub"):
+        entry = checkpoint_dir.copy_hashed(source / file_name, partial / file_name)
+        digests[file_name] = entry.sha256
+    return digests
+
+
+def _commit(partial: Path, manifest: JobManifest, target: Path) -> None:
+    """The manifest last, then the directory into place in one rename."""
+    path = partial / MANIFEST
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(manifest.model_dump_json(indent=2))
+        fh.flush()
+        os.fsync(fh.fileno())
+    checkpoint_dir.fsync_dir(partial)
+    try:
+        os.rename(partial, target)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot put the job checkpoint at {target} ({exc.strerror}): did another "
+            "process create it meanwhile? give a new directory"
+        ) from exc
+    checkpoint_dir.fsync_dir(target.parent)
