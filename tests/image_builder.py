@@ -2,7 +2,9 @@
 
 The tests must boot a real user-style disk image, and nothing may be downloaded but
 distribution packages: so the image is made here with mmdebstrap from Debian's mirror.
-It holds linux-image-amd64, systemd, udev, qemu-guest-agent and cloud-init, booted by
+It holds linux-image-amd64, systemd, udev, qemu-guest-agent and cloud-init (and for the
+cluster tests Open MPI, openssh-server, iproute2, arping and tests/cluster/mpi_ring.c
+built with the host's mpicc), booted by
 SYSLINUX from a FAT partition (kernel + initrd + syslinux.cfg) with the root on an ext4
 partition. Run as ``python -m tests.image_builder [CACHE_DIR]`` to build it by hand.
 
@@ -49,8 +51,9 @@ from pathlib import Path
 ENV_CACHE = "HPCVM_TEST_IMAGE_CACHE"
 DEFAULT_CACHE = Path("/var/cache/hpcvm/test-images")
 IMAGE_NAME = "debian12.qcow2"
-TOOLS = ("mmdebstrap", "mkfs.vfat", "mkfs.ext4", "mcopy", "syslinux", "sfdisk", "qemu-img")
+TOOLS = ("mmdebstrap", "mkfs.vfat", "mkfs.ext4", "mcopy", "syslinux", "sfdisk", "qemu-img", "mpicc")
 SYSLINUX_MBR = Path("/usr/lib/syslinux/mbr/mbr.bin")
+MPI_RING = Path(__file__).resolve().parent / "cluster" / "mpi_ring.c"
 MIB = 1024 * 1024
 SECTOR = 512
 
@@ -75,6 +78,10 @@ RECIPE: dict[str, object] = {
     "boot_mib": 96,  # FAT: kernel (~8 MiB) + initrd (~30 MiB) + SYSLINUX
     "root_mib": 2048,  # ext4, sparse in the qcow2
     "cmdline": "ro console=ttyS0,115200 net.ifnames=0",
+    # MPI programs built here with mpicc (the host's Open MPI is Debian 12's, as the
+    # image's) and put in the image: a job checkpoint's guests cannot reach the host's
+    # files (a mounted 9p share blocks a checkpoint)
+    "programs": {"/usr/local/bin/mpi_ring": hashlib.sha256(MPI_RING.read_bytes()).hexdigest()},
 }
 
 # The guest's udev rule for the agent port, minus SYSTEMD_WANTS (see module docstring).
@@ -210,6 +217,9 @@ def _configure(root: Path, root_uuid: str) -> None:
     (root / "etc/cloud/cloud.cfg.d/90-hpcvm-test.cfg").write_text(_CLOUD_CFG)
     # A fresh machine-id per boot (systemd makes one when the file is empty).
     (root / "etc/machine-id").write_text("")
+    target = root / "usr/local/bin/mpi_ring"
+    subprocess.run(["mpicc", "-O1", "-o", str(target), str(MPI_RING)], check=True)
+    target.chmod(0o755)
     # The image's own sshd stays off: a cluster guest's sshd is started by hpcvm with
     # the job's keys (cluster/guest_mpi.py), on its address only.
     for unit in ("multi-user.target.wants/ssh.service", "sshd.service"):

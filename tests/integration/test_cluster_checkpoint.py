@@ -1,0 +1,271 @@
+"""A whole MPI job checkpointed in its VMs at a signal, requeued, and restored on two
+other nodes, where it goes on: docs/examples/hpcvm-checkpoint-job.sh, submitted by the
+unprivileged test user to the Slurm test cluster (scripts/test-cluster.sh, cgroup
+plugins), as a site's user would.
+
+The story (one job, module scope): the job boots one VM per node on node1 and node2
+from the test image (tests/image_builder.py: Open MPI, sshd and tests/cluster/mpi_ring.c
+in it), starts the MPI ring detached, and is sent SIGUSR1 as Slurm sends it before a
+time limit (``scancel --signal=USR1 --batch``); the script checkpoints the job and
+requeues it. The requeued job is moved to node3 and node4 (``scontrol update``, as the
+user may), restores the saved VMs there and collects the ring's output with ``cluster
+wait``. Then damaged, incomplete and mismatched copies of the checkpoint are restored
+and must be refused before any VM runs.
+
+Oracles independent of hpcvm: the MPI program's own output (every round once, in
+order, and a counter that is right only when no message was lost or repeated: Open
+MPI's TCP transport does not reconnect, so a broken connection would abort the job),
+Slurm's record of the job (its restarts and nodes), the kernel's cpuset of each node
+for where the restored vCPUs ran, and /proc for QEMU processes left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests import cluster_support, image_builder
+from tests.cluster_support import LocalCluster
+from tests.sites import SlurmSite, wait_until
+
+pytestmark = pytest.mark.integration
+
+slurm_cluster = cluster_support.slurm_cluster
+user_hpcvm = cluster_support.user_hpcvm
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "docs" / "examples" / "hpcvm-checkpoint-job.sh"
+ROUNDS = 60
+DELAY_MS = 500
+NAME = "ck"
+FIRST = ("node1", "node2")
+THEN = ("node3", "node4")
+ROUND = re.compile(r"^round=(\d+) counter=(\d+) host=(\S+) peer=(\S+)$", re.M)
+PS_ROW = re.compile(r"^│ (node\d) +│ (\S+) +│ (\w+) +│ (\S+) +│ (\S+) +│", re.M)
+BOOT_TIMEOUT = 900.0  # two disk-image guests booting under TCG on a loaded 2-core machine
+
+
+@dataclass
+class Story:
+    cluster: LocalCluster
+    job: str
+    out: Path
+    first_run: str  # the job's output when it was requeued
+    text: str  # all of it, at the end
+    saved: Path  # a copy of the checkpoint, taken while the job waited to start again
+    workdir: Path
+    hpcvm: str
+    started_at_signal: float  # seconds from the ring's start to the signal
+
+
+def _vm_count() -> int:
+    found = 0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"qemu-system" in cmdline and f"{NAME}-node".encode() in cmdline:
+                found += 1
+    return found
+
+
+def _state(cluster: LocalCluster, job: str) -> str:
+    text = cluster.run(["scontrol", "show", "job", job], check=False).stdout
+    found = re.search(r"JobState=(\S+)", text)
+    return found.group(1) if found else "GONE"
+
+
+@pytest.fixture(scope="module")
+def image() -> Path:
+    missing = image_builder.missing_tools()
+    if missing:
+        pytest.skip(f"cannot build the test image: missing {', '.join(missing)}")
+    path = image_builder.build_test_image()
+    for part in (path, *path.parents):  # the test user's QEMU reads it
+        if part == Path("/var/cache"):
+            break
+        part.chmod(part.stat().st_mode | 0o005)
+    return path
+
+
+@pytest.fixture(scope="module")
+def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterator[Story]:
+    site = SlurmSite(slurm_cluster, str(user_hpcvm))
+    with cluster_support.user_dir("hpcvm-ckpt-") as work:
+        env = site.job_env(
+            NAME,
+            HPCVM_IMAGE=str(image),
+            HPCVM_MEMORY="384M",
+            HPCVM_CHECKPOINT=str(work / "checkpoint"),
+        )
+        out = work / "job.out"
+        argv = ["sbatch", "-N", "2", f"--nodelist={','.join(FIRST)}", f"--chdir={work}",
+                f"--output={out}", "--parsable", str(SCRIPT),
+                "/usr/local/bin/mpi_ring", str(ROUNDS), str(DELAY_MS)]  # fmt: skip
+        done = slurm_cluster.run(argv, env=env, user=cluster_support.TEST_USER)
+        job = done.stdout.strip().split(";")[0]
+        try:
+            yield _run_story(slurm_cluster, job, out, work, str(user_hpcvm))
+        finally:
+            slurm_cluster.run(["scancel", job], check=False)
+            wait_until("the job to leave the queue", lambda: _state(slurm_cluster, job)
+                       in ("GONE", "COMPLETED", "CANCELLED", "FAILED"), timeout=120)  # fmt: skip
+            wait_until("the job's VMs to go", lambda: _vm_count() == 0, timeout=120)
+
+
+def _text(out: Path) -> str:
+    return out.read_text(errors="replace") if out.is_file() else ""
+
+
+def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: str) -> Story:
+    user = cluster_support.TEST_USER
+
+    def started_or_ended() -> bool:
+        return "cluster wait" in _text(out) or _state(cluster, job) not in ("PENDING", "RUNNING")
+
+    wait_until("the ring to start", started_or_ended, timeout=BOOT_TIMEOUT)
+    assert "cluster wait" in _text(out), _text(out)
+    started = time.monotonic()
+    time.sleep(4)  # a few rounds before the signal
+    signalled = time.monotonic() - started
+    cluster.run(["scancel", "--signal=USR1", "--batch", job], user=user)
+    wait_until("the checkpoint and the requeue", lambda: _state(cluster, job) == "PENDING",
+               timeout=600)  # fmt: skip
+    first_run = _text(out)
+    assert "saved; requeueing" in first_run, first_run
+    saved = work / "saved"
+    subprocess.run(["cp", "-a", str(work / "checkpoint"), str(saved)], check=True)
+    cluster.run(["scontrol", "update", f"JobId={job}", f"ReqNodeList={','.join(THEN)}",
+                 "StartTime=now"], user=user)  # fmt: skip
+    wait_until("the restored job to end", lambda: _state(cluster, job) not in
+               ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"), timeout=900)  # fmt: skip
+    return Story(cluster, job, out, first_run, _text(out), saved, work, hpcvm, signalled)
+
+
+def test_the_mpi_job_went_on_across_the_checkpoint(story: Story) -> None:
+    rounds = [(int(r), int(c), h, p) for r, c, h, p in ROUND.findall(story.text)]
+    assert [r for r, *_ in rounds] == list(range(1, ROUNDS + 1)), story.text
+    assert all(c == 2 * r for r, c, *_ in rounds), rounds
+    assert {(h, p) for *_, h, p in rounds} == {(f"{NAME}-node1", f"{NAME}-node2")}
+    assert f"done counter={2 * ROUNDS} expected={2 * ROUNDS}" in story.text
+    assert "the program ended with exit status 0" in story.text
+    assert _state(story.cluster, story.job) == "COMPLETED"
+
+
+def test_it_was_saved_mid_run_on_two_nodes_and_restored_on_two_others(story: Story) -> None:
+    manifest = json.loads((story.saved / "job.json").read_text())
+    assert [(v["node"], v["vm"]) for v in manifest["vms"]] == [(n, f"{NAME}-{n}") for n in FIRST]
+    # the ring had not ended when it was saved: its command waited in the first guest
+    assert [d["argv"][-3:] for d in manifest["detached"]] == [
+        ["/usr/local/bin/mpi_ring", str(ROUNDS), str(DELAY_MS)]
+    ]
+    assert story.started_at_signal < ROUNDS * DELAY_MS / 1000
+    after = story.text[len(story.first_run) :]
+    assert "restoring cluster ck" in after and "(restart 1)" in after, after
+    rows = {(node, vm) for node, vm, state, *_ in PS_ROW.findall(after) if state == "ready"}
+    assert rows == {(THEN[0], f"{NAME}-node1"), (THEN[1], f"{NAME}-node2")}, after
+    # the saved guests keep their addresses
+    saved_addresses = sorted(v["address"] for v in manifest["vms"])
+    shown = sorted(addr for _n, _v, state, addr, *_ in PS_ROW.findall(after) if state == "ready")
+    assert shown == saved_addresses
+
+
+def test_the_restored_vcpus_ran_in_their_new_nodes_cpusets(story: Story) -> None:
+    after = story.text[len(story.first_run) :]
+    checked = 0
+    for node, _vm, state, _addr, pins in PS_ROW.findall(after):
+        cpuset = cluster_support.node_cpuset(node)
+        if state != "ready" or cpuset is None:
+            continue
+        pus = {int(p.split("->")[1]) for p in pins.split(",") if "->" in p}
+        assert pus and pus <= cpuset[0], (node, pins, cpuset)
+        checked += 1
+    if checked == 0:
+        pytest.skip("the test cluster made no cpusets here (docs/cluster-testing.md)")
+
+
+def test_the_checkpoint_is_gone_once_the_job_ended(story: Story) -> None:
+    assert not (story.workdir / "checkpoint").exists()
+    assert not list(story.workdir.glob("checkpoint.next*"))
+    assert not list(story.workdir.glob(".checkpoint*partial*"))
+
+
+# -- refusals: nothing may start from a bad checkpoint ------------------------------------
+
+REFUSE_SCRIPT = """#!/bin/bash
+"$HPCVM" cluster up --name bad --restore "$1" ${2:+$2}
+echo "rc=$?"
+"""
+
+
+def _restore_in_job(story: Story, directory: Path, nodes: int = 2, extra: str = "") -> str:
+    script = story.workdir / "refuse.sh"
+    script.write_text(REFUSE_SCRIPT)
+    os.chown(script, cluster_support.TEST_UID, cluster_support.TEST_UID)
+    script.chmod(0o755)
+    out = story.workdir / f"refuse-{directory.name}-{nodes}.out"
+    argv = ["sbatch", "--wait", "-N", str(nodes), f"--nodelist={','.join(THEN[:nodes])}",
+            f"--chdir={story.workdir}", f"--output={out}", str(script), str(directory)]  # fmt: skip
+    if extra:
+        argv.append(extra)
+    story.cluster.run(argv, env={"HPCVM": story.hpcvm}, user=cluster_support.TEST_USER,
+                      check=False, timeout=600)  # fmt: skip
+    return _text(out)
+
+
+def _copy(story: Story, name: str) -> Path:
+    target = story.workdir / name
+    subprocess.run(["cp", "-a", str(story.saved), str(target)], check=True)
+    return target
+
+
+def _refused(text: str, expected: str) -> None:
+    errors = [line for line in text.splitlines() if line.startswith("hpcvm: error:")]
+    assert len(errors) == 1 and expected in errors[0], text
+    assert "rc=0" not in text and re.search(r"^rc=\d+$", text, re.M), text
+    assert _vm_count() == 0
+
+
+def test_a_checkpoint_without_its_manifest_is_refused(story: Story) -> None:
+    bad = _copy(story, "no-manifest")
+    (bad / "job.json").unlink()
+    _refused(_restore_in_job(story, bad), "not a complete job checkpoint")
+
+
+def test_a_truncated_vm_state_is_refused_and_no_vm_runs(story: Story) -> None:
+    bad = _copy(story, "truncated")
+    state = bad / "vm-1" / "state.bin"
+    with state.open("r+b") as fh:
+        fh.truncate(state.stat().st_size // 2)
+    text = _restore_in_job(story, bad)
+    _refused(text, "truncated")
+    assert "node3" not in [line for line in text.splitlines() if "ready at" in line]
+
+
+def test_a_checkpoint_of_two_vms_is_refused_in_a_one_node_job(story: Story) -> None:
+    _refused(_restore_in_job(story, story.saved, nodes=1), "holds 2 VMs")
+
+
+def test_vm_options_are_refused_with_restore(story: Story) -> None:
+    _refused(_restore_in_job(story, story.saved, extra="--vcpus=2"), "--vcpus")
+
+
+def test_the_user_image_must_be_the_one_under_the_overlays(story: Story) -> None:
+    bad = _copy(story, "other-image")
+    for manifest in bad.glob("vm-*/manifest.json"):
+        data = json.loads(manifest.read_text())
+        data["base_image"]["mtime_ns"] += 1
+        manifest.write_text(json.dumps(data))
+    _refused(_restore_in_job(story, bad), "changed since checkpoint")
+    shutil.rmtree(bad, ignore_errors=True)
