@@ -283,9 +283,10 @@ def checkpoint_cmd(name: str, directory: Path, resume: bool) -> int:
     with interrupting():
         saved = checkpoint.checkpoint(name, directory, resume_after=resume, say=_say)
     size = sum(r.state_bytes + r.disk_bytes for r in saved.results)
+    how = "paused for" if resume else "paused until saved for"
     _say(
         f"{name}: {len(saved.results)} VM(s) saved in {saved.directory} "
-        f"({size / 2**20:.1f} MiB); paused for {saved.paused_seconds:.2f} s"
+        f"({size / 2**20:.1f} MiB); {how} {saved.paused_seconds:.2f} s"
         + ("" if resume else ", then taken down")
     )
     return 0

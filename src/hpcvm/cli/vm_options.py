@@ -47,12 +47,16 @@ def require_shape(kw: Mapping[str, Any]) -> None:
 
 def _vm_options(func: F, *, shape_required: bool) -> F:
     req = shape_required
+    unless = "" if req else " Required unless --restore."
     options = [
         click.option(
-            "--profile", required=req, type=click.Choice(PROFILE_NAMES), help="Tuning profile."
+            "--profile",
+            required=req,
+            type=click.Choice(PROFILE_NAMES),
+            help=f"Tuning profile.{unless}",
         ),
-        click.option("--vcpus", required=req, type=int, help="Number of vCPUs."),
-        click.option("--memory", required=req, help="Guest memory, e.g. 2G or 512M."),
+        click.option("--vcpus", required=req, type=int, help=f"Number of vCPUs.{unless}"),
+        click.option("--memory", required=req, help=f"Guest memory, e.g. 2G or 512M.{unless}"),
         click.option("--page-size", default=None, help="4K, 2M or 1G (profile default)."),
         click.option(
             "--housekeeping", type=int, default=None, help="hpc: cores per node for QEMU."

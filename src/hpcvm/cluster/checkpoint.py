@@ -52,8 +52,8 @@ class JobSaved:
     directory: Path
     manifest: JobManifest
     results: list[NodeResult]  # each node's save
-    paused_seconds: float  # from the pause step's start to the end of the resume (or
-    #                        the save, when the VMs are taken down)
+    paused_seconds: float  # from the pause step's start to the end of the resume step
+    #                        (taken down: to the end of the save step)
 
 
 def checkpoint(name: str, directory: Path, *, resume_after: bool, say: Say) -> JobSaved:
@@ -70,12 +70,14 @@ def checkpoint(name: str, directory: Path, *, resume_after: bool, say: Say) -> J
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
-        if resume_after:
-            _phase(record, ready, "resume", partial.parent)
-            say(f"{name}: every VM runs again")
-        else:
+        if not resume_after:
             with signals_deferred():
                 control.take_down(record, say)
+            return JobSaved(
+                saved.directory, saved.manifest, saved.results, saved.manifest.pause_seconds
+            )
+        _phase(record, ready, "resume", partial.parent)
+        say(f"{name}: every VM runs again")
         return JobSaved(
             saved.directory, saved.manifest, saved.results, time.monotonic() - saved.began
         )
