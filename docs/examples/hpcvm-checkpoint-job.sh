@@ -43,20 +43,34 @@ waiter=
 
 say() { echo "hpcvm-checkpoint-job: $*"; }
 
+# A new checkpoint replaces the last one only once it is complete, by renames: if the
+# job is killed in between, the next start finds one of the two whole.
+promote() {
+    [ -d "$checkpoint" ] && mv "$checkpoint" "$checkpoint.old"
+    mv "$checkpoint.next" "$checkpoint" && rm -rf "$checkpoint.old"
+}
+
 checkpoint_and_requeue() {
     say "signalled: saving cluster $name into $checkpoint"
-    [ -n "$waiter" ] && kill "$waiter" 2>/dev/null
+    if [ -n "$waiter" ]; then kill "$waiter" 2>/dev/null; wait "$waiter"; fi
     rm -rf "$checkpoint.next"
-    if ! "$hpcvm" cluster checkpoint "$name" "$checkpoint.next"; then
-        say "the checkpoint failed: the job ends here" >&2
+    "$hpcvm" cluster checkpoint "$name" "$checkpoint.next"
+    if [ ! -f "$checkpoint.next/job.json" ]; then   # not written: the VMs run on
+        say "the checkpoint failed: the job ends here (the last complete one, if any, stays in $checkpoint)" >&2
+        "$hpcvm" cluster down "$name"
         exit 1
     fi
-    rm -rf "$checkpoint" && mv "$checkpoint.next" "$checkpoint"
+    promote
     say "saved; requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID"
     exit 0
 }
 trap checkpoint_and_requeue USR1
+
+# A start after a kill between the two renames above
+if [ ! -d "$checkpoint" ] && [ -f "$checkpoint.next/job.json" ]; then promote; fi
+[ -d "$checkpoint.old" ] && [ -d "$checkpoint" ] && rm -rf "$checkpoint.old"
+[ ! -d "$checkpoint" ] && [ -d "$checkpoint.old" ] && mv "$checkpoint.old" "$checkpoint"
 
 if [ -d "$checkpoint" ]; then
     say "restoring cluster $name from $checkpoint (restart ${SLURM_RESTART_COUNT:-0})"
@@ -76,6 +90,7 @@ fi
 waiter=$!
 wait "$waiter"
 status=$?
+trap - USR1   # the program has ended: nothing left to save
 "$hpcvm" cluster down "$name"
 rm -rf "$checkpoint"
 say "the program ended with exit status $status"

@@ -261,11 +261,15 @@ def wait_cmd(name: str, command_id: int | None, timeout: float | None) -> int:
     """Wait for a command cluster exec --detach started; print its output, exit with its
     exit status. ID may be left out when there is one."""
     from hpcvm.cluster import control
+    from hpcvm.runtime.model import ExecResult
 
-    result = control.wait_detached(name, command_id, timeout)
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr)
-    return result.exit_code
+    def report(result: ExecResult) -> None:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    return control.wait_detached(name, command_id, timeout, report).exit_code
 
 
 @cluster.command("checkpoint")

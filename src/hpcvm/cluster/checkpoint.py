@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcvm.cluster import control, state
+from hpcvm.cluster.batch import BatchSystem
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.checkpoint_model import (
     KEY_FILE,
@@ -37,7 +39,7 @@ from hpcvm.cluster.checkpoint_node import NodeResult, NodeVm, Phase, parse_resul
 from hpcvm.cluster.spawn import internal_argv
 from hpcvm.cluster.spec import ClusterSpec, NodeEvent
 from hpcvm.cluster.state import ClusterRecord
-from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
+from hpcvm.errors import HpcvmError, RuntimeFailure
 from hpcvm.runtime import checkpoint_dir
 from hpcvm.signals import signals_deferred
 
@@ -59,28 +61,24 @@ class JobSaved:
 def checkpoint(name: str, directory: Path, *, resume_after: bool, say: Say) -> JobSaved:
     """Check, pause, save every VM of cluster ``name`` into ``directory``, then take the
     job's VMs down (or run them on). On failure the VMs run again and no directory is
-    left."""
+    left. A Ctrl-C or SIGTERM waits until the VMs run again or are saved: a phase is not
+    cut short on some nodes while it goes on on others."""
     target = checkpoint_dir.check_target(directory)
     with state.one_writer(name):
         record, ready = _ready_vms(name)
         spec = _saved_spec(record)
+        _phase(record, ready, "check", target.parent)
         partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-        try:
+        with signals_deferred():
             saved = _save_all(record, ready, spec, partial, target, say)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
-        if not resume_after:
-            with signals_deferred():
+            if resume_after:
+                _phase(record, ready, "resume", target)
+                say(f"{name}: every VM runs again")
+                paused = time.monotonic() - saved.began
+            else:
+                paused = saved.manifest.pause_seconds
                 control.take_down(record, say)
-            return JobSaved(
-                saved.directory, saved.manifest, saved.results, saved.manifest.pause_seconds
-            )
-        _phase(record, ready, "resume", partial.parent)
-        say(f"{name}: every VM runs again")
-        return JobSaved(
-            saved.directory, saved.manifest, saved.results, time.monotonic() - saved.began
-        )
+        return JobSaved(saved.directory, saved.manifest, saved.results, paused)
 
 
 @dataclass(frozen=True)
@@ -99,33 +97,35 @@ def _save_all(
     target: Path,
     say: Say,
 ) -> _Written:
-    _phase(record, ready, "check", partial)
+    """Pause every VM, save them all into ``partial``, then commit it as ``target``.
+    Whatever fails on the way, the partial directory goes and every VM runs again."""
     began = time.monotonic()
-    _phase(record, ready, "pause", partial)
-    say(f"{record.name}: every VM paused")
     try:
+        _phase(record, ready, "pause", partial)
+        say(f"{record.name}: every VM paused")
         results = _phase(record, ready, "save", partial)
+        manifest = JobManifest(
+            name=record.name,
+            job_id=record.job_id,
+            saved_at=time.time(),
+            spec=spec,
+            network=record.network,
+            vcpus=record.vcpus,
+            vms=tuple(
+                SavedVm(index=e.index, node=e.node, vm=e.vm, address=e.address or "") for e in ready
+            ),
+            detached=record.detached,
+            key_sha256=_copy_keys(record.name, partial),
+            pause_seconds=round(time.monotonic() - began, 6),
+        )
+        checkpoint_dir.commit_directory(
+            partial, MANIFEST, manifest.model_dump_json(indent=2), target
+        )
     except BaseException:
-        with contextlib.suppress(HpcvmError), signals_deferred():
-            _phase(record, ready, "resume", partial)
+        shutil.rmtree(partial, ignore_errors=True)
+        with contextlib.suppress(HpcvmError):
+            _phase(record, ready, "resume", target.parent)
         raise
-    paused = time.monotonic() - began
-    keys = _copy_keys(record.name, partial)
-    manifest = JobManifest(
-        name=record.name,
-        job_id=record.job_id,
-        saved_at=time.time(),
-        spec=spec,
-        network=record.network,
-        vcpus=record.vcpus,
-        vms=tuple(
-            SavedVm(index=e.index, node=e.node, vm=e.vm, address=e.address or "") for e in ready
-        ),
-        detached=record.detached,
-        key_sha256=keys,
-        pause_seconds=round(paused, 6),
-    )
-    _commit(partial, manifest, target)
     return _Written(target, manifest, results, began)
 
 
@@ -172,25 +172,45 @@ def _phase(
         STEP_NAME,
         [*internal_argv("checkpoint-node"), phase.model_dump_json()],
     )
+    stdout, stderr, code = _run_step(batch, record, argv, action)
     try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, check=False, timeout=PHASE_TIMEOUT
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeFailure(
-            f"the {action} step did not end on every node within {PHASE_TIMEOUT:g} s"
-        ) from exc
-    results = parse_results(done.stdout)
+        results = parse_results(stdout)
+    except ValueError as exc:
+        raise RuntimeFailure(f"the {action} step answered garbled lines ({exc})") from None
     failed = [r for r in results if not r.ok]
     missing = sorted(set(phase.vms) - {r.node for r in results})
     if failed or missing:
         said = [f"{r.node}: {r.message}" for r in failed]
-        why = f"step exit {done.returncode}: {_tail(done.stderr)}"
+        why = f"step exit {code}: {_tail(stderr)}"
         said += [f"{n}: no answer ({why})" for n in missing]
         raise RuntimeFailure(
             f"cluster checkpoint of {record.name}: {action} failed on {'; '.join(said)}"
         )
     return results
+
+
+def _run_step(
+    batch: BatchSystem, record: ClusterRecord, argv: list[str], action: str
+) -> tuple[str, str, int]:
+    """Run one phase's step to its end; past PHASE_TIMEOUT the step is ended on every
+    node (not only the local srun) before RuntimeFailure, so no task goes on saving
+    while the VMs are resumed."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=PHASE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        step = batch.find_step(control.allocation_of(record), STEP_NAME)
+        if step is not None:
+            batch.signal_step(step, None)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RuntimeFailure(
+            f"the {action} step did not end on every node within {PHASE_TIMEOUT:g} s; it was ended"
+        ) from None
+    return stdout, stderr, proc.returncode
 
 
 def _tail(text: str) -> str:
@@ -206,22 +226,3 @@ def _copy_keys(name: str, partial: Path) -> dict[str, str]:
         entry = checkpoint_dir.copy_hashed(source / file_name, partial / file_name)
         digests[file_name] = entry.sha256
     return digests
-
-
-def _commit(partial: Path, manifest: JobManifest, target: Path) -> None:
-    """The manifest last, then the directory into place in one rename."""
-    path = partial / MANIFEST
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(manifest.model_dump_json(indent=2))
-        fh.flush()
-        os.fsync(fh.fileno())
-    checkpoint_dir.fsync_dir(partial)
-    try:
-        os.rename(partial, target)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot put the job checkpoint at {target} ({exc.strerror}): did another "
-            "process create it meanwhile? give a new directory"
-        ) from exc
-    checkpoint_dir.fsync_dir(target.parent)

@@ -67,7 +67,7 @@ class JobManifest(Frozen):
     vms: tuple[SavedVm, ...]
     detached: tuple[DetachedExec, ...] = ()
     key_sha256: dict[str, str]  # file name -> SHA-256 (the job's key pair)
-    pause_seconds: float  # from the first VM paused to the last saved
+    pause_seconds: float  # from the start of the pause step to the end of the save step
 
 
 def sha256_of(path: Path) -> str:

@@ -42,7 +42,7 @@ class Phase(Frozen):
     action: Action
     batch: str
     vms: dict[str, NodeVm]  # node name -> its VM
-    directory: str  # the job checkpoint being written (its hidden sibling)
+    directory: str  # check: where the checkpoint goes; save: its hidden sibling
 
 
 class NodeResult(Frozen):
@@ -76,6 +76,8 @@ def run(phase_json: str) -> int:
         result = _act(phase, node)
     except HpcvmError as exc:
         result = NodeResult(node=node, ok=False, message=str(exc))
+    except Exception as exc:  # any failure is this node's answer, never an exit code
+        result = NodeResult(node=node, ok=False, message=f"{type(exc).__name__}: {exc}")
     result = result.model_copy(update={"seconds": round(time.monotonic() - begin, 6)})
     sys.stdout.write(result.line() + "\n")
     sys.stdout.flush()
@@ -95,8 +97,8 @@ def _act(phase: Phase, node: str) -> NodeResult:
         checkpoint.check(machine)
         if not directory.is_dir():
             raise UsageError(
-                f"node {node} does not see {directory.parent}: a job checkpoint goes on a "
-                "file system every node of the job shares (and the nodes that restore it)"
+                f"node {node} does not see {directory}: a job checkpoint goes on a file "
+                "system every node of the job shares (and the nodes that restore it)"
             )
     elif phase.action == "pause":
         checkpoint.pause(machine)

@@ -38,7 +38,7 @@ from hpcvm.cluster.spec import (
     latest_per_node,
 )
 from hpcvm.cluster.state import ClusterRecord
-from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.errors import BusyError, RuntimeFailure, UsageError
 from hpcvm.runtime import paths
 from hpcvm.runtime import state as vm_state
 from hpcvm.runtime.model import ExecResult, Machine
@@ -84,8 +84,8 @@ def up(
         check_addresses(request.first_address, len(allocation.nodes))
     name = request.name
     with state.one_writer(name), state.claimed(name) as directory:
-        if restore is not None:
-            public, private = state.install_keys(directory, restore)
+        if saved is not None and restore is not None:
+            public, private = state.install_keys(directory, restore, saved.key_sha256)
         else:
             public, private = state.make_keys(directory, name)
         timeline.mark("client: keys made")
@@ -402,9 +402,13 @@ def exec_detached(name: str, argv: Sequence[str], workdir: str) -> DetachedExec:
 WAIT_POLL = 0.5  # seconds between asks whether a detached command has ended
 
 
-def wait_detached(name: str, pid: int | None, timeout: float | None) -> ExecResult:
-    """Until the detached command ``pid`` (the only one when None) ends: its output
-    and exit status, collected once (qemu-ga then forgets them)."""
+def wait_detached(
+    name: str, pid: int | None, timeout: float | None, report: Callable[[ExecResult], None]
+) -> ExecResult:
+    """Until the detached command ``pid`` (the only one when None) ends; then
+    ``report(result)``, its output and exit status. qemu-ga tells an ended command's
+    result once and then forgets it: a SIGTERM or Ctrl-C that arrives between asking
+    and reporting waits until the result is reported."""
     from hpcvm.runtime.guest_exec import ExecTimeout, connected
 
     record, first = first_vm(name)
@@ -412,18 +416,29 @@ def wait_detached(name: str, pid: int | None, timeout: float | None) -> ExecResu
     machine = vm_of(name, first)
     deadline = None if timeout is None else time.monotonic() + timeout
     with connected(machine) as agent:
-        while (result := agent.exit_status(chosen.pid)) is None:
+        while True:
+            with signals_deferred():
+                result = agent.exit_status(chosen.pid)
+                if result is not None:
+                    report(result)
+                    _forget(name, chosen.pid)
+                    return result
             if deadline is not None and time.monotonic() > deadline:
                 raise ExecTimeout(
                     f"command {chosen.pid} ({' '.join(chosen.argv)}) still runs after "
                     f"{timeout:g} s; wait again later"
                 )
             time.sleep(WAIT_POLL)
-    with state.one_writer(name):
+
+
+def _forget(name: str, pid: int) -> None:
+    """Drop a collected command from the record; when another command holds the
+    record's lock (a checkpoint), the stale entry stays: asking for it again says qemu-ga
+    no longer knows it."""
+    with contextlib.suppress(BusyError), state.one_writer(name):
         record = state.read_record(name)
-        left = tuple(d for d in record.detached if d.pid != chosen.pid)
+        left = tuple(d for d in record.detached if d.pid != pid)
         state.write_record(record.model_copy(update={"detached": left}))
-    return result
 
 
 def _detached(record: ClusterRecord, pid: int | None) -> DetachedExec:

@@ -77,9 +77,13 @@ def _warn(text: str) -> None:
     """A warning of this node's ``up``: on stderr, which the step relays to the holder
     log. Not the one that a disk image's address is not set: the node sets it
     (guest_mpi.address_script)."""
-    if text == lifecycle.DISK_ADDRESS_WARNING:
-        return
-    sys.stderr.write(f"hpcvm: warning: {text}\n")
+    if text != lifecycle.DISK_ADDRESS_WARNING:
+        _stderr(f"warning: {text}")
+
+
+def _stderr(text: str) -> None:
+    """A line on stderr, which the step relays to the holder log."""
+    sys.stderr.write(f"hpcvm: {text}\n")
     sys.stderr.flush()
 
 
@@ -182,16 +186,11 @@ def _restore(spec: ClusterSpec, place: TaskPlace) -> tuple[Machine, Claim | None
         held.release()
         raise
     if restored.clock is not None:
-        _say(
+        _stderr(
             f"{saved.vm}: guest clock was {restored.clock.behind_before:.1f} s behind the "
             "host's; stepped to it"
         )
     return restored.machine, held
-
-
-def _say(text: str) -> None:
-    sys.stderr.write(f"hpcvm: {text}\n")
-    sys.stderr.flush()
 
 
 def _up(spec: ClusterSpec, request: PlanRequest, options: UpOptions) -> Machine:
@@ -229,18 +228,30 @@ def _hold(machine: Machine) -> bool:
 
 
 def _vm_name(spec: ClusterSpec, place: TaskPlace) -> str:
-    """This node's VM's name: a new one's from the node, a restored one's as saved."""
+    """This node's VM's name: a new one's from the node, a restored one's as saved.
+    A restored name already in use here is refused before the reaper starts: the
+    reaper would take that other VM down when this task ends."""
     if not spec.restore:
         return spec.vm_name(place.node)
     from hpcvm.cluster.checkpoint_model import read
+    from hpcvm.runtime import paths
 
-    return read(Path(spec.restore)).vms[place.index].vm
+    vm = read(Path(spec.restore)).vms[place.index].vm
+    if paths.run_dir(vm).exists():
+        raise UsageError(
+            f"a VM named {vm} already exists on node {place.node}: does the job this "
+            "checkpoint was saved from still run? take it down first, or restore elsewhere"
+        )
+    return vm
 
 
 def run() -> int:
     """The task's whole life; its exit code tells the step whether this node failed."""
     timeline.mark_process_start("node: process start")
     timeline.mark("node: task entered")
+    # SIGUSR1 is the go of a restore (below); anyone else's (a batch script's
+    # --signal=USR1 without B:) must not end the VMs
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     spec = read_spec()
     place = get_batch(spec.batch).task_place(os.environ)
     try:

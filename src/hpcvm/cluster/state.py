@@ -205,13 +205,15 @@ def read_spec(name: str) -> ClusterSpec | None:
     return ClusterSpec.model_validate_json(path.read_text()) if path.is_file() else None
 
 
-def install_keys(directory: Path, source: Path) -> tuple[str, str]:
+def install_keys(directory: Path, source: Path, sha256: dict[str, str]) -> tuple[str, str]:
     """A saved job's key pair (a restore, cluster/checkpoint_model.py) copied into
-    ``directory``, private: (public, private)."""
+    ``directory``, private, each checked against its recorded SHA-256 as it is copied:
+    (public, private)."""
+    from hpcvm.runtime.checkpoint_dir import copy_hashed
+
     for name in (KEY_FILE, f"{KEY_FILE}.pub"):
-        fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write((source / name).read_bytes())
+        if copy_hashed(source / name, directory / name).sha256 != sha256.get(name):
+            raise UsageError(f"job checkpoint {source} is damaged: {name} changed")
     key = directory / KEY_FILE
     return key.with_suffix(".pub").read_text(), key.read_text()
 

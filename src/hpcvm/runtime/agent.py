@@ -287,7 +287,7 @@ class GuestAgent:
         """Start ``argv`` in the guest with its output captured; its guest pid. qemu-ga
         keeps the process's output and exit status in the guest's memory until
         :meth:`exit_status` has reported its end once: a detached ``cluster exec``
-        outlives a checkpoint and restore of its VMs this way (cluster/jobs.py)."""
+        outlives a checkpoint and restore of its VMs this way (cluster/control.py)."""
         if not argv:
             raise RuntimeFailure("nothing to run in the guest: empty command")
         args: dict[str, Any] = {"path": argv[0], "arg": list(argv[1:]), "capture-output": True}

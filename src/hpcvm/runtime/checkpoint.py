@@ -65,6 +65,7 @@ from hpcvm.runtime.checkpoint_model import (
 from hpcvm.runtime.checkpoint_qemu import QemuStateSaver
 from hpcvm.runtime.model import Machine
 from hpcvm.runtime.options import UpOptions
+from hpcvm.signals import signals_deferred
 
 if TYPE_CHECKING:
     from hpcvm.runtime.agent import GuestAgent
@@ -372,7 +373,12 @@ def restore(
     machine = lifecycle.up(
         plan, options, host=host, warn=warn, media=_media(checkpoint), load_state=load_state
     )
-    clock = _step_clock(machine, warn) if step_clock else None
+    try:
+        clock = _step_clock(machine, warn) if step_clock else None
+    except BaseException:
+        with signals_deferred():
+            stopping.teardown(machine)
+        raise
     return Restored(machine, checkpoint, time.monotonic() - begin, clock)
 
 

@@ -111,13 +111,20 @@ def writing(target: Path) -> Iterator[Writer]:
 def commit(writer: Writer, manifest: Manifest, target: Path) -> Path:
     """Write the manifest (listing the writer's files) last, then move the directory
     into place at ``target`` in one rename; the target, absolute."""
-    target = target.absolute()
     complete = manifest.model_copy(update={"files": dict(writer.files)})
-    with _private(writer.path(MANIFEST)) as fh:
-        fh.write(complete.model_dump_json(indent=2).encode())
-    fsync_dir(writer.partial)
+    return commit_directory(writer.partial, MANIFEST, complete.model_dump_json(indent=2), target)
+
+
+def commit_directory(partial: Path, manifest_name: str, manifest: str, target: Path) -> Path:
+    """Write ``manifest`` (private, fsynced) into ``partial`` last, then move the
+    directory into place at ``target`` in one rename (a job checkpoint too,
+    cluster/checkpoint.py); the target, absolute."""
+    target = target.absolute()
+    with _private(partial / manifest_name) as fh:
+        fh.write(manifest.encode())
+    fsync_dir(partial)
     try:
-        os.rename(writer.partial, target)
+        os.rename(partial, target)
     except OSError as exc:
         raise UsageError(
             f"cannot put the checkpoint at {target} ({exc.strerror}): did another "
