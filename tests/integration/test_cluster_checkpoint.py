@@ -108,6 +108,8 @@ def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterato
             HPCVM_IMAGE=str(image),
             HPCVM_MEMORY="384M",
             HPCVM_CHECKPOINT=str(work / "checkpoint"),
+            # two disk-image guests booting at once under TCG: minutes on a slow day
+            HPCVM_UP_OPTIONS="--accel tcg --housekeeping 0 --timeout 900 --ready-timeout 600",
         )
         out = work / "job.out"
         argv = ["sbatch", "-N", "2", f"--nodelist={','.join(FIRST)}", f"--chdir={work}",
