@@ -156,6 +156,16 @@ def links_in(namespace: str, known: set[str]) -> list[str]:
     return sorted(names - known)
 
 
+def _batch_signals() -> None:
+    """A job starts with every signal at its default action, as slurmd starts one,
+    whatever this test process inherited: run in the background by a non-interactive
+    shell (`nohup .ci/run &`), it ignores SIGINT and SIGHUP, and a job started from it
+    would too (bash cannot trap a signal ignored on entry, Python installs no
+    KeyboardInterrupt handler), so interrupting it would test nothing."""
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @dataclass
 class SlurmSite:
     """The Slurm test cluster, its jobs submitted by the unprivileged test user."""
@@ -315,6 +325,7 @@ class LocalSite:
                 env={**os.environ, **env},
                 cwd=workdir,
                 start_new_session=True,
+                preexec_fn=_batch_signals,
             )
         job = Job(id=str(proc.pid), out=out, proc=proc)
         self.jobs.append(job)
