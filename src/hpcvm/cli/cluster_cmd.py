@@ -249,7 +249,7 @@ def exec_cmd(name: str, timeout: float | None, detach: bool, argv: tuple[str, ..
 
 @cluster.command("wait")
 @click.argument("name")
-@click.argument("command_id", metavar="ID", type=int, required=False)
+@click.argument("command_id", metavar="[ID]", type=int, required=False)
 @click.option(
     "--timeout",
     callback=seconds,
