@@ -1,4 +1,4 @@
-"""`hpcvm cluster up|ps|exec|wait|checkpoint|down`: tuned VMs on every node of a batch job.
+"""`hpcvm cluster up|ps|exec|wait|checkpoint|migrate|down`: tuned VMs on every node of a batch job.
 
 Thin: options become a ClusterRequest, hpcvm/cluster/ does the work. Run inside an
 allocation (a batch script under ``sbatch -N N``, or ``salloc``), on its first node, or
@@ -40,7 +40,8 @@ def cluster() -> None:
     ranks on every VM (--detach, then cluster wait); cluster ps lists them; cluster
     down stops them all. scancel or the job's end stops them too. cluster checkpoint
     saves every VM of a job booted from a disk image (--image), and cluster up
-    --restore starts them again in a later job. On one machine: cluster up --batch
+    --restore starts them again in a later job; cluster migrate moves one node's VM to
+    a spare node (cluster up --spare) while it runs. On one machine: cluster up --batch
     local --nodes N.
     """
 
@@ -60,6 +61,13 @@ def cluster() -> None:
     type=click.IntRange(min=1),
     default=None,
     help="How many nodes (local: made here; slurm: checked against the allocation).",
+)
+@click.option(
+    "--spare",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Keep the allocation's last K nodes free of VMs, for cluster migrate.",
 )
 @vm_options_shape_optional
 @click.option(
@@ -81,7 +89,13 @@ def cluster() -> None:
     "in node order, each re-planned for its node; the VM options are the checkpoint's.",
 )
 def up_cmd(
-    name: str, batch: str, nodes: int | None, timeout: float, restore: Path | None, **kw: Any
+    name: str,
+    batch: str,
+    nodes: int | None,
+    spare: int,
+    timeout: float,
+    restore: Path | None,
+    **kw: Any,
 ) -> int:
     """Start one VM per node of this allocation; return when every guest answers.
 
@@ -99,7 +113,7 @@ def up_cmd(
 
     if restore is not None:
         _refuse_vm_options(kw)
-        request = control.restore_request(restore, name, batch, nodes, os.getcwd())
+        request = control.restore_request(restore, name, batch, nodes, os.getcwd(), spare)
         with interrupting():
             ready = control.up(request, timeout, _say, restore=restore.absolute())
         _say(f"{name}: {len(ready)} VM(s) restored and running")
@@ -125,6 +139,7 @@ def up_cmd(
         nodes=nodes,
         first_address=values.address,
         workdir=os.getcwd(),
+        spare=spare,
     )
     with interrupting():
         ready = control.up(request, timeout, _say)
@@ -161,13 +176,17 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
     from rich.table import Table
 
     from hpcvm.cluster import control
+    from hpcvm.cluster.spec import spare_nodes
+    from hpcvm.cluster.state import events
 
     record, latest, alive = control.status(name)
+    listening = spare_nodes(events(name))
+    gone = "starting" if alive else "gone"
+    spares = {n: "spare" if n in listening else gone for n in record.spare}
     if as_json:
         rows = [e.model_dump(exclude={"step"}) for e in latest]
-        console.print_json(
-            data={"name": name, "job": record.job_id, "holder": alive, "nodes": rows}
-        )
+        data = {"name": name, "job": record.job_id, "holder": alive, "nodes": rows}
+        console.print_json(data={**data, "spare": spares})
         return 0
     table = Table(title=f"cluster {name} (job {record.job_id})")
     for column in ("node", "VM", "state", "address", "vCPU -> PU", "profile", "accel"):
@@ -181,6 +200,8 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
         pins = " ".join(f"{v}->{'-' if pu is None else pu}" for v, pu in enumerate(e.vcpu_pus))
         state = e.event if alive or e.event != "ready" else "gone"
         table.add_row(node, e.vm, state, e.address or "", pins, e.profile or "", e.accel or "")
+    for node, said in spares.items():
+        table.add_row(node, "", said, "", "", "", "")
     # Not cut to 80 columns when piped into a batch job's output: every cell whole.
     (console if console.is_terminal else Console(width=WIDE, emoji=False)).print(table)
     return 0
@@ -292,6 +313,29 @@ def checkpoint_cmd(name: str, directory: Path, resume: bool) -> int:
         f"{name}: {len(saved.results)} VM(s) saved in {saved.directory} "
         f"({size / 2**20:.1f} MiB); {how} {saved.paused_seconds:.2f} s"
         + ("" if resume else ", then taken down")
+    )
+    return 0
+
+
+@cluster.command("migrate")
+@click.argument("name")
+@click.option("--node", "node", required=True, help="The node whose VM moves.")
+@click.option("--to", "to", required=True, help="A spare node of the job (cluster up --spare).")
+def migrate_cmd(name: str, node: str, to: str) -> int:
+    """Move the VM on --node to the spare node --to while it runs (live migration),
+    re-planned there; the guest keeps its address, and the old node becomes a spare."""
+    from hpcvm.cluster import migrate
+
+    with interrupting():
+        moved = migrate.migrate(name, node, to, say=_say)
+    sent = moved.sent
+    downtime, disk = sent.downtime_ms or 0.0, sent.disk_ms or 0.0
+    _say(
+        f"{name}: {moved.vm} moved from {moved.source} to {moved.target} as "
+        f"{moved.arrived.vm} at {moved.arrived.address}; the guest stood still "
+        f"{downtime + disk:.0f} ms ({downtime:.0f} ms QEMU's last pass, {disk:.0f} ms its "
+        f"disk overlay), {(sent.total_ms or 0) / 1000:.2f} s in all; "
+        f"{sent.state_bytes / 2**20:.1f} MiB RAM and {sent.disk_bytes / 2**20:.1f} MiB disk sent"
     )
     return 0
 

@@ -108,7 +108,7 @@ def _save_all(
             name=record.name,
             job_id=record.job_id,
             saved_at=time.time(),
-            spec=spec,
+            spec=spec.model_copy(update={"migration_secret": ""}),
             network=record.network,
             vcpus=record.vcpus,
             vms=tuple(
@@ -172,7 +172,7 @@ def _phase(
         STEP_NAME,
         [*internal_argv("checkpoint-node"), phase.model_dump_json()],
     )
-    stdout, stderr, code = _run_step(batch, record, argv, action)
+    stdout, stderr, code = run_step(batch, record, argv, action)
     try:
         results = parse_results(stdout)
     except ValueError as exc:
@@ -181,7 +181,7 @@ def _phase(
     missing = sorted(set(phase.vms) - {r.node for r in results})
     if failed or missing:
         said = [f"{r.node}: {r.message}" for r in failed]
-        why = f"step exit {code}: {_tail(stderr)}"
+        why = f"step exit {code}: {tail(stderr)}"
         said += [f"{n}: no answer ({why})" for n in missing]
         raise RuntimeFailure(
             f"cluster checkpoint of {record.name}: {action} failed on {'; '.join(said)}"
@@ -189,19 +189,30 @@ def _phase(
     return results
 
 
-def _run_step(
-    batch: BatchSystem, record: ClusterRecord, argv: list[str], action: str
+def run_step(
+    batch: BatchSystem,
+    record: ClusterRecord,
+    argv: list[str],
+    action: str,
+    *,
+    name: str = STEP_NAME,
+    env: dict[str, str] | None = None,
 ) -> tuple[str, str, int]:
-    """Run one phase's step to its end; past PHASE_TIMEOUT the step is ended on every
-    node (not only the local srun) before RuntimeFailure, so no task goes on saving
-    while the VMs are resumed."""
+    """Run one phase's step (called ``name``) to its end; past PHASE_TIMEOUT the step
+    is ended on every node (not only the local srun) before RuntimeFailure, so no task
+    goes on saving while the VMs are resumed."""
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
     )
     try:
         stdout, stderr = proc.communicate(timeout=PHASE_TIMEOUT)
     except subprocess.TimeoutExpired:
-        step = batch.find_step(control.allocation_of(record), STEP_NAME)
+        step = batch.find_step(control.allocation_of(record), name)
         if step is not None:
             batch.signal_step(step, None)
         with contextlib.suppress(ProcessLookupError):
@@ -213,7 +224,7 @@ def _run_step(
     return stdout, stderr, proc.returncode
 
 
-def _tail(text: str) -> str:
+def tail(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "nothing said"
 

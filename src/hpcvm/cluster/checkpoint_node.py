@@ -52,6 +52,9 @@ class NodeResult(Frozen):
     seconds: float = 0.0
     state_bytes: int = 0
     disk_bytes: int = 0
+    downtime_ms: float | None = None  # a live migration's (cluster migrate): QEMU's,
+    disk_ms: float | None = None  # then still paused while the disk overlay is copied
+    total_ms: float | None = None
 
     def line(self) -> str:
         return RESULT_PREFIX + self.model_dump_json()

@@ -36,11 +36,13 @@ from hpcvm.cluster.spec import (
     NodeEvent,
     check_addresses,
     latest_per_node,
+    spare_nodes,
 )
 from hpcvm.cluster.state import ClusterRecord
 from hpcvm.errors import BusyError, RuntimeFailure, UsageError
 from hpcvm.runtime import paths
 from hpcvm.runtime import state as vm_state
+from hpcvm.runtime.migration_channel import new_secret
 from hpcvm.runtime.model import ExecResult, Machine
 from hpcvm.runtime.shares import check_job_dir
 from hpcvm.signals import signals_deferred
@@ -75,13 +77,15 @@ def up(
     if saved is None:
         _check_new_guests(request)
     allocation = batch.allocation(request.nodes, os.environ)
-    if saved is not None and len(saved.vms) != len(allocation.nodes):
+    vm_nodes = _vm_nodes(allocation, request.spare)
+    if saved is not None and len(saved.vms) != len(vm_nodes):
         raise UsageError(
             f"job checkpoint {restore} holds {len(saved.vms)} VMs and this allocation has "
-            f"{len(allocation.nodes)} node(s): restore it in a job of {len(saved.vms)} nodes"
+            f"{len(vm_nodes)} node(s) for VMs: restore it in a job of {len(saved.vms)} "
+            "nodes (plus --spare)"
         )
     if request.first_address != AUTO:
-        check_addresses(request.first_address, len(allocation.nodes))
+        check_addresses(request.first_address, len(vm_nodes))
     name = request.name
     with state.one_writer(name), state.claimed(name) as directory:
         if saved is not None and restore is not None:
@@ -96,6 +100,7 @@ def up(
                 "nodes": len(allocation.nodes),
                 "public_key": public,
                 "restore": str(restore) if restore is not None else None,
+                "migration_secret": new_secret(),
             }
         )
         state.write_spec(directory, spec)
@@ -105,16 +110,18 @@ def up(
             name=name,
             batch=batch.name,
             job_id=allocation.job_id,
-            nodes=allocation.nodes,
+            nodes=vm_nodes,
+            spare=allocation.nodes[len(vm_nodes) :],
             holder_pid=holder.pid,
             network=saved.network if saved is not None else "",
             vcpus=spec.plan.vcpus,
             detached=saved.detached if saved is not None else (),
         )
         state.write_record(record)
-        nodes = ", ".join(allocation.nodes)
         verb = "restoring the VMs of a job checkpoint" if saved else "starting a VM"
-        say(f"{name}: {verb} on {len(allocation.nodes)} node(s): {nodes}")
+        say(f"{name}: {verb} on {len(vm_nodes)} node(s): {', '.join(vm_nodes)}")
+        if record.spare:
+            say(f"{name}: spare node(s), for cluster migrate: {', '.join(record.spare)}")
         try:
             if saved is not None:
                 _wait_for(record, holder, timeout, say, "loaded")
@@ -129,6 +136,16 @@ def up(
             with signals_deferred():
                 _take_down(record, holder, say)
             raise
+
+
+def _vm_nodes(allocation: Allocation, spare: int) -> tuple[str, ...]:
+    """The allocation's nodes that start a VM: all but the last ``spare``."""
+    if spare >= len(allocation.nodes):
+        raise UsageError(
+            f"--spare {spare} leaves none of the allocation's {len(allocation.nodes)} "
+            "node(s) for a VM: ask the batch system for more nodes, or fewer spares"
+        )
+    return allocation.nodes[: len(allocation.nodes) - spare]
 
 
 def _check_new_guests(request: ClusterRequest) -> None:
@@ -220,7 +237,8 @@ def _wait_for(
     deadline = time.monotonic() + timeout
     announced: set[int] = set()
     while True:
-        latest = latest_per_node(state.events(record.name))
+        events = state.events(record.name)
+        latest = latest_per_node(events)
         for index, event in latest.items():
             if event.event == kind and index not in announced:
                 announced.add(index)
@@ -234,7 +252,7 @@ def _wait_for(
                 f"{_log_hint(record.name)}"
             )
         arrived = [e for e in latest.values() if e.event == kind]
-        if len(arrived) == len(record.nodes):
+        if len(arrived) == len(record.nodes) and _spares_listen(record, events):
             return arrived
         if holder.poll() is not None:
             raise RuntimeFailure(
@@ -248,6 +266,11 @@ def _wait_for(
                 f"{timeout:g} s{_log_hint(record.name)}"
             )
         time.sleep(POLL)
+
+
+def _spares_listen(record: ClusterRecord, events: list[NodeEvent]) -> bool:
+    """Every spare node's task listens for a migrating VM."""
+    return set(record.spare) <= set(spare_nodes(events))
 
 
 def _log_hint(name: str) -> str:
@@ -268,6 +291,11 @@ def allocation_of(record: ClusterRecord) -> Allocation:
 def _step(record: ClusterRecord, batch: BatchSystem) -> str | None:
     found = next((e.step for e in state.events(record.name) if e.step), None)
     return found or batch.find_step(allocation_of(record), step_name(record.name))
+
+
+def allocation_of_nodes(record: ClusterRecord, nodes: tuple[str, ...]) -> Allocation:
+    """Part of the job's allocation: a step on ``nodes`` only."""
+    return Allocation(batch=record.batch, job_id=record.job_id, nodes=nodes)
 
 
 def _take_down(
@@ -453,12 +481,19 @@ def _detached(record: ClusterRecord, pid: int | None) -> DetachedExec:
 
 
 def restore_request(
-    directory: Path, name: str, batch: str, nodes: int | None, workdir: str
+    directory: Path, name: str, batch: str, nodes: int | None, workdir: str, spare: int = 0
 ) -> ClusterRequest:
     """What ``cluster up --restore`` asks: the saved job's request (every node plans it
-    again for itself), under this job's name, batch system and directory."""
+    again for itself), under this job's name, batch system, directory and spares."""
     saved = checkpoint_model.read(directory)
     fields = saved.spec.model_dump(include=set(ClusterRequest.model_fields))
     return ClusterRequest.model_validate(
-        {**fields, "name": name, "batch": batch, "nodes": nodes, "workdir": workdir}
+        {
+            **fields,
+            "name": name,
+            "batch": batch,
+            "nodes": nodes,
+            "workdir": workdir,
+            "spare": spare,
+        }
     )

@@ -13,6 +13,8 @@
   benchmark container (bench_containers.py);
 - ``container-rank SPEC_JSON ARGV...``: one MPI rank entering its node's container
   (bench_containers.py);
+- ``migrate-source REQUEST_JSON``: the one task of a ``cluster migrate`` step on the
+  VM's node: sends the VM to a spare node (migrate_node.py).
 - ``checkpoint-node PHASE_JSON``: one task of a ``cluster checkpoint`` phase: check,
   pause, save or resume this node's VM (checkpoint_node.py).
 
@@ -101,6 +103,14 @@ def _checkpoint_node(args: list[str]) -> int:
     return checkpoint_node.run(args[0])
 
 
+def _migrate_source(args: list[str]) -> int:
+    from hpcvm.cluster import migrate_node
+
+    if len(args) != 1:
+        raise UsageError("migrate-source takes one argument: the request as JSON")
+    return migrate_node.run_source(args[0])
+
+
 def _no_more(args: list[str], role: str) -> None:
     if args:
         raise UsageError(f"{role} takes no arguments")
@@ -115,6 +125,7 @@ ROLES: dict[str, Callable[[list[str]], int]] = {
     "container-node": _container_node,
     "container-rank": _container_rank,
     "checkpoint-node": _checkpoint_node,
+    "migrate-source": _migrate_source,
 }
 
 

@@ -20,12 +20,14 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from ipaddress import IPv4Interface
 from pathlib import Path
 from types import FrameType
+from typing import Literal
 
 from hpcvm import timeline
-from hpcvm.cluster import guest_mpi, reaper
+from hpcvm.cluster import guest_mpi, migrate_node, reaper
 from hpcvm.cluster.addresses import AUTO, Claim, candidates, claim, site_pool
 from hpcvm.cluster.batch import TaskPlace
 from hpcvm.cluster.batches import get_batch
@@ -211,8 +213,8 @@ def _up(spec: ClusterSpec, request: PlanRequest, options: UpOptions) -> Machine:
     return lifecycle.up(request.model_copy(update={"housekeeping": 0}), options, warn=_warn)
 
 
-def _hold(machine: Machine) -> bool:
-    """Wait until the step is ended (True) or the VM dies (False)."""
+def _stop_on_signals() -> threading.Event:
+    """An event the batch system's SIGTERM (or SIGINT, SIGHUP) sets: the step ends."""
     stop = threading.Event()
 
     def _stop(_signum: int, _frame: FrameType | None) -> None:
@@ -220,11 +222,22 @@ def _hold(machine: Machine) -> bool:
 
     for s in _SIGNALS:
         signal.signal(s, _stop)
+    return stop
+
+
+Outcome = Literal["ended", "died", "migrated"]
+
+
+def _hold(machine: Machine, stop: threading.Event) -> Outcome:
+    """Wait until the step is ended, the VM dies, or it migrated away (its QEMU is
+    then stopped here, migrate_node.py)."""
     backend = get_backend(machine.backend, machine.connect_uri)
     while not stop.wait(0.5):
+        if migrate_node.migrated_away(machine):
+            return "migrated"
         if not backend.alive(machine):
-            return False
-    return True
+            return "migrated" if migrate_node.migrated_away(machine) else "died"
+    return "ended"
 
 
 def _vm_name(spec: ClusterSpec, place: TaskPlace) -> str:
@@ -254,13 +267,16 @@ def run() -> int:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     spec = read_spec()
     place = get_batch(spec.batch).task_place(os.environ)
+    spare = place.index >= spec.vm_count
     try:
-        vm = _vm_name(spec, place)
+        vm = spec.vm_name(place.node) if spare else _vm_name(spec, place)
     except HpcvmError as exc:
         emit(_event("failed", spec, place, message=str(exc)))
         return 1
     reaper.start(vm)  # its pipe closes when this process ends
     timeline.mark("node: reaper started")
+    if spare:
+        return _spare(spec, place, _stop_on_signals(), {vm})
     try:
         with interrupting(*_SIGNALS):  # up then removes a half-started VM itself
             machine, held = _restore(spec, place) if spec.restore else _boot(spec, place)
@@ -269,26 +285,69 @@ def run() -> int:
         emit(_event("failed", spec, place, vm=vm, message=why))
         return 1
     timeline.mark("node: ready")
-    emit(
-        _event(
-            "ready",
-            spec,
-            place,
-            vm=machine.name,
-            address=machine.boot.nics[0].address if machine.boot.nics else None,
-            vcpu_pus=tuple(p.host_pu for p in machine.plan.placements),
-            profile=machine.plan.profile,
-            accel=machine.plan.accel,
-            log=machine.boot.serial_log or "",
-        )
-    )
-    ended = _hold(machine)
+    return _serve(spec, place, _stop_on_signals(), {vm}, machine, held)
+
+
+def _serve(
+    spec: ClusterSpec,
+    place: TaskPlace,
+    stop: threading.Event,
+    reaped: set[str],
+    machine: Machine,
+    held: Claim | None,
+) -> int:
+    """Hold the VM until the step ends (0), it dies (1), or it migrates away: then
+    this node becomes a spare (``_spare``)."""
+    emit(_ready(spec, place, machine))
+    outcome = _hold(machine, stop)
     with signals_deferred():  # a second SIGTERM must not cut the teardown short
         stopping.teardown(machine)
         if held is not None:
             held.release()
-    if ended:
+    vm = machine.name
+    if outcome == "ended":
         emit(_event("down", spec, place, vm=vm))
         return 0
-    emit(_event("died", spec, place, vm=vm, message=f"VM {vm} died; see its console log"))
-    return 1
+    if outcome == "died":
+        emit(_event("died", spec, place, vm=vm, message=f"VM {vm} died; see its console log"))
+        return 1
+    emit(_event("migrated", spec, place, vm=vm))
+    return _spare(spec, place, stop, reaped)
+
+
+def _ready(spec: ClusterSpec, place: TaskPlace, machine: Machine) -> NodeEvent:
+    return _event(
+        "ready",
+        spec,
+        place,
+        vm=machine.name,
+        address=machine.boot.nics[0].address if machine.boot.nics else None,
+        vcpu_pus=tuple(p.host_pu for p in machine.plan.placements),
+        profile=machine.plan.profile,
+        accel=machine.plan.accel,
+        log=machine.boot.serial_log or "",
+    )
+
+
+def _spare(spec: ClusterSpec, place: TaskPlace, stop: threading.Event, reaped: set[str]) -> int:
+    """A node without a VM: listen for one to migrate in (migrate_node.py) until the
+    step ends (0); a VM taken in is then held as this node's, under the index it had."""
+    name = spec.vm_name(place.node)
+    host = str(node_address(spec.vm.network or "").ip)
+    try:
+        listener = migrate_node.Listener(host)
+    except OSError as exc:
+        emit(_event("failed", spec, place, message=f"cannot listen on {host}: {exc}"))
+        return 1
+    try:
+        emit(_event("spare", spec, place, vm="", address=listener.address))
+        got = migrate_node.take_in(listener, spec.migration_secret, name, stop, _stderr)
+    finally:
+        listener.close()
+    if got is None:
+        return 0
+    machine, index, held = got
+    if machine.name not in reaped:
+        reaper.start(machine.name)
+        reaped.add(machine.name)
+    return _serve(spec, replace(place, index=index), stop, reaped, machine, held)

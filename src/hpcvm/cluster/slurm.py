@@ -9,6 +9,8 @@ running step therefore goes down exactly when Slurm says the job is over, on eve
 without hpcvm keeping its own list of hosts to visit. ``--overlap`` lets the job's other
 steps (the user's MPI runs, native benchmark runs) share the nodes with it;
 ``--cpu-bind=none`` keeps Slurm's task affinity off QEMU, which hpcvm pins itself;
+``--nodelist`` names the step's nodes (a job's spare nodes, cluster migrate, run none
+of its VMs' phases);
 ``--kill-on-bad-exit`` ends every task when one fails; ``--unbuffered`` relays each
 task's output line as it comes.
 """
@@ -95,6 +97,7 @@ class Slurm:
             program("srun"),
             f"--jobid={allocation.job_id}",
             f"--nodes={count}",
+            f"--nodelist={','.join(allocation.nodes)}",
             f"--ntasks={count}",
             "--ntasks-per-node=1",
             "--overlap",

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
@@ -24,7 +24,9 @@ from hpcvm.runtime.options import VmRequest
 SPEC_ENV = "HPCVM_CLUSTER_SPEC"
 EVENT_PREFIX = "hpcvm-cluster-event "
 
-EventKind = Literal["loaded", "ready", "failed", "died", "down"]
+# A spare node's task reports ``spare`` (listening for a migrating VM at ``address``,
+# HOST:PORT); a node whose VM moved away reports ``migrated``, then ``spare``
+EventKind = Literal["loaded", "ready", "failed", "died", "down", "spare", "migrated"]
 DEFAULT_BATCH = "slurm"
 
 
@@ -44,6 +46,9 @@ class ClusterRequest(VmRequest):
     # A node too small for the hpc profile's housekeeping core plans with none and warns
     # (bench --nodes, as one-node bench does); cluster up refuses instead.
     housekeeping_fallback: bool = False
+    # The allocation's last ``spare`` nodes run no VM: they wait for one to migrate in
+    # (cluster migrate)
+    spare: int = Field(default=0, ge=0)
 
 
 class ClusterSpec(ClusterRequest):
@@ -58,6 +63,14 @@ class ClusterSpec(ClusterRequest):
     # A job checkpoint (cluster/checkpoint_model.py) each node restores its VM from,
     # instead of booting one: ``cluster up --restore DIR``
     restore: str | None = None
+    # What a migration's two nodes prove to each other (runtime/migration_channel.py);
+    # made per job by cluster up (its state is private), left out of job checkpoints
+    migration_secret: str = ""
+
+    @property
+    def vm_count(self) -> int:
+        """How many of the job's nodes start a VM (the first ones; the rest are spare)."""
+        return self.nodes - self.spare
 
     def address(self, index: int) -> ipaddress.IPv4Interface:
         """The guest address of the job's ``index``-th node: the first address plus
@@ -128,8 +141,23 @@ def parse_events(lines: Iterable[str]) -> list[NodeEvent]:
 
 
 def latest_per_node(events: Iterable[NodeEvent]) -> dict[int, NodeEvent]:
-    """Each node's last word, by node index."""
+    """Each VM's last word, by its index in the job. A VM that migrated is the target
+    node's from its ``ready`` on: what its old node says after that (``migrated``) and
+    what a spare says about itself are not the VM's."""
     out: dict[int, NodeEvent] = {}
     for event in events:
-        out[event.index] = event
+        if event.event in ("spare", "migrated"):
+            continue
+        known = out.get(event.index)
+        if known is None or known.node == event.node or event.event == "ready":
+            out[event.index] = event
     return dict(sorted(out.items()))
+
+
+def spare_nodes(events: Iterable[NodeEvent]) -> dict[str, NodeEvent]:
+    """The nodes whose task listens for a migrating VM now, with its ``spare`` event
+    (``address``: where it listens), by node name."""
+    last: dict[str, NodeEvent] = {}
+    for event in events:
+        last[event.node] = event
+    return {node: e for node, e in last.items() if e.event == "spare"}

@@ -47,7 +47,8 @@ class ClusterRecord(Frozen):
     name: str
     batch: str = "slurm"  # the batch system's name (records before it had one: Slurm)
     job_id: str
-    nodes: tuple[str, ...]
+    nodes: tuple[str, ...]  # by VM index: the node that runs it now
+    spare: tuple[str, ...] = ()  # the allocation's nodes that run none (cluster migrate)
     holder_pid: int
     network: str  # the VMs' network, e.g. 10.0.0.0/24
     vcpus: int

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hpcvm.bootspec import BootSpec, Nic
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
@@ -92,6 +92,18 @@ class StateSaver(Protocol):
 
     def load(self, machine: Machine, path: Path) -> None:
         """Load a saved state into a VM started to receive one (``BootSpec.incoming``)."""
+        ...
+
+    def send(self, machine: Machine, conn_fd: int) -> dict[str, Any]:
+        """Live-migrate the VM over a connected socket (runtime/migration.py); the
+        emulator's last word on it (``downtime`` in ms)."""
+        ...
+
+    def receive(
+        self, machine: Machine, conn_fd: int, budget: float, listening: Callable[[], None]
+    ) -> None:
+        """Take a live migration from a connected socket into a VM started to receive;
+        ``listening()`` once the emulator reads it."""
         ...
 
 
@@ -218,7 +230,7 @@ def save(machine: Machine, directory: Path) -> Saved:
             abi=guest_abi(machine.plan, machine.boot),
             options=machine.options,
             boot=machine.boot,
-            base_image=_base_image(machine),
+            base_image=base_image(machine),
             files={},
         )
         target = checkpoint_dir.commit(writer, manifest, directory)
@@ -230,7 +242,7 @@ def _disk_files(boot: BootSpec) -> dict[str, Path]:
     return {name: Path(path) for name, path in files.items() if path is not None}
 
 
-def _base_image(machine: Machine) -> BaseImage | None:
+def base_image(machine: Machine) -> BaseImage | None:
     """The user's image under the overlay (``Machine.image`` of a disk-image guest)."""
     if machine.boot.disk_image is None:
         return None
@@ -270,35 +282,44 @@ def load(directory: Path) -> Checkpoint:
 def check_emulator(checkpoint: Checkpoint, here: Emulator, warn: Warn | None = None) -> None:
     """The QEMU here must be the version that saved the state, with the same machine
     type; a different distribution build of that version only earns a warning."""
-    saved = checkpoint.manifest.emulator
+    same_emulator(checkpoint.manifest.emulator, here, f"checkpoint {checkpoint.directory}", warn)
+
+
+def same_emulator(saved: Emulator, here: Emulator, what: str, warn: Warn | None) -> None:
+    """Refuse a QEMU other than the one that runs (or saved) ``what``: a state only
+    loads into the same version and machine type."""
     if (saved.version, saved.machine_type) != (here.version, here.machine_type):
         raise InfeasiblePlanError(
-            f"checkpoint {checkpoint.directory} was saved by QEMU {saved.version} (machine "
+            f"{what} was saved by QEMU {saved.version} (machine "
             f"{saved.machine_type}); here QEMU is {here.version} (machine "
             f"{here.machine_type}): restore it on a host with QEMU {saved.version}"
         )
     if saved.package != here.package and warn is not None:
-        warn(f"the checkpoint was saved by QEMU {saved.package}; this host runs {here.package}")
+        warn(f"{what} was saved by QEMU {saved.package}; this host runs {here.package}")
 
 
 def check_base_image(checkpoint: Checkpoint) -> None:
     """The disk image under the saved overlay must be the one it was saved over."""
     base = checkpoint.manifest.base_image
-    if base is None:
-        return
+    if base is not None:
+        where = f"checkpoint {checkpoint.directory}"
+        same_base_image(base, f"{where}'s disk overlay", f"{where} was saved")
+
+
+def same_base_image(base: BaseImage, under: str, since: str) -> None:
+    """The disk image under ``under`` (an overlay) must be here, unchanged ``since``."""
     path = Path(base.path)
     try:
         info = path.stat()
     except OSError as exc:
         raise UsageError(
-            f"the disk image {path} under checkpoint {checkpoint.directory}'s disk overlay "
-            f"is not there ({exc.strerror}): put the image at that path"
+            f"the disk image {path} under {under} is not there ({exc.strerror}): put the "
+            "image at that path"
         ) from exc
     if (info.st_size, info.st_mtime_ns) != (base.size, base.mtime_ns):
         raise UsageError(
-            f"the disk image {path} changed since checkpoint {checkpoint.directory} was "
-            "saved (size or modification time differ): the saved disk overlay is only "
-            "valid over the very same image"
+            f"the disk image {path} changed since {since} (size or modification time "
+            f"differ): {under} is only valid over the very same image"
         )
 
 
@@ -385,15 +406,7 @@ def restore(
 def _media(checkpoint: Checkpoint) -> BootMedia:
     """Boot what was saved: the saved boot spec without its old run dir's endpoints,
     waiting for the state, with the saved disk files copied into the new run dir."""
-    saved = checkpoint.manifest.boot
-    boot = BootSpec(
-        kernel=saved.kernel,
-        initrd=saved.initrd,
-        cmdline=saved.cmdline,
-        share_table=saved.share_table,
-        agent_port_name=saved.agent_port_name,
-        incoming=True,
-    )
+    boot = incoming_boot(checkpoint.manifest.boot)
 
     def into_run_dir(run_dir: Path, boot: BootSpec) -> BootSpec:
         made: dict[str, str] = {}
@@ -412,6 +425,19 @@ def _media(checkpoint: Checkpoint) -> BootMedia:
 
     label = checkpoint.manifest.base_image.path if checkpoint.manifest.base_image else "restored"
     return BootMedia(boot=boot, label=label, kernel=None, into_run_dir=into_run_dir)
+
+
+def incoming_boot(saved: BootSpec) -> BootSpec:
+    """The boot spec of a QEMU that waits for ``saved``'s state: its boot media without
+    the old run dir's files and endpoints (the runtime adds this run dir's)."""
+    return BootSpec(
+        kernel=saved.kernel,
+        initrd=saved.initrd,
+        cmdline=saved.cmdline,
+        share_table=saved.share_table,
+        agent_port_name=saved.agent_port_name,
+        incoming=True,
+    )
 
 
 def _step_clock(machine: Machine, warn: Warn | None) -> ClockStep:

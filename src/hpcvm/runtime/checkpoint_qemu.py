@@ -14,6 +14,13 @@ A paused VM is saved in one pass (no page is dirtied while its vCPUs are stopped
 disk speed: the migration bandwidth limit (128 MiB/s by default in 7.2) is lifted first.
 When the migration completes, QEMU has flushed and released the VM's disks (state
 ``postmigrate``): the disk overlay can be copied as it is. ``cont`` takes them back.
+
+A live migration (``send``/``receive``) is the same stream over a connection hpcvm made
+and authenticated (migration_channel.py), while the VM runs. Its disks do not go in
+that stream: QEMU 7.2's block migration refuses a disk served by an I/O thread ("Cannot
+change iothread of active block backend", measured), which every tuned profile uses.
+The target therefore starts with ``late-block-activate``: QEMU opens its disks only at
+``cont``, after hpcvm has written the overlay the source flushed (runtime/migration.py).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +95,42 @@ class QemuStateSaver:
                 qmp.execute(sock, "migrate_cancel", timeout=5.0)
             raise
         return path.stat().st_size
+
+    def send(self, machine: Machine, conn_fd: int) -> dict[str, Any]:
+        """Migrate the running VM's RAM and devices over the connected socket
+        ``conn_fd``; QEMU's final ``query-migrate`` (``downtime`` in ms). The VM ends
+        paused (``postmigrate``), its disks flushed and released; on failure QEMU runs
+        it again here."""
+        sock = _socket(machine)
+        qmp.execute(sock, "migrate-set-parameters", {"max-bandwidth": UNLIMITED})
+        qmp.execute_many(
+            sock, [("getfd", {"fdname": FD_NAME}), ("migrate", {"uri": f"fd:{FD_NAME}"})],
+            fd=conn_fd,
+        )  # fmt: skip
+        try:
+            return _wait_migration(sock, f"migrating VM {machine.name}", stall=STALL_TIMEOUT)
+        except BaseException:
+            with contextlib.suppress(RuntimeFailure):
+                qmp.execute(sock, "migrate_cancel", timeout=5.0)
+            raise
+
+    def receive(
+        self, machine: Machine, conn_fd: int, budget: float, listening: Callable[[], None]
+    ) -> None:
+        """Take an incoming migration from the connected socket ``conn_fd`` into a QEMU
+        started with ``-incoming defer``; it stays paused, its disks not yet opened
+        (``late-block-activate``: ``cont`` opens them). ``listening()`` runs once QEMU
+        reads the connection (the source may send from then on)."""
+        sock = _socket(machine)
+        caps = [{"capability": "late-block-activate", "state": True}]
+        qmp.execute(sock, "migrate-set-capabilities", {"capabilities": caps})
+        qmp.execute_many(
+            sock,
+            [("getfd", {"fdname": FD_NAME}), ("migrate-incoming", {"uri": f"fd:{FD_NAME}"})],
+            fd=conn_fd,
+        )
+        listening()
+        _wait_migration(sock, f"receiving VM {machine.name}", deadline=budget)
 
     def load(self, machine: Machine, path: Path) -> None:
         """Load a saved state into a QEMU started with ``-incoming defer``; it stays

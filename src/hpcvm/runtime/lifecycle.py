@@ -135,6 +135,7 @@ def up(
         vm=name,
         privileged=network.is_root() or get_backend(options.backend).nics_by_daemon,
         warn=warn,
+        mac=options.mac,
     )
     if isinstance(target, PlanRequest):
         request = _with_vfs(target.model_copy(update={"name": name}), nics)

@@ -197,8 +197,10 @@ def resolve_nics(
     vm: str,
     privileged: bool,
     warn: Warn | None = None,
+    mac: str | None = None,
 ) -> tuple[Nic, ...]:
-    """The VM's NICs from ``--network``/``--address`` (none without ``--network``).
+    """The VM's NICs from ``--network``/``--address`` (none without ``--network``);
+    ``mac``: the NIC's MAC instead of the one ``vm`` gives (a VM migrated in).
 
     ``privileged``: whoever creates the tap may (root with the QEMU backend, libvirtd
     with libvirt); otherwise the request is refused here, not by a failing QEMU.
@@ -214,7 +216,8 @@ def resolve_nics(
             f"--network {request.kind}=... needs root with the QEMU backend: creating its "
             "host side needs CAP_NET_ADMIN; run hpcvm as root or use --backend libvirt"
         )
-    return (kind.resolve(request, vm=vm, index=0, address=address, warn=warn or _ignore),)
+    nic = kind.resolve(request, vm=vm, index=0, address=address, warn=warn or _ignore)
+    return (nic if mac is None else nic.model_copy(update={"mac": mac}),)
 
 
 def attach_nics(nics: Sequence[Nic], *, by_daemon: bool = False) -> None:

@@ -45,3 +45,6 @@ class UpOptions(VmOptions):
 
     name: str
     workdir: str | None = None
+    # The guest's MAC when it is not the one its name gives: a VM that migrated in keeps
+    # the MAC it had (its devices are part of the state, cluster/migrate.py)
+    mac: str | None = None

@@ -1,0 +1,158 @@
+"""``cluster migrate``: move one node's VM to a spare node of the job while it runs.
+
+The job keeps spare nodes when it starts (``cluster up --spare K``): tasks of the holder
+step that run no VM and listen for one (cluster/migrate_node.py). Migrating is one step
+on the VM's node that sends the VM, over a connection both nodes authenticate with the
+job's secret, to the spare's task, which re-plans it for its own node (pins, memory
+binding and huge pages of that node, the same guest ABI) and holds it from then on.
+The guest keeps its MAC and address, so its peers' TCP connections (the MPI job's)
+carry on after the downtime; QEMU announces the guest's new place on the segment.
+
+The first VM is not moved: it is the job's MPI launcher, reached on the batch node by
+``cluster exec`` and ``wait``. The record learns the new node of the VM, and the old
+node becomes a spare.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hpcvm.cluster import control, state
+from hpcvm.cluster.batches import get_batch
+from hpcvm.cluster.checkpoint import run_step, tail
+from hpcvm.cluster.checkpoint_node import NodeResult, parse_results
+from hpcvm.cluster.migrate_node import SECRET_ENV, MigrateRequest
+from hpcvm.cluster.spawn import internal_argv
+from hpcvm.cluster.spec import NodeEvent, spare_nodes
+from hpcvm.cluster.state import ClusterRecord
+from hpcvm.errors import RuntimeFailure, UsageError
+
+STEP_NAME = "hpcvm-migrate"
+ARRIVE_TIMEOUT = 120.0  # seconds for the target's ready after the source's success
+LEAVE_TIMEOUT = 30.0  # seconds for the old node to report the VM gone from it
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Migrated:
+    vm: str  # its name on the source node
+    source: str
+    target: str
+    arrived: NodeEvent  # the target's ready event (the VM's new name, pins)
+    sent: NodeResult  # the source's result: downtime_ms, total_ms, bytes moved
+
+
+def migrate(name: str, node: str, to: str, say: Say) -> Migrated:
+    """Move cluster ``name``'s VM on ``node`` to the spare node ``to``; refused before
+    anything moves when either is not what it must be. On failure the VM runs on at
+    ``node``."""
+    with state.one_writer(name):
+        record, latest, alive = control.status(name)
+        if not alive:
+            raise RuntimeFailure(f"cluster {name} is not up (see hpcvm cluster ps {name})")
+        source = _source(record, latest, node)
+        listening = _target(record, to)
+        spec = state.read_spec(name)
+        if spec is None or not spec.migration_secret:
+            raise UsageError(
+                f"cluster {name} was started by an older hpcvm (no migration secret): "
+                "take it down and start it again with --spare"
+            )
+        request = MigrateRequest(
+            batch=record.batch, vm=source.vm, index=source.index, target=listening
+        )
+        say(f"{name}: migrating {source.vm} from {node} to {to}")
+        sent = _send(record, node, request, spec.migration_secret)
+        arrived = _arrived(record, source.index, to)
+        moved = tuple(to if n == node else n for n in record.nodes)
+        spare = tuple(node if n == to else n for n in record.spare)
+        state.write_record(record.model_copy(update={"nodes": moved, "spare": spare}))
+        _left(record, node)
+        return Migrated(source.vm, node, to, arrived, sent)
+
+
+def _source(record: ClusterRecord, latest: list[NodeEvent], node: str) -> NodeEvent:
+    found = [e for e in latest if e.node == node and e.event == "ready"]
+    if not found:
+        runs = ", ".join(f"{e.node} ({e.vm})" for e in latest if e.event == "ready")
+        raise UsageError(
+            f"node {node} runs no VM of cluster {record.name}: its VMs run on {runs or 'none'}"
+        )
+    if found[0].index == 0:
+        raise UsageError(
+            f"{found[0].vm} on {node} is the job's first VM, which runs mpirun and is "
+            "reached from the batch script on this node: migrate another node's VM"
+        )
+    return found[0]
+
+
+def _target(record: ClusterRecord, to: str) -> str:
+    """Where the spare node ``to`` listens."""
+    if to not in record.spare:
+        spares = ", ".join(record.spare) or "none (cluster up --spare K keeps the last K)"
+        raise UsageError(
+            f"node {to} is not a spare node of cluster {record.name}: its spare nodes are {spares}"
+        )
+    listening = spare_nodes(state.events(record.name)).get(to)
+    if listening is None or not listening.address:
+        raise RuntimeFailure(
+            f"the spare node {to} of cluster {record.name} is not listening for a VM "
+            f"(see hpcvm cluster ps {record.name} and its log)"
+        )
+    return listening.address
+
+
+def _send(record: ClusterRecord, node: str, request: MigrateRequest, secret: str) -> NodeResult:
+    """The source step on ``node``: its one result, or RuntimeFailure with why."""
+    batch = get_batch(record.batch)
+    argv = batch.step_argv(
+        control.allocation_of_nodes(record, (node,)),
+        STEP_NAME,
+        [*internal_argv("migrate-source"), request.model_dump_json()],
+    )
+    env = {**os.environ, SECRET_ENV: secret}
+    stdout, stderr, code = run_step(batch, record, argv, "migrate", name=STEP_NAME, env=env)
+    try:
+        results = parse_results(stdout)
+    except ValueError as exc:
+        raise RuntimeFailure(f"the migrate step answered garbled lines ({exc})") from None
+    if not results:
+        raise RuntimeFailure(
+            f"migrating {request.vm} failed: {node} gave no answer (step exit {code}: "
+            f"{tail(stderr)}); see hpcvm cluster ps {record.name}"
+        )
+    if not results[0].ok:
+        raise RuntimeFailure(
+            f"migrating {request.vm} from {node} failed: {results[0].message}; it runs on at {node}"
+        )
+    return results[0]
+
+
+def _arrived(record: ClusterRecord, index: int, to: str) -> NodeEvent:
+    """The target's ``ready`` for VM ``index``, after its last ``spare``."""
+    deadline = time.monotonic() + ARRIVE_TIMEOUT
+    while time.monotonic() < deadline:
+        events = state.events(record.name)
+        spare_at = [i for i, e in enumerate(events) if e.node == to and e.event == "spare"]
+        for event in events[spare_at[-1] + 1 if spare_at else 0 :]:
+            if event.node == to and event.index == index and event.event == "ready":
+                return event
+        time.sleep(control.POLL)
+    raise RuntimeFailure(
+        f"the VM reached {to}, but its task did not report it ready within "
+        f"{ARRIVE_TIMEOUT:g} s (see hpcvm cluster ps {record.name} and its log)"
+    )
+
+
+def _left(record: ClusterRecord, node: str) -> None:
+    """Wait until the old node's task has stopped the source QEMU and listens as a spare
+    (so ``ps`` right after shows it), or LEAVE_TIMEOUT passed."""
+    deadline = time.monotonic() + LEAVE_TIMEOUT
+    while time.monotonic() < deadline:
+        if node in spare_nodes(state.events(record.name)):
+            return
+        time.sleep(control.POLL)

@@ -1,0 +1,210 @@
+"""The two node sides of ``cluster migrate``: a spare node's task that takes a VM in,
+and the one-task step on the VM's node that sends it.
+
+A spare node's task (a task of the holder step like any other, cluster/node.py) listens
+on its node's address on the job's network and reports ``spare`` with where. The
+client (cluster/migrate.py) starts the source step on the VM's node, which connects,
+proves the job's secret (runtime/migration_channel.py), names the VM's index in the
+job, and migrates the VM (runtime/migration.py). The spare re-plans it for its own
+node, takes it in under its own node's VM name (keeping the VM's MAC and address), and
+from then on holds it as its node's VM: it reports ``ready`` for that index. The
+source step leaves a marker in the old VM's run directory; the old node's task, which
+sees its QEMU end, finds the marker, tears down what is left, reports ``migrated`` and
+becomes a spare itself.
+
+The source step prints one result line and exits 0, as a checkpoint phase does
+(cluster/checkpoint_node.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from ipaddress import IPv4Interface
+from pathlib import Path
+
+from hpcvm.cluster.addresses import Claim, claim
+from hpcvm.cluster.batches import get_batch
+from hpcvm.cluster.checkpoint_node import NodeResult
+from hpcvm.errors import HpcvmError, UsageError
+from hpcvm.model import Frozen
+from hpcvm.runtime import migration, paths
+from hpcvm.runtime.migration_channel import (
+    ChannelError,
+    accept_peer,
+    connect_peer,
+    recv_message,
+    send_message,
+)
+from hpcvm.runtime.model import Machine
+from hpcvm.signals import interrupting
+
+SECRET_ENV = "HPCVM_MIGRATION_SECRET"
+MARKER = "migrated"  # in the old VM's run dir: its QEMU ended because the VM moved
+CONNECT_TIMEOUT = 30.0
+CLAIM_WAIT = 30.0  # seconds for the old node to release the VM's address claim
+_ACCEPT_POLL = 0.5
+
+
+class MigrateRequest(Frozen):
+    """What the source step's task is asked."""
+
+    batch: str
+    vm: str  # the VM's name on the source node
+    index: int  # its index in the job
+    target: str  # HOST:PORT where the spare node's task listens
+
+
+def marker_path(name: str) -> Path:
+    return paths.run_dir(name) / MARKER
+
+
+def migrated_away(machine: Machine) -> bool:
+    """Whether ``machine``'s VM migrated away (the source step left the marker)."""
+    return marker_path(machine.name).exists()
+
+
+# -- the spare (target) side -----------------------------------------------------------
+
+
+class Listener:
+    """A spare node's listening socket on its node's address on the job's network."""
+
+    def __init__(self, host: str) -> None:
+        self.sock = socket.create_server((host, 0))
+        self.sock.settimeout(_ACCEPT_POLL)
+
+    @property
+    def address(self) -> str:
+        host, port = self.sock.getsockname()[:2]
+        return f"{host}:{port}"
+
+    def accept_peer(self, secret: str) -> socket.socket:
+        """The source's next connection, authenticated (its disk, runtime/migration.py)."""
+        deadline = time.monotonic() + CONNECT_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            try:
+                accept_peer(conn, secret)
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+        raise ChannelError(f"the source did not connect again within {CONNECT_TIMEOUT:g} s")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+Say = Callable[[str], None]
+
+
+def take_in(
+    listener: Listener, secret: str, name: str, stop: threading.Event, say: Say
+) -> tuple[Machine, int, Claim | None] | None:
+    """Wait for a VM to migrate in and take it as ``name``; its index in the job and
+    its address claim. None when ``stop`` is set first. A connection that does not
+    prove ``secret``, or a migration that fails, is said and waited past: the VM runs
+    on at its source."""
+    while not stop.is_set():
+        try:
+            conn, peer = listener.sock.accept()
+        except TimeoutError:
+            continue
+        with conn:
+            try:
+                accept_peer(conn, secret)
+                header, _ = recv_message(conn)
+                index = int(header["index"])
+                with interrupting(signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    machine, made = migration.receive(
+                        conn, name, lambda: listener.accept_peer(secret), warn=say
+                    )
+            except (HpcvmError, OSError, KeyError, ValueError) as exc:
+                say(f"a migration from {peer[0]} did not complete: {exc}")
+                continue
+            except KeyboardInterrupt:
+                return None
+        return machine, index, _claim(made.options.address, say)
+    return None
+
+
+def _claim(address: str | None, say: Say) -> Claim | None:
+    """The VM's address claimed on this node. On nodes that share one claims directory
+    (one machine), the old node releases it only once its QEMU is gone: wait for that."""
+    if address is None:
+        return None
+    wanted = IPv4Interface(address)
+    deadline = time.monotonic() + CLAIM_WAIT
+    while time.monotonic() < deadline:
+        got = claim(wanted)
+        if got is not None:
+            return got
+        time.sleep(0.2)
+    say(f"the address {wanted.ip} of the migrated VM stays claimed by another process here")
+    return None
+
+
+# -- the source side -------------------------------------------------------------------
+
+
+def run_source(request_json: str) -> int:
+    """The source step's task: migrate this node's VM and print the result line."""
+    request = MigrateRequest.model_validate_json(request_json)
+    node = get_batch(request.batch).this_node(os.environ)
+    begin = time.monotonic()
+    try:
+        result = _send(request, node)
+    except HpcvmError as exc:
+        result = NodeResult(node=node, ok=False, message=str(exc))
+    except Exception as exc:  # any failure is this node's answer, never an exit code
+        result = NodeResult(node=node, ok=False, message=f"{type(exc).__name__}: {exc}")
+    result = result.model_copy(update={"seconds": round(time.monotonic() - begin, 6)})
+    sys.stdout.write(result.line() + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def _send(request: MigrateRequest, node: str) -> NodeResult:
+    from hpcvm.runtime import state as vm_state
+
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret:
+        raise UsageError("the source step is started by hpcvm cluster migrate, not by hand")
+    machine = vm_state.load_machine(request.vm)
+    with _connect(request.target, secret) as conn:
+        send_message(conn, {"index": request.index})
+        sent = migration.send(machine, conn, lambda: _connect(request.target, secret))
+    marker_path(machine.name).write_text(request.target + "\n")
+    return NodeResult(
+        node=node,
+        ok=True,
+        state_bytes=sent.ram_bytes,
+        disk_bytes=sent.disk_bytes,
+        downtime_ms=sent.downtime_ms,
+        disk_ms=sent.disk_ms,
+        total_ms=sent.total_ms,
+    )
+
+
+def _connect(target: str, secret: str) -> socket.socket:
+    """A connection to the spare node's task, authenticated."""
+    host, _, port = target.rpartition(":")
+    try:
+        conn = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT)
+    except OSError as exc:
+        raise ChannelError(f"cannot reach the spare node at {target}: {exc}") from exc
+    try:
+        connect_peer(conn, secret)
+    except BaseException:
+        conn.close()
+        raise
+    return conn

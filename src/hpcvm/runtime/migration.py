@@ -1,0 +1,260 @@
+"""Live migration of one VM to another host, re-planned there, while it runs.
+
+The two hosts' hpcvm processes meet on one authenticated connection
+(migration_channel.py). The source offers the VM: its plan, how it was booted, its
+guest ABI, the QEMU that runs it, the disk image under its overlay, and its NoCloud seed
+(read-only, so not in QEMU's stream). The target checks all of that as a restore does
+(runtime/checkpoint.py: the same QEMU version and machine type, the same base image, a
+plan for this host whose guest ABI is the offered one), starts QEMU waiting for the
+state (``-incoming defer``) with a fresh overlay over the same base image, hands it
+the connection, and answers. Only on that answer does the source hand its end to its
+QEMU, which sends RAM and device state while the guest runs, stops the guest for the
+last pass (QEMU's ``downtime``) and ends paused with its disks flushed. Then the disk
+overlay follows, over a second authenticated connection, into the target's overlay
+(whose QEMU opens it only at ``cont``, checkpoint_qemu.py), checked by its SHA-256; the
+guest stands still for that copy too, and it is reported beside QEMU's figure. The
+target runs the VM once the overlay is in.
+
+A refusal, or a failure before the target runs the VM, leaves the VM running at the
+source (QEMU resumes it, or hpcvm does after a failed disk copy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcvm.bootspec import BootSpec
+from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
+from hpcvm.host.model import HostTopology
+from hpcvm.model import Frozen
+from hpcvm.plan.model import VMPlan
+from hpcvm.runtime import checkpoint, lifecycle, network
+from hpcvm.runtime.backends import get_backend
+from hpcvm.runtime.boot import BootMedia
+from hpcvm.runtime.checkpoint_model import (
+    SEED_FILE,
+    BaseImage,
+    Emulator,
+    GuestAbi,
+    abi_differences,
+    guest_abi,
+)
+from hpcvm.runtime.migration_channel import (
+    ChannelError,
+    recv_file,
+    recv_message,
+    send_file,
+    send_message,
+)
+from hpcvm.runtime.model import Machine
+from hpcvm.runtime.options import UpOptions, VmOptions
+
+Warn = Callable[[str], None]
+SETUP_TIMEOUT = 600.0  # seconds for the target to plan and start its QEMU (huge pages)
+RECEIVE_TIMEOUT = 3600.0  # seconds for a whole incoming migration (a dirtying guest)
+
+
+class Offer(Frozen):
+    """What the source tells the target about the VM it sends."""
+
+    vm: str
+    plan: VMPlan
+    options: VmOptions
+    boot: BootSpec  # as it runs at the source (its paths are the source's run dir's)
+    abi: GuestAbi
+    emulator: Emulator
+    base_image: BaseImage | None
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A VM migrated away, as its source counted it."""
+
+    downtime_ms: float  # QEMU's: the guest stood still for the last pass of RAM
+    disk_ms: float  # then, still paused, while its disk overlay was copied
+    total_ms: float  # from the start of the migration until the target had the disk
+    ram_bytes: int
+    disk_bytes: int
+
+
+Connect = Callable[[], socket.socket]
+
+
+def offer(machine: Machine) -> tuple[Offer, bytes]:
+    """The offer for ``machine`` and its seed image's bytes; refused (as a checkpoint
+    is) when QEMU cannot migrate it."""
+    checkpoint.check(machine)
+    assert machine.options is not None  # check() refuses a VM without
+    saver = checkpoint.saver_for(machine.backend)
+    seed = Path(machine.boot.seed_image).read_bytes() if machine.boot.seed_image else b""
+    made = Offer(
+        vm=machine.name,
+        plan=machine.plan,
+        options=machine.options,
+        boot=machine.boot,
+        abi=guest_abi(machine.plan, machine.boot),
+        emulator=saver.emulator(machine),
+        base_image=checkpoint.base_image(machine),
+    )
+    return made, seed
+
+
+def send(machine: Machine, conn: socket.socket, connect: Connect) -> Sent:
+    """Offer ``machine`` over ``conn`` (authenticated), migrate it once the target
+    accepts, then send its disk overlay over a second connection (``connect()``).
+    Refusals and failures raise; the VM then runs on here."""
+    made, seed = offer(machine)
+    send_message(conn, {"offer": made.model_dump(mode="json")}, seed)
+    conn.settimeout(SETUP_TIMEOUT)
+    reply, _ = recv_message(conn)
+    if not reply.get("ok"):
+        raise UsageError(f"the target refused VM {machine.name}: {reply.get('message')}")
+    began = time.monotonic()
+    status = checkpoint.saver_for(machine.backend).send(machine, conn.fileno())
+    paused = time.monotonic()
+    try:
+        disk_bytes = _send_disk(machine, connect)
+    except BaseException:
+        with contextlib.suppress(HpcvmError):
+            checkpoint.resume(machine)  # the target never ran it
+        raise
+    done = time.monotonic()
+    return Sent(
+        downtime_ms=float(status.get("downtime", 0.0)),
+        disk_ms=(done - paused) * 1000,
+        total_ms=(done - began) * 1000,
+        ram_bytes=int(status.get("ram", {}).get("transferred", 0)),
+        disk_bytes=disk_bytes,
+    )
+
+
+def _send_disk(machine: Machine, connect: Connect) -> int:
+    """The flushed overlay to the target, which answers once it is written."""
+    assert machine.boot.disk_image is not None  # offer() refused a VM without
+    with connect() as disk:
+        size = send_file(disk, machine.boot.disk_image)
+        disk.settimeout(SETUP_TIMEOUT)
+        reply, _ = recv_message(disk)
+    if not reply.get("ok"):
+        raise RuntimeFailure(f"the target could not take the disk: {reply.get('message')}")
+    return size
+
+
+def receive(
+    conn: socket.socket,
+    name: str,
+    accept: Connect,
+    *,
+    host: HostTopology | None = None,
+    warn: Warn | None = None,
+) -> tuple[Machine, Offer]:
+    """Take the VM offered over ``conn`` as ``name`` on this host, re-planned here,
+    its disk over the next connection (``accept()``); return once its agent answers.
+    A refusal is answered to the source and raised; nothing is left here when anything
+    fails."""
+    header, seed = recv_message(conn)
+    answered = False
+
+    def answer(ok: bool, message: str = "") -> None:
+        nonlocal answered
+        if not answered:
+            answered = True
+            send_message(conn, {"ok": ok, "message": message})
+
+    try:
+        try:
+            made = Offer.model_validate(header.get("offer"))
+        except ValueError as exc:
+            raise ChannelError(f"the source sent an offer this hpcvm cannot read: {exc}") from None
+        plan, options, media = _prepare(made, seed, name, host, warn)
+        saver = checkpoint.saver_for(made.options.backend)
+
+        def take_state(machine: Machine) -> None:
+            differences = abi_differences(made.abi, guest_abi(machine.plan, machine.boot))
+            if differences:  # what up() built must be what was planned
+                raise InfeasiblePlanError(f"the VM built here differs: {'; '.join(differences)}")
+            saver.receive(machine, conn.fileno(), RECEIVE_TIMEOUT, lambda: answer(True))
+            _receive_disk(machine, accept)
+
+        machine = lifecycle.up(
+            plan, options, host=host, warn=warn, media=media, load_state=take_state
+        )
+    except HpcvmError as exc:
+        answer(False, str(exc))
+        raise
+    return machine, made
+
+
+def _receive_disk(machine: Machine, accept: Connect) -> None:
+    """The source's flushed overlay over this VM's (not opened by QEMU yet)."""
+    assert machine.boot.disk_image is not None
+    with accept() as disk:
+        try:
+            recv_file(disk, machine.boot.disk_image)
+        except (HpcvmError, OSError, KeyError, ValueError) as exc:
+            with contextlib.suppress(OSError):
+                send_message(disk, {"ok": False, "message": str(exc)})
+            raise RuntimeFailure(f"receiving the disk of VM {machine.name}: {exc}") from exc
+        send_message(disk, {"ok": True})
+
+
+def _prepare(
+    made: Offer, seed: bytes, name: str, host: HostTopology | None, warn: Warn | None
+) -> tuple[VMPlan, UpOptions, BootMedia]:
+    """Check the offer against this host as a restore checks a checkpoint, and plan it."""
+    from hpcvm.runtime.checkpoint_qemu import emulator_here
+
+    what = f"VM {made.vm}"
+    checkpoint.same_emulator(made.emulator, emulator_here(), what, warn)
+    if made.base_image is None or made.boot.disk_image is None:
+        raise UsageError(f"{what} is not a disk-image guest: only those migrate")
+    checkpoint.same_base_image(made.base_image, f"{what}'s disk overlay", f"{what} started")
+    mac = made.boot.nics[0].mac if made.boot.nics else None
+    options = UpOptions(**made.options.model_dump(), name=name, mac=mac)
+    request = made.plan.request.model_copy(update={"name": name, "accel": made.plan.accel})
+    plan = lifecycle.make_plan(request, host=host, warn=warn)
+    nics = network.resolve_nics(
+        options.network,
+        options.address,
+        vm=name,
+        privileged=network.is_root() or get_backend(options.backend).nics_by_daemon,
+        mac=mac,
+    )
+    differences = abi_differences(
+        made.abi, guest_abi(plan, made.boot.model_copy(update={"nics": nics}))
+    )
+    if differences:
+        raise InfeasiblePlanError(
+            f"this host cannot take {what} with the guest it runs: {'; '.join(differences)}"
+        )
+    return plan, options, _media(made, seed)
+
+
+def _media(made: Offer, seed: bytes) -> BootMedia:
+    """Boot media waiting for the state: a fresh overlay over the same base image (the
+    overlay's clusters come in QEMU's stream) and the source's seed, in the run dir."""
+    from hpcvm.guest.disk import check_image, make_overlay
+
+    assert made.base_image is not None
+    base = made.base_image.path
+
+    def into_run_dir(run_dir: Path, boot: BootSpec) -> BootSpec:
+        overlay = make_overlay(check_image(base), run_dir)
+        made_files: dict[str, Any] = {"disk_image": str(overlay)}
+        if made.boot.seed_image is not None:
+            path = run_dir / SEED_FILE
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(seed)
+            made_files["seed_image"] = str(path)
+        return boot.model_copy(update=made_files)
+
+    boot = checkpoint.incoming_boot(made.boot)
+    return BootMedia(boot=boot, label=base, kernel=None, into_run_dir=into_run_dir)

@@ -1,0 +1,168 @@
+"""One node's VM moved to a third node while an MPI program runs across the job's two
+VMs, submitted by the unprivileged test user to the Slurm test cluster
+(scripts/test-cluster.sh, cgroup plugins), as a site's user would.
+
+The story (one job, module scope): a 3-node job (node1, node2, node3) starts a VM on
+node1 and node2 from the test image with node3 spare (``cluster up --spare 1``), starts
+the MPI ring detached, moves node2's VM to node3 (``cluster migrate``), shows ``cluster
+ps``, collects the ring's output with ``cluster wait``, and takes the job down.
+
+Oracles independent of hpcvm: the MPI program's own output (every round once, in order,
+and a counter that is right only when no message was lost or repeated; Open MPI's TCP
+transport does not reconnect, so a connection broken by the move would abort it), the
+kernel's cpuset of node3 for where the moved vCPU runs, and /proc for QEMU processes
+left behind.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests import cluster_support, image_builder
+from tests.cluster_support import LocalCluster
+from tests.sites import SlurmSite, wait_until
+
+pytestmark = pytest.mark.integration
+
+slurm_cluster = cluster_support.slurm_cluster
+user_hpcvm = cluster_support.user_hpcvm
+
+NAME = "mg"
+ROUNDS = 60
+DELAY_MS = 500
+ROUND = re.compile(r"^round=(\d+) counter=(\d+) host=(\S+) peer=(\S+)$", re.M)
+PS_ROW = re.compile(r"^│ (node\d) +│ (\S*) +│ (\w+) +│ (\S*) +│ (\S*) +│", re.M)
+MOVED = re.compile(r"moved from node2 to node3 as (\S+) at (\S+); the guest stood still (\d+) ms")
+JOB_TIMEOUT = 1500.0  # two disk-image guests booting under TCG, the ring, the move
+
+SCRIPT = """#!/bin/bash
+set -uo pipefail
+h=$HPCVM
+"$h" cluster up --name {name} --spare 1 --image "$HPCVM_IMAGE" --profile hpc --vcpus 1 \\
+    --memory 384M --address auto $HPCVM_UP_OPTIONS || exit 1
+"$h" cluster ps {name}
+"$h" cluster exec --detach {name} -- mpirun -np 2 --map-by node \\
+    /usr/local/bin/mpi_ring {rounds} {delay}
+sleep 6
+"$h" cluster migrate {name} --node node2 --to node3; echo "migrate-rc=$?"
+"$h" cluster ps {name}
+"$h" cluster wait {name} --timeout 900; echo "wait-rc=$?"
+"$h" cluster down {name}
+"""
+
+
+@dataclass
+class Story:
+    cluster: LocalCluster
+    job: str
+    text: str
+    runtime_root: Path  # where the test user's VMs' run directories are
+
+
+def _vm_count() -> int:
+    found = 0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"qemu-system" in cmdline and f"{NAME}-node".encode() in cmdline:
+                found += 1
+    return found
+
+
+def _state(cluster: LocalCluster, job: str) -> str:
+    text = cluster.run(["scontrol", "show", "job", job], check=False).stdout
+    found = re.search(r"JobState=(\S+)", text)
+    return found.group(1) if found else "GONE"
+
+
+@pytest.fixture(scope="module")
+def image() -> Path:
+    missing = image_builder.missing_tools()
+    if missing:
+        pytest.skip(f"cannot build the test image: missing {', '.join(missing)}")
+    path = image_builder.build_test_image()
+    for part in (path, *path.parents):  # the test user's QEMU reads it
+        if part == Path("/var/cache"):
+            break
+        part.chmod(part.stat().st_mode | 0o005)
+    return path
+
+
+@pytest.fixture(scope="module")
+def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterator[Story]:
+    site = SlurmSite(slurm_cluster, str(user_hpcvm))
+    with cluster_support.user_dir("hpcvm-migrate-") as work:
+        script = work / "job.sh"
+        script.write_text(SCRIPT.format(name=NAME, rounds=ROUNDS, delay=DELAY_MS))
+        script.chmod(0o755)
+        env = site.job_env(
+            NAME,
+            HPCVM_IMAGE=str(image),
+            HPCVM_UP_OPTIONS="--accel tcg --housekeeping 0 --timeout 900 --ready-timeout 600",
+        )
+        out = work / "job.out"
+        argv = ["sbatch", "-N", "3", "--nodelist=node1,node2,node3", f"--chdir={work}",
+                f"--output={out}", "--parsable", str(script)]  # fmt: skip
+        done = slurm_cluster.run(argv, env=env, user=cluster_support.TEST_USER)
+        job = done.stdout.strip().split(";")[0]
+        try:
+            wait_until("the job to end", lambda: _state(slurm_cluster, job) not in
+                       ("PENDING", "RUNNING", "COMPLETING"), timeout=JOB_TIMEOUT)  # fmt: skip
+            text = out.read_text(errors="replace") if out.is_file() else ""
+            yield Story(slurm_cluster, job, text, site.runtime_root())
+        finally:
+            slurm_cluster.run(["scancel", job], check=False)
+            wait_until("the job's VMs to go", lambda: _vm_count() == 0, timeout=120)
+
+
+def test_the_mpi_program_went_on_across_the_move(story: Story) -> None:
+    rounds = [(int(r), int(c), h, p) for r, c, h, p in ROUND.findall(story.text)]
+    assert [r for r, *_ in rounds] == list(range(1, ROUNDS + 1)), story.text
+    assert all(c == 2 * r for r, c, *_ in rounds), rounds
+    assert f"done counter={2 * ROUNDS} expected={2 * ROUNDS}" in story.text
+    assert "wait-rc=0" in story.text, story.text
+    assert _state(story.cluster, story.job) == "COMPLETED"
+
+
+def test_the_vm_moved_mid_run_and_kept_its_address(story: Story) -> None:
+    assert "migrate-rc=0" in story.text, story.text
+    moved = MOVED.search(story.text)
+    assert moved is not None, story.text
+    before, after = story.text.split("migrate-rc=0", 1)
+    rows_before = {n: (vm, st, addr) for n, vm, st, addr, _ in PS_ROW.findall(before)}
+    rows_after = {n: (vm, st, addr) for n, vm, st, addr, _ in PS_ROW.findall(after)}
+    assert rows_before["node3"][1] == "spare", before
+    assert rows_after["node3"] == (f"{NAME}-node3", "ready", rows_before["node2"][2]), after
+    assert rows_after["node2"][1] == "spare", after
+    assert moved.group(2) == rows_before["node2"][2]
+    # the ring had not ended when the VM moved: it ran on after it
+    last_round_before = max((int(r) for r, *_ in ROUND.findall(before)), default=0)
+    assert last_round_before == 0  # its output waits in the first guest until cluster wait
+    assert "done counter" not in before
+
+
+def test_the_moved_vcpu_runs_in_node3s_cpuset(story: Story) -> None:
+    after = story.text.split("migrate-rc=0", 1)[-1]
+    cpuset = cluster_support.node_cpuset("node3")
+    if cpuset is None:
+        pytest.skip("the test cluster made no cpusets here (docs/cluster-testing.md)")
+    rows = [r for r in PS_ROW.findall(after) if r[0] == "node3" and r[2] == "ready"]
+    assert rows, after
+    pus = {int(p.split("->")[1]) for p in rows[0][4].split(",") if "->" in p}
+    assert pus and pus <= cpuset[0], (rows, cpuset)
+
+
+def test_nothing_is_left_once_the_job_ended(story: Story) -> None:
+    wait_until("the job's VMs to go", lambda: _vm_count() == 0, timeout=60)
+    root = story.runtime_root
+    left = sorted(p.name for p in root.glob(f"{NAME}-node*")) if root.is_dir() else []
+    assert left == [], left
+    assert "mg: down" in story.text, story.text

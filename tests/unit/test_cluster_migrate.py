@@ -1,0 +1,155 @@
+"""What ``cluster migrate`` decides without moving a VM: the authenticated connection
+its two nodes meet on (runtime/migration_channel.py, over a real socket pair), whose
+word counts for a VM that moved (spec.py ``latest_per_node``, ``spare_nodes``), the
+spare nodes of an allocation, and the refusals before anything moves, each one line and
+non-zero. A real migration between two nodes of the Slurm test cluster, with an MPI
+job running across it, is in tests/integration/test_cluster_migrate.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from hpcvm.cluster import control, migrate, state
+from hpcvm.cluster.batch import Allocation
+from hpcvm.cluster.spec import NodeEvent, latest_per_node, spare_nodes
+from hpcvm.cluster.state import ClusterRecord
+from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.runtime import migration_channel as channel
+
+SECRET = channel.new_secret()
+
+
+def _handshake(server_secret: str, client_secret: str) -> tuple[BaseException | None, ...]:
+    """Both halves of the handshake over a real socket pair; each side's error."""
+    left, right = socket.socketpair()
+    errors: list[BaseException | None] = [None, None]
+
+    def serve() -> None:
+        try:
+            channel.accept_peer(left, server_secret)
+        except BaseException as exc:
+            errors[0] = exc
+        finally:
+            left.close()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        channel.connect_peer(right, client_secret)
+    except BaseException as exc:
+        errors[1] = exc
+    finally:
+        right.close()
+    thread.join(10)
+    return tuple(errors)
+
+
+def test_both_sides_that_know_the_secret_meet() -> None:
+    assert _handshake(SECRET, SECRET) == (None, None)
+
+
+def test_a_peer_without_the_secret_is_dropped_and_learns_nothing() -> None:
+    server, client = _handshake(SECRET, channel.new_secret())
+    assert isinstance(server, channel.ChannelError)
+    assert "did not prove" in str(server)
+    assert isinstance(client, channel.ChannelError)  # the server hung up on it
+
+
+def test_messages_arrive_whole_and_leave_what_follows_unread() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        channel.send_message(left, {"index": 3}, b"seed bytes")
+        left.sendall(b"QEVM")  # QEMU's stream follows the offer on the same socket
+        header, blob = channel.recv_message(right)
+        assert header == {"index": 3} and blob == b"seed bytes"
+        assert right.recv(4) == b"QEVM"
+
+
+def test_an_oversized_message_is_refused_before_it_is_read() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall((channel.MAX_MESSAGE + 1).to_bytes(8, "big"))
+        with pytest.raises(channel.ChannelError, match="announced"):
+            channel.recv_message(right)
+
+
+def _event(kind: str, node: str, index: int, vm: str = "", address: str = "") -> NodeEvent:
+    return NodeEvent.model_validate(
+        {"event": kind, "node": node, "index": index, "vm": vm, "address": address or None}
+    )
+
+
+def test_a_moved_vm_is_its_new_nodes_and_its_old_node_a_spare() -> None:
+    events = [
+        _event("ready", "n1", 0, "j-n1"),
+        _event("ready", "n2", 1, "j-n2"),
+        _event("spare", "n3", 2, address="10.0.0.3:4000"),
+        _event("ready", "n3", 1, "j-n3"),  # the VM arrived
+        _event("migrated", "n2", 1, "j-n2"),  # the old node's word after it
+        _event("spare", "n2", 1, address="10.0.0.2:4001"),
+        _event("died", "n2", 1, "j-n2"),  # an old node cannot speak for the VM any more
+    ]
+    latest = latest_per_node(events)
+    assert {i: (e.node, e.event) for i, e in latest.items()} == {
+        0: ("n1", "ready"),
+        1: ("n3", "ready"),
+    }
+    assert set(spare_nodes(events[:-1])) == {"n2"}
+    assert spare_nodes(events[:3])["n3"].address == "10.0.0.3:4000"
+
+
+def test_spare_nodes_are_the_allocations_last() -> None:
+    allocation = Allocation(batch="slurm", job_id="9", nodes=("a", "b", "c"))
+    assert control._vm_nodes(allocation, 1) == ("a", "b")
+    assert control._vm_nodes(allocation, 0) == ("a", "b", "c")
+    with pytest.raises(UsageError, match="--spare 3 leaves none"):
+        control._vm_nodes(allocation, 3)
+
+
+def _record() -> ClusterRecord:
+    return ClusterRecord(
+        name="j", job_id="9", nodes=("n1", "n2"), spare=("n3",), holder_pid=1, network="", vcpus=1
+    )
+
+
+def test_migrate_refuses_the_first_vm_and_a_node_without_one() -> None:
+    latest = [_event("ready", "n1", 0, "j-n1"), _event("ready", "n2", 1, "j-n2")]
+    with pytest.raises(UsageError, match="first VM, which runs mpirun"):
+        migrate._source(_record(), latest, "n1")
+    with pytest.raises(UsageError, match=r"node n3 runs no VM .* n1 \(j-n1\), n2 \(j-n2\)"):
+        migrate._source(_record(), latest, "n3")
+    assert migrate._source(_record(), latest, "n2").vm == "j-n2"
+
+
+def test_migrate_refuses_a_target_that_is_no_listening_spare(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HPCVM_RUNTIME_DIR", str(tmp_path))
+    with pytest.raises(UsageError, match=r"n2 is not a spare node of cluster j: .* n3"):
+        migrate._target(_record(), "n2")
+    state.cluster_dir("j").mkdir(parents=True)
+    with pytest.raises(RuntimeFailure, match="spare node n3 of cluster j is not listening"):
+        migrate._target(_record(), "n3")
+
+
+def test_migrating_in_an_unknown_cluster_is_one_line_and_non_zero(tmp_path: Path) -> None:
+    env = {**os.environ, "HPCVM_RUNTIME_DIR": str(tmp_path / "rt")}
+    argv = ["cluster", "migrate", "ghost", "--node", "a", "--to", "b"]
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcvm.cli.main", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpcvm: error:"), done.stderr
+    assert not (tmp_path / "rt" / "clusters" / "ghost").exists()
