@@ -153,3 +153,56 @@ def test_migrating_in_an_unknown_cluster_is_one_line_and_non_zero(tmp_path: Path
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hpcvm: error:"), done.stderr
     assert not (tmp_path / "rt" / "clusters" / "ghost").exists()
+
+
+def test_an_empty_secret_proves_nothing() -> None:
+    server, client = _handshake("", "")
+    assert isinstance(server, channel.ChannelError) and "no migration secret" in str(server)
+    assert isinstance(client, channel.ChannelError)
+
+
+def test_a_peer_that_trickles_bytes_is_dropped_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(channel, "HANDSHAKE_TIMEOUT", 0.5)
+    left, right = socket.socketpair()
+    with left, right:
+        errors: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                channel.accept_peer(left, SECRET)
+            except channel.ChannelError as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        right.recv(channel.NONCE_BYTES)
+        for _ in range(4):  # a byte now and then, each within a per-read timeout
+            right.sendall(b"x")
+            thread.join(0.2)
+        thread.join(5)
+        assert errors and "took too long" in str(errors[0])
+
+
+def test_a_file_arrives_in_place_and_a_damaged_one_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "overlay"
+    source.write_bytes(os.urandom(3 * channel.CHUNK + 17))
+    target = tmp_path / "target"
+    target.write_bytes(b"old contents, longer than nothing")
+    inode = target.stat().st_ino
+    left, right = socket.socketpair()
+    with left, right:
+        sender = threading.Thread(target=channel.send_file, args=(left, str(source)))
+        sender.start()
+        assert channel.recv_file(right, str(target)) == source.stat().st_size
+        sender.join(10)
+    assert target.read_bytes() == source.read_bytes()
+    assert target.stat().st_ino == inode  # rewritten in place: QEMU's open file sees it
+    left, right = socket.socketpair()
+    with left, right:
+        channel.send_message(left, {"size": 4})
+        left.sendall(b"abcd")
+        channel.send_message(left, {"sha256": "0" * 64})
+        with pytest.raises(channel.ChannelError, match="damaged"):
+            channel.recv_file(right, str(target))

@@ -197,8 +197,9 @@ def run_step(
     *,
     name: str = STEP_NAME,
     env: dict[str, str] | None = None,
+    timeout: float = PHASE_TIMEOUT,
 ) -> tuple[str, str, int]:
-    """Run one phase's step (called ``name``) to its end; past PHASE_TIMEOUT the step
+    """Run one phase's step (called ``name``) to its end; past ``timeout`` the step
     is ended on every node (not only the local srun) before RuntimeFailure, so no task
     goes on saving while the VMs are resumed."""
     proc = subprocess.Popen(
@@ -210,7 +211,7 @@ def run_step(
         env=env,
     )
     try:
-        stdout, stderr = proc.communicate(timeout=PHASE_TIMEOUT)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         step = batch.find_step(control.allocation_of(record), name)
         if step is not None:
@@ -219,7 +220,7 @@ def run_step(
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise RuntimeFailure(
-            f"the {action} step did not end on every node within {PHASE_TIMEOUT:g} s; it was ended"
+            f"the {action} step did not end on every node within {timeout:g} s; it was ended"
         ) from None
     return stdout, stderr, proc.returncode
 

@@ -29,9 +29,14 @@ from hpcvm.cluster.spawn import internal_argv
 from hpcvm.cluster.spec import NodeEvent, spare_nodes
 from hpcvm.cluster.state import ClusterRecord
 from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.runtime.checkpoint_qemu import MIGRATE_TIMEOUT
+from hpcvm.runtime.migration import RUN_TIMEOUT, SETUP_TIMEOUT, UNKNOWN_PREFIX
+from hpcvm.signals import signals_deferred
 
 STEP_NAME = "hpcvm-migrate"
 ARRIVE_TIMEOUT = 120.0  # seconds for the target's ready after the source's success
+# seconds for the source step: QEMU's migration, the target's setup and run, and slack
+STEP_TIMEOUT = MIGRATE_TIMEOUT + SETUP_TIMEOUT + RUN_TIMEOUT + 300.0
 LEAVE_TIMEOUT = 30.0  # seconds for the old node to report the VM gone from it
 
 Say = Callable[[str], None]
@@ -66,11 +71,12 @@ def migrate(name: str, node: str, to: str, say: Say) -> Migrated:
             batch=record.batch, vm=source.vm, index=source.index, target=listening
         )
         say(f"{name}: migrating {source.vm} from {node} to {to}")
-        sent = _send(record, node, request, spec.migration_secret)
+        with signals_deferred():  # a Ctrl-C waits: the move ends one way or the other
+            sent = _send(record, node, request, spec.migration_secret)
+            moved = tuple(to if n == node else n for n in record.nodes)
+            spare = tuple(node if n == to else n for n in record.spare)
+            state.write_record(record.model_copy(update={"nodes": moved, "spare": spare}))
         arrived = _arrived(record, source.index, to)
-        moved = tuple(to if n == node else n for n in record.nodes)
-        spare = tuple(node if n == to else n for n in record.spare)
-        state.write_record(record.model_copy(update={"nodes": moved, "spare": spare}))
         _left(record, node)
         return Migrated(source.vm, node, to, arrived, sent)
 
@@ -115,7 +121,9 @@ def _send(record: ClusterRecord, node: str, request: MigrateRequest, secret: str
         [*internal_argv("migrate-source"), request.model_dump_json()],
     )
     env = {**os.environ, SECRET_ENV: secret}
-    stdout, stderr, code = run_step(batch, record, argv, "migrate", name=STEP_NAME, env=env)
+    stdout, stderr, code = run_step(
+        batch, record, argv, "migrate", name=STEP_NAME, env=env, timeout=STEP_TIMEOUT
+    )
     try:
         results = parse_results(stdout)
     except ValueError as exc:
@@ -126,8 +134,13 @@ def _send(record: ClusterRecord, node: str, request: MigrateRequest, secret: str
             f"{tail(stderr)}); see hpcvm cluster ps {record.name}"
         )
     if not results[0].ok:
+        where = (
+            "it stays paused there: see hpcvm cluster ps and the target's log"
+            if results[0].message.startswith(UNKNOWN_PREFIX)
+            else f"it runs on at {node}"
+        )
         raise RuntimeFailure(
-            f"migrating {request.vm} from {node} failed: {results[0].message}; it runs on at {node}"
+            f"migrating {request.vm} from {node} failed: {results[0].message}; {where}"
         )
     return results[0]
 

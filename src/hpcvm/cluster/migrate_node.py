@@ -18,6 +18,7 @@ The source step prints one result line and exits 0, as a checkpoint phase does
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -31,7 +32,7 @@ from pathlib import Path
 from hpcvm.cluster.addresses import Claim, claim
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.checkpoint_node import NodeResult
-from hpcvm.errors import HpcvmError, UsageError
+from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
 from hpcvm.model import Frozen
 from hpcvm.runtime import migration, paths
 from hpcvm.runtime.migration_channel import (
@@ -84,19 +85,22 @@ class Listener:
         host, port = self.sock.getsockname()[:2]
         return f"{host}:{port}"
 
-    def accept_peer(self, secret: str) -> socket.socket:
-        """The source's next connection, authenticated (its disk, runtime/migration.py)."""
+    def accept_peer(self, secret: str, source: str) -> socket.socket:
+        """The source's next connection (its disk, runtime/migration.py), from the
+        source's address and authenticated; others are dropped and waited past."""
         deadline = time.monotonic() + CONNECT_TIMEOUT
         while time.monotonic() < deadline:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except TimeoutError:
                 continue
             try:
+                if peer[0] != source:
+                    raise ChannelError(f"a connection from {peer[0]}, not the source {source}")
                 accept_peer(conn, secret)
-            except BaseException:
+            except (ChannelError, OSError):
                 conn.close()
-                raise
+                continue
             return conn
         raise ChannelError(f"the source did not connect again within {CONNECT_TIMEOUT:g} s")
 
@@ -124,10 +128,10 @@ def take_in(
                 accept_peer(conn, secret)
                 header, _ = recv_message(conn)
                 index = int(header["index"])
+                source = str(peer[0])
                 with interrupting(signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                    machine, made = migration.receive(
-                        conn, name, lambda: listener.accept_peer(secret), warn=say
-                    )
+                    again = functools.partial(listener.accept_peer, secret, source)
+                    machine, made = migration.receive(conn, name, again, warn=say)
             except (HpcvmError, OSError, KeyError, ValueError) as exc:
                 say(f"a migration from {peer[0]} did not complete: {exc}")
                 continue
@@ -162,7 +166,10 @@ def run_source(request_json: str) -> int:
     node = get_batch(request.batch).this_node(os.environ)
     begin = time.monotonic()
     try:
-        result = _send(request, node)
+        with interrupting(signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            result = _send(request, node)
+    except KeyboardInterrupt:  # send() resumed the VM here unless the target has it
+        result = NodeResult(node=node, ok=False, message="interrupted")
     except HpcvmError as exc:
         result = NodeResult(node=node, ok=False, message=str(exc))
     except Exception as exc:  # any failure is this node's answer, never an exit code
@@ -180,10 +187,11 @@ def _send(request: MigrateRequest, node: str) -> NodeResult:
     if not secret:
         raise UsageError("the source step is started by hpcvm cluster migrate, not by hand")
     machine = vm_state.load_machine(request.vm)
+
     with _connect(request.target, secret) as conn:
         send_message(conn, {"index": request.index})
         sent = migration.send(machine, conn, lambda: _connect(request.target, secret))
-    marker_path(machine.name).write_text(request.target + "\n")
+    _mark_moved(machine, request.target)  # the node's task then stops the paused QEMU here
     return NodeResult(
         node=node,
         ok=True,
@@ -193,6 +201,22 @@ def _send(request: MigrateRequest, node: str) -> NodeResult:
         disk_ms=sent.disk_ms,
         total_ms=sent.total_ms,
     )
+
+
+def _mark_moved(machine: Machine, target: str) -> None:
+    """The marker, whole or not at all: a half-written one must not make the node's
+    task stop a VM that runs here."""
+    path = marker_path(machine.name)
+    partial = path.with_name(f".{MARKER}.partial")
+    try:
+        partial.write_text(target + "\n")
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise RuntimeFailure(
+            f"VM {machine.name} runs on the target, but its paused copy here could not be "
+            f"marked moved ({exc}): stop it with hpcvm down {machine.name}"
+        ) from exc
 
 
 def _connect(target: str, secret: str) -> socket.socket:

@@ -266,17 +266,18 @@ def run() -> int:
     # --signal=USR1 without B:) must not end the VMs
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     spec = read_spec()
+    os.environ.pop(SPEC_ENV, None)  # its migration secret is not for QEMU or the reaper
     place = get_batch(spec.batch).task_place(os.environ)
     spare = place.index >= spec.vm_count
     try:
-        vm = spec.vm_name(place.node) if spare else _vm_name(spec, place)
+        vm = _incoming_name(spec, place.node) if spare else _vm_name(spec, place)
     except HpcvmError as exc:
         emit(_event("failed", spec, place, message=str(exc)))
         return 1
     reaper.start(vm)  # its pipe closes when this process ends
     timeline.mark("node: reaper started")
     if spare:
-        return _spare(spec, place, _stop_on_signals(), {vm})
+        return _spare(spec, place, _stop_on_signals(), {vm}, vm)
     try:
         with interrupting(*_SIGNALS):  # up then removes a half-started VM itself
             machine, held = _restore(spec, place) if spec.restore else _boot(spec, place)
@@ -312,7 +313,11 @@ def _serve(
         emit(_event("died", spec, place, vm=vm, message=f"VM {vm} died; see its console log"))
         return 1
     emit(_event("migrated", spec, place, vm=vm))
-    return _spare(spec, place, stop, reaped)
+    incoming = _incoming_name(spec, place.node)
+    if incoming not in reaped:
+        reaper.start(incoming)
+        reaped.add(incoming)
+    return _spare(spec, place, stop, reaped, incoming)
 
 
 def _ready(spec: ClusterSpec, place: TaskPlace, machine: Machine) -> NodeEvent:
@@ -329,15 +334,32 @@ def _ready(spec: ClusterSpec, place: TaskPlace, machine: Machine) -> NodeEvent:
     )
 
 
-def _spare(spec: ClusterSpec, place: TaskPlace, stop: threading.Event, reaped: set[str]) -> int:
+def _incoming_name(spec: ClusterSpec, node: str) -> str:
+    """The name a VM migrating in gets here: the node's VM name, unless a VM of that
+    name exists already (a restored VM keeps its saved name, and where nodes share a
+    runtime directory, as the one-machine test cluster's do, it may be this node's)."""
+    from hpcvm.runtime import paths
+
+    name = spec.vm_name(node)
+    for k in range(1, 100):
+        if not paths.run_dir(name).exists():
+            return name
+        name = f"{spec.vm_name(node)}-m{k}"
+    raise RuntimeFailure(f"no free name for a VM migrating into {node}")
+
+
+def _spare(
+    spec: ClusterSpec, place: TaskPlace, stop: threading.Event, reaped: set[str], name: str
+) -> int:
     """A node without a VM: listen for one to migrate in (migrate_node.py) until the
-    step ends (0); a VM taken in is then held as this node's, under the index it had."""
-    name = spec.vm_name(place.node)
-    host = str(node_address(spec.vm.network or "").ip)
+    step ends (0); a VM taken in is then held as this node's (``name``, whose reaper
+    runs), under the index it had."""
     try:
+        host = str(node_address(spec.vm.network or "").ip)
         listener = migrate_node.Listener(host)
-    except OSError as exc:
-        emit(_event("failed", spec, place, message=f"cannot listen on {host}: {exc}"))
+    except (HpcvmError, OSError) as exc:
+        why = f"this spare node cannot listen for a migrating VM: {exc}"
+        emit(_event("failed", spec, place, vm="", message=why))
         return 1
     try:
         emit(_event("spare", spec, place, vm="", address=listener.address))
@@ -347,7 +369,4 @@ def _spare(spec: ClusterSpec, place: TaskPlace, stop: threading.Event, reaped: s
     if got is None:
         return 0
     machine, index, held = got
-    if machine.name not in reaped:
-        reaper.start(machine.name)
-        reaped.add(machine.name)
     return _serve(spec, replace(place, index=index), stop, reaped, machine, held)

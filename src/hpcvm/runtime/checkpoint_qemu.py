@@ -43,6 +43,9 @@ from hpcvm.runtime.model import Machine
 FD_NAME = "hpcvm-state"
 UNLIMITED = 1 << 40  # bytes/s: "no limit" for QEMU's max-bandwidth
 STALL_TIMEOUT = 120.0  # seconds without a byte of progress before a save is given up
+# seconds for a live migration to converge; past it the VM runs on where it was (a
+# guest that dirties RAM faster than the network carries it never converges)
+MIGRATE_TIMEOUT = 1800.0
 LOAD_TIMEOUT = 60.0  # seconds for a load, plus its size at LOAD_FLOOR_RATE
 LOAD_FLOOR_RATE = 10 * 1024 * 1024  # bytes/s: slower than any disk a state sits on
 _POLL = 0.1
@@ -108,7 +111,8 @@ class QemuStateSaver:
             fd=conn_fd,
         )  # fmt: skip
         try:
-            return _wait_migration(sock, f"migrating VM {machine.name}", stall=STALL_TIMEOUT)
+            what = f"migrating VM {machine.name}"
+            return _wait_migration(sock, what, stall=STALL_TIMEOUT, deadline=MIGRATE_TIMEOUT)
         except BaseException:
             with contextlib.suppress(RuntimeFailure):
                 qmp.execute(sock, "migrate_cancel", timeout=5.0)

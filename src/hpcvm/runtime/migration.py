@@ -12,11 +12,14 @@ QEMU, which sends RAM and device state while the guest runs, stops the guest for
 last pass (QEMU's ``downtime``) and ends paused with its disks flushed. Then the disk
 overlay follows, over a second authenticated connection, into the target's overlay
 (whose QEMU opens it only at ``cont``, checkpoint_qemu.py), checked by its SHA-256; the
-guest stands still for that copy too, and it is reported beside QEMU's figure. The
-target runs the VM once the overlay is in.
+guest stands still for that copy too, and it is reported beside QEMU's figure.
 
-A refusal, or a failure before the target runs the VM, leaves the VM running at the
-source (QEMU resumes it, or hpcvm does after a failed disk copy).
+Who runs the VM is decided in one place. The source resumes its copy when anything
+fails before it tells the target "go", or when the target answers that it could not
+run it (it has torn its copy down by then). The target runs its copy only after "go",
+and answers once its agent answers. Without that answer the source keeps its copy
+paused, neither resumed nor removed (MoveUnknown): the VM never runs in two places,
+and is never silently lost.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ from hpcvm.runtime.options import UpOptions, VmOptions
 Warn = Callable[[str], None]
 SETUP_TIMEOUT = 600.0  # seconds for the target to plan and start its QEMU (huge pages)
 RECEIVE_TIMEOUT = 3600.0  # seconds for a whole incoming migration (a dirtying guest)
+UNKNOWN_PREFIX = "move unknown:"
+RUN_TIMEOUT = 1200.0  # seconds for the target to run the VM until its agent answers
 
 
 class Offer(Frozen):
@@ -106,10 +111,18 @@ def offer(machine: Machine) -> tuple[Offer, bytes]:
     return made, seed
 
 
+class MoveUnknown(RuntimeFailure):
+    """The target was told to run the VM and its answer never came: the source keeps
+    its copy paused (never resumed, never removed), since the target may run it."""
+
+
 def send(machine: Machine, conn: socket.socket, connect: Connect) -> Sent:
     """Offer ``machine`` over ``conn`` (authenticated), migrate it once the target
-    accepts, then send its disk overlay over a second connection (``connect()``).
-    Refusals and failures raise; the VM then runs on here."""
+    accepts, then send its disk overlay over a second connection (``connect()``), tell
+    the target to run it, and return once the target says it runs. The VM is resumed
+    here when anything fails before the target is told to run it, or when the target
+    says it could not: it never runs in two places. Without the target's answer, it
+    stays paused here (MoveUnknown)."""
     made, seed = offer(machine)
     send_message(conn, {"offer": made.model_dump(mode="json")}, seed)
     conn.settimeout(SETUP_TIMEOUT)
@@ -117,34 +130,54 @@ def send(machine: Machine, conn: socket.socket, connect: Connect) -> Sent:
     if not reply.get("ok"):
         raise UsageError(f"the target refused VM {machine.name}: {reply.get('message')}")
     began = time.monotonic()
-    status = checkpoint.saver_for(machine.backend).send(machine, conn.fileno())
-    paused = time.monotonic()
+    told = False
     try:
-        disk_bytes = _send_disk(machine, connect)
-    except BaseException:
+        status = checkpoint.saver_for(machine.backend).send(machine, conn.fileno())
+        paused = time.monotonic()
+        with connect() as disk:
+            disk_bytes = _send_disk(machine, disk)
+            disk_done = time.monotonic()
+            told = True
+            send_message(disk, {"go": True})
+            word = _target_word(disk)
+    except BaseException as exc:
+        if told:
+            raise MoveUnknown(
+                f"{UNKNOWN_PREFIX} VM {machine.name} was handed to the target, whose answer "
+                f"never came ({exc}): it stays paused here, and may run there"
+            ) from exc
         with contextlib.suppress(HpcvmError):
             checkpoint.resume(machine)  # the target never ran it
         raise
-    done = time.monotonic()
+    if not word.get("running"):
+        with contextlib.suppress(HpcvmError):
+            checkpoint.resume(machine)  # the target tore its copy down
+        raise RuntimeFailure(f"the target could not run VM {machine.name}: {word.get('message')}")
     return Sent(
         downtime_ms=float(status.get("downtime", 0.0)),
-        disk_ms=(done - paused) * 1000,
-        total_ms=(done - began) * 1000,
+        disk_ms=(disk_done - paused) * 1000,
+        total_ms=(disk_done - began) * 1000,
         ram_bytes=int(status.get("ram", {}).get("transferred", 0)),
         disk_bytes=disk_bytes,
     )
 
 
-def _send_disk(machine: Machine, connect: Connect) -> int:
+def _send_disk(machine: Machine, disk: socket.socket) -> int:
     """The flushed overlay to the target, which answers once it is written."""
     assert machine.boot.disk_image is not None  # offer() refused a VM without
-    with connect() as disk:
-        size = send_file(disk, machine.boot.disk_image)
-        disk.settimeout(SETUP_TIMEOUT)
-        reply, _ = recv_message(disk)
+    size = send_file(disk, machine.boot.disk_image)
+    disk.settimeout(SETUP_TIMEOUT)
+    reply, _ = recv_message(disk)
     if not reply.get("ok"):
         raise RuntimeFailure(f"the target could not take the disk: {reply.get('message')}")
     return size
+
+
+def _target_word(disk: socket.socket) -> dict[str, Any]:
+    """The target's word once it runs the VM and its agent answered (or it failed)."""
+    disk.settimeout(RUN_TIMEOUT)
+    word, _ = recv_message(disk)
+    return word
 
 
 def receive(
@@ -156,11 +189,12 @@ def receive(
     warn: Warn | None = None,
 ) -> tuple[Machine, Offer]:
     """Take the VM offered over ``conn`` as ``name`` on this host, re-planned here,
-    its disk over the next connection (``accept()``); return once its agent answers.
-    A refusal is answered to the source and raised; nothing is left here when anything
-    fails."""
+    its disk over the next connection (``accept()``); run it once the source says go,
+    and say so to the source once its agent answers. A refusal or a failure is answered
+    to the source and raised; nothing is left here when anything fails."""
     header, seed = recv_message(conn)
     answered = False
+    disks: list[socket.socket] = []
 
     def answer(ok: bool, message: str = "") -> None:
         nonlocal answered
@@ -181,28 +215,47 @@ def receive(
             if differences:  # what up() built must be what was planned
                 raise InfeasiblePlanError(f"the VM built here differs: {'; '.join(differences)}")
             saver.receive(machine, conn.fileno(), RECEIVE_TIMEOUT, lambda: answer(True))
-            _receive_disk(machine, accept)
+            disks.append(accept())
+            _receive_disk(machine, disks[0])
 
         machine = lifecycle.up(
             plan, options, host=host, warn=warn, media=media, load_state=take_state
         )
-    except HpcvmError as exc:
-        answer(False, str(exc))
+    except BaseException as exc:  # up() tore down what it made: the source may resume
+        why = str(exc) or "interrupted"
+        with contextlib.suppress(HpcvmError, OSError):
+            answer(False, why)
+        _last_word(disks, {"running": False, "message": why})
         raise
+    _last_word(disks, {"running": True})
     return machine, made
 
 
-def _receive_disk(machine: Machine, accept: Connect) -> None:
-    """The source's flushed overlay over this VM's (not opened by QEMU yet)."""
+def _last_word(disks: list[socket.socket], word: dict[str, Any]) -> None:
+    """Tell the source whether the VM runs here, if it got as far as the disk."""
+    for disk in disks:
+        with contextlib.suppress(HpcvmError, OSError):
+            send_message(disk, word)
+        disk.close()
+
+
+def _receive_disk(machine: Machine, disk: socket.socket) -> None:
+    """The source's flushed overlay over this VM's (not opened by QEMU yet); returns
+    once the source says go (from then on it will not run its copy)."""
     assert machine.boot.disk_image is not None
-    with accept() as disk:
-        try:
-            recv_file(disk, machine.boot.disk_image)
-        except (HpcvmError, OSError, KeyError, ValueError) as exc:
-            with contextlib.suppress(OSError):
-                send_message(disk, {"ok": False, "message": str(exc)})
-            raise RuntimeFailure(f"receiving the disk of VM {machine.name}: {exc}") from exc
-        send_message(disk, {"ok": True})
+    try:
+        recv_file(disk, machine.boot.disk_image)
+    except (HpcvmError, OSError, KeyError, ValueError) as exc:
+        with contextlib.suppress(OSError):
+            send_message(disk, {"ok": False, "message": str(exc)})
+        raise RuntimeFailure(f"receiving the disk of VM {machine.name}: {exc}") from exc
+    send_message(disk, {"ok": True})
+    try:
+        word, _ = recv_message(disk)
+    except (HpcvmError, OSError) as exc:
+        raise RuntimeFailure(f"the source of VM {machine.name} did not say go: {exc}") from exc
+    if not word.get("go"):
+        raise RuntimeFailure(f"the source of VM {machine.name} did not say go")
 
 
 def _prepare(

@@ -22,13 +22,14 @@ import os
 import secrets
 import socket
 import struct
+import time
 from typing import Any
 
 from hpcvm.errors import RuntimeFailure
 
 NONCE_BYTES = 32
 MAX_MESSAGE = 64 * 1024 * 1024  # bytes: an offer with its seed image is far smaller
-HANDSHAKE_TIMEOUT = 30.0  # seconds for the peer to answer each handshake step
+HANDSHAKE_TIMEOUT = 10.0  # seconds for the whole handshake
 _LENGTH = struct.Struct("!Q")
 
 
@@ -41,17 +42,29 @@ def new_secret() -> str:
 
 
 def _mac(secret: str, role: bytes, first: bytes, second: bytes) -> bytes:
-    return hmac.new(bytes.fromhex(secret), role + first + second, hashlib.sha256).digest()
+    return hmac.new(_key(secret), role + first + second, hashlib.sha256).digest()
+
+
+def _key(secret: str) -> bytes:
+    key = bytes.fromhex(secret)
+    if len(key) < NONCE_BYTES:
+        raise ChannelError(
+            "no migration secret (or a short one): the job was not started by cluster up"
+        )
+    return key
 
 
 def accept_peer(conn: socket.socket, secret: str) -> None:
     """The listening side's half of the handshake; ChannelError when the peer does not
-    know ``secret``."""
+    know ``secret``, or takes longer than HANDSHAKE_TIMEOUT in all (a peer that trickles
+    bytes cannot hold the listener)."""
+    _key(secret)
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
     conn.settimeout(HANDSHAKE_TIMEOUT)
     ours = secrets.token_bytes(NONCE_BYTES)
     conn.sendall(ours)
-    theirs = recv_exact(conn, NONCE_BYTES)
-    proof = recv_exact(conn, hashlib.sha256().digest_size)
+    theirs = recv_exact(conn, NONCE_BYTES, deadline)
+    proof = recv_exact(conn, hashlib.sha256().digest_size, deadline)
     if not hmac.compare_digest(proof, _mac(secret, b"source", ours, theirs)):
         raise ChannelError("a connection did not prove the job's migration secret; dropped")
     conn.sendall(_mac(secret, b"target", ours, theirs))
@@ -60,11 +73,13 @@ def accept_peer(conn: socket.socket, secret: str) -> None:
 def connect_peer(conn: socket.socket, secret: str) -> None:
     """The connecting side's half; ChannelError when the listener does not know
     ``secret`` (it is not the job's spare node)."""
+    _key(secret)
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
     conn.settimeout(HANDSHAKE_TIMEOUT)
-    theirs = recv_exact(conn, NONCE_BYTES)
+    theirs = recv_exact(conn, NONCE_BYTES, deadline)
     ours = secrets.token_bytes(NONCE_BYTES)
     conn.sendall(ours + _mac(secret, b"source", theirs, ours))
-    proof = recv_exact(conn, hashlib.sha256().digest_size)
+    proof = recv_exact(conn, hashlib.sha256().digest_size, deadline)
     if not hmac.compare_digest(proof, _mac(secret, b"target", theirs, ours)):
         raise ChannelError("the target node did not prove the job's migration secret")
 
@@ -91,12 +106,22 @@ def _length(conn: socket.socket) -> int:
     return int(size)
 
 
-def recv_exact(conn: socket.socket, size: int) -> bytes:
+def recv_exact(conn: socket.socket, size: int, deadline: float | None = None) -> bytes:
+    """Exactly ``size`` bytes; by ``deadline`` (time.monotonic) when given."""
     parts = bytearray()
     while len(parts) < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChannelError("the peer took too long over the handshake")
+            conn.settimeout(left)
         try:
             chunk = conn.recv(size - len(parts))
         except TimeoutError:
+            if deadline is not None:
+                raise ChannelError(
+                    "the peer took too long over the migration's handshake"
+                ) from None
             raise ChannelError("the peer stopped answering during the migration's setup") from None
         if not chunk:
             raise ChannelError("the peer closed the connection during the migration's setup")
