@@ -35,46 +35,20 @@ import argparse
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's benchmarks/, tests/
+
+from benchmarks.bench_common import conditions, dd_read, dd_write, drop_cache
 
 from hpcvm.plan.model import PlanRequest
 from hpcvm.runtime import checkpoint, guest_exec, inventory, lifecycle, paths, stopping
 from hpcvm.runtime.options import UpOptions
 from hpcvm.stats.summary import summarize
 from hpcvm.units import parse_size
-
-BLOCK = 4 * 1024 * 1024
-
-
-def drop_cache(directory: Path) -> None:
-    """Drop the page cache of every file under ``directory`` (and only those)."""
-    for path in directory.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def dd_write(path: Path, nbytes: int) -> float:
-    count = -(-nbytes // BLOCK)
-    begin = time.monotonic()
-    subprocess.run(["dd", "if=/dev/zero", f"of={path}", f"bs={BLOCK}", f"count={count}",
-                    "conv=fsync", "status=none"], check=True)  # fmt: skip
-    return time.monotonic() - begin
-
-
-def dd_read(path: Path) -> float:
-    drop_cache(path.parent)
-    begin = time.monotonic()
-    subprocess.run(["dd", f"if={path}", "of=/dev/null", f"bs={BLOCK}", "status=none"], check=True)
-    return time.monotonic() - begin
 
 
 def save(name: str, target: Path) -> tuple[int, float, float]:
@@ -150,15 +124,6 @@ def boot(name: str, image: Path, memory: int, fill: int) -> None:
         raise SystemExit(f"filling the guest's RAM failed: {result.stderr.strip()}")
 
 
-def conditions() -> str:
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")), "?",
-    )  # fmt: skip
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    return f"TCG, {os.cpu_count()} CPUs ({cpu}), load average {load}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -168,7 +133,6 @@ def main() -> None:
     parser.add_argument("--image", type=Path, default=None)
     args = parser.parse_args()
     if args.image is None:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's tests/
         from tests import image_builder
 
         args.image = image_builder.build_test_image()

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,22 +39,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.checkpoint_throughput import conditions, dd_read, dd_write, drop_cache  # noqa: E402
-
-from hpcvm.stats.summary import summarize  # noqa: E402
+from benchmarks.bench_common import (  # noqa: E402
+    conditions,
+    dd_read,
+    dd_write,
+    drop_cache,
+    hpcvm,
+    interval,
+    require_root,
+    run_in_namespace,
+)
 
 NAMESPACE = "hpcvm-bench-ckpt"
 PREFIX = "10.89.0"
 NAME = "bench-ckpt"
-HPCVM = str(Path(sys.executable).parent / "hpcvm")
 PAUSED = re.compile(r"\((\d+(?:\.\d+)?) MiB\); paused for (\d+(?:\.\d+)?) s")
-
-
-def hpcvm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([HPCVM, *args], capture_output=True, text=True, check=False)
-    if check and done.returncode != 0:
-        sys.exit(f"hpcvm {' '.join(args)} failed:\n{done.stderr}")
-    return done
 
 
 def size_of(directory: Path) -> int:
@@ -105,11 +102,6 @@ def restore_once(work: Path) -> dict[str, float]:
     (work / "dd").unlink()
     shutil.rmtree(target)
     return {"restore": restore, "dd": dd, "bytes": float(nbytes)}
-
-
-def interval(ratios: list[float]) -> str:
-    s = summarize(ratios, confidence=0.97)
-    return f"{s.mean:.2f} [{s.ci_low:.2f}, {s.ci_high:.2f}] (n={len(ratios)})"
 
 
 def inside(args: argparse.Namespace) -> None:
@@ -167,25 +159,14 @@ def main() -> None:
     if args.inside:
         inside(args)
         return
-    if os.geteuid() != 0:
-        sys.exit("run as root: the benchmark makes a network namespace with a bridge")
+    require_root()
     if args.image is None:
         from tests import image_builder
 
         args.image = image_builder.build_test_image()
-    steps = [["ip", "netns", "add", NAMESPACE], ["ip", "-n", NAMESPACE, "link", "set", "lo", "up"],
-             ["ip", "-n", NAMESPACE, "link", "add", "br0", "type", "bridge"],
-             ["ip", "-n", NAMESPACE, "addr", "add", f"{PREFIX}.1/24", "dev", "br0"],
-             ["ip", "-n", NAMESPACE, "link", "set", "br0", "up"]]  # fmt: skip
-    subprocess.run(["ip", "netns", "del", NAMESPACE], capture_output=True, check=False)
-    try:
-        for step in steps:
-            subprocess.run(step, check=True)
-        argv = [sys.executable, __file__, "--inside", "--reps", str(args.reps), "--memory",
-                args.memory, "--dir", args.dir, "--image", str(args.image)]  # fmt: skip
-        subprocess.run(["ip", "netns", "exec", NAMESPACE, *argv], check=False)
-    finally:
-        subprocess.run(["ip", "netns", "del", NAMESPACE], capture_output=True, check=False)
+    argv = [sys.executable, __file__, "--inside", "--reps", str(args.reps), "--memory",
+            args.memory, "--dir", args.dir, "--image", str(args.image)]  # fmt: skip
+    run_in_namespace(NAMESPACE, f"{PREFIX}.1/24", argv)
 
 
 if __name__ == "__main__":
