@@ -32,6 +32,7 @@ import hashlib
 import ipaddress
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tempfile
@@ -363,3 +364,41 @@ def user_hpcvm(slurm_cluster: LocalCluster) -> Path:
     hpcvm = build_user_hpcvm()
     (STATE_DIR / "etc" / "epilog-hpcvm").write_text(f"{hpcvm}\n")
     return hpcvm
+
+
+def vm_count(prefix: str) -> int:
+    """QEMU processes on this machine whose command line names a VM ``prefix...``
+    (/proc, not hpcvm's own records)."""
+    found = 0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"qemu-system" in cmdline and prefix.encode() in cmdline:
+                found += 1
+    return found
+
+
+def job_state(cluster: LocalCluster, job: str) -> str:
+    """Slurm's state of ``job`` (GONE once it left the controller)."""
+    text = cluster.run(["scontrol", "show", "job", job], check=False).stdout
+    found = re.search(r"JobState=(\S+)", text)
+    return found.group(1) if found else "GONE"
+
+
+def built_test_image() -> Path:
+    """The test image (tests/image_builder.py), readable by the test user's QEMU;
+    skipped when it cannot be built here."""
+    from tests import image_builder
+
+    missing = image_builder.missing_tools()
+    if missing:
+        pytest.skip(f"cannot build the test image: missing {', '.join(missing)}")
+    path = image_builder.build_test_image()
+    for part in (path, *path.parents):
+        if part == Path("/var/cache"):
+            break
+        part.chmod(part.stat().st_mode | 0o005)
+    return path

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import cluster_support, image_builder
-from tests.cluster_support import LocalCluster
+from tests import cluster_support
+from tests.cluster_support import LocalCluster, job_state, vm_count
 from tests.sites import SlurmSite, wait_until
 
 pytestmark = pytest.mark.integration
@@ -47,6 +47,7 @@ SCRIPT = REPO / "docs" / "examples" / "hpcvm-checkpoint-job.sh"
 ROUNDS = 60
 DELAY_MS = 500
 NAME = "ck"
+VMS = f"{NAME}-node"  # every VM of the job: NAME-<node>
 FIRST = ("node1", "node2")
 THEN = ("node3", "node4")
 ROUND = re.compile(r"^round=(\d+) counter=(\d+) host=(\S+) peer=(\S+)$", re.M)
@@ -67,36 +68,9 @@ class Story:
     started_at_signal: float  # seconds from the ring's start to the signal
 
 
-def _vm_count() -> int:
-    found = 0
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"qemu-system" in cmdline and f"{NAME}-node".encode() in cmdline:
-                found += 1
-    return found
-
-
-def _state(cluster: LocalCluster, job: str) -> str:
-    text = cluster.run(["scontrol", "show", "job", job], check=False).stdout
-    found = re.search(r"JobState=(\S+)", text)
-    return found.group(1) if found else "GONE"
-
-
 @pytest.fixture(scope="module")
 def image() -> Path:
-    missing = image_builder.missing_tools()
-    if missing:
-        pytest.skip(f"cannot build the test image: missing {', '.join(missing)}")
-    path = image_builder.build_test_image()
-    for part in (path, *path.parents):  # the test user's QEMU reads it
-        if part == Path("/var/cache"):
-            break
-        part.chmod(part.stat().st_mode | 0o005)
-    return path
+    return cluster_support.built_test_image()
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +95,13 @@ def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterato
             yield _run_story(slurm_cluster, job, out, work, str(user_hpcvm))
         finally:
             slurm_cluster.run(["scancel", job], check=False)
-            wait_until("the job to leave the queue", lambda: _state(slurm_cluster, job)
+            wait_until("the job to leave the queue", lambda: job_state(slurm_cluster, job)
                        in ("GONE", "COMPLETED", "CANCELLED", "FAILED"), timeout=120)  # fmt: skip
-            wait_until("the job's VMs to go", lambda: _vm_count() == 0, timeout=120)
+            wait_until(
+                "the job's VMs to go",
+                lambda: vm_count(VMS) == 0,
+                timeout=120,
+            )
 
 
 def _text(out: Path) -> str:
@@ -134,7 +112,10 @@ def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: st
     user = cluster_support.TEST_USER
 
     def started_or_ended() -> bool:
-        return "cluster wait" in _text(out) or _state(cluster, job) not in ("PENDING", "RUNNING")
+        return "cluster wait" in _text(out) or job_state(cluster, job) not in (
+            "PENDING",
+            "RUNNING",
+        )
 
     wait_until("the ring to start", started_or_ended, timeout=BOOT_TIMEOUT)
     assert "cluster wait" in _text(out), _text(out)
@@ -142,7 +123,7 @@ def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: st
     time.sleep(4)  # a few rounds before the signal
     signalled = time.monotonic() - started
     cluster.run(["scancel", "--signal=USR1", "--batch", job], user=user)
-    wait_until("the checkpoint and the requeue", lambda: _state(cluster, job) == "PENDING",
+    wait_until("the checkpoint and the requeue", lambda: job_state(cluster, job) == "PENDING",
                timeout=600)  # fmt: skip
     first_run = _text(out)
     assert "saved; requeueing" in first_run, first_run
@@ -150,7 +131,7 @@ def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: st
     subprocess.run(["cp", "-a", str(work / "checkpoint"), str(saved)], check=True)
     cluster.run(["scontrol", "update", f"JobId={job}", f"ReqNodeList={','.join(THEN)}",
                  "StartTime=now"], user=user)  # fmt: skip
-    wait_until("the restored job to end", lambda: _state(cluster, job) not in
+    wait_until("the restored job to end", lambda: job_state(cluster, job) not in
                ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"), timeout=900)  # fmt: skip
     return Story(cluster, job, out, first_run, _text(out), saved, work, hpcvm, signalled)
 
@@ -162,7 +143,7 @@ def test_the_mpi_job_went_on_across_the_checkpoint(story: Story) -> None:
     assert {(h, p) for *_, h, p in rounds} == {(f"{NAME}-node1", f"{NAME}-node2")}
     assert f"done counter={2 * ROUNDS} expected={2 * ROUNDS}" in story.text
     assert "the program ended with exit status 0" in story.text
-    assert _state(story.cluster, story.job) == "COMPLETED"
+    assert job_state(story.cluster, story.job) == "COMPLETED"
 
 
 def test_it_was_saved_mid_run_on_two_nodes_and_restored_on_two_others(story: Story) -> None:
@@ -236,7 +217,7 @@ def _refused(text: str, expected: str) -> None:
     errors = [line for line in text.splitlines() if line.startswith("hpcvm: error:")]
     assert len(errors) == 1 and expected in errors[0], text
     assert "rc=0" not in text and re.search(r"^rc=\d+$", text, re.M), text
-    assert _vm_count() == 0
+    assert vm_count(VMS) == 0
 
 
 def test_a_checkpoint_without_its_manifest_is_refused(story: Story) -> None:

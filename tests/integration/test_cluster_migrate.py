@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import cluster_support, image_builder
-from tests.cluster_support import LocalCluster
+from tests import cluster_support
+from tests.cluster_support import LocalCluster, job_state, vm_count
 from tests.sites import SlurmSite, wait_until
 
 pytestmark = pytest.mark.integration
@@ -33,6 +33,7 @@ slurm_cluster = cluster_support.slurm_cluster
 user_hpcvm = cluster_support.user_hpcvm
 
 NAME = "mg"
+VMS = f"{NAME}-node"  # every VM of the job: NAME-<node>
 ROUNDS = 60
 DELAY_MS = 500
 ROUND = re.compile(r"^round=(\d+) counter=(\d+) host=(\S+) peer=(\S+)$", re.M)
@@ -64,36 +65,9 @@ class Story:
     runtime_root: Path  # where the test user's VMs' run directories are
 
 
-def _vm_count() -> int:
-    found = 0
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"qemu-system" in cmdline and f"{NAME}-node".encode() in cmdline:
-                found += 1
-    return found
-
-
-def _state(cluster: LocalCluster, job: str) -> str:
-    text = cluster.run(["scontrol", "show", "job", job], check=False).stdout
-    found = re.search(r"JobState=(\S+)", text)
-    return found.group(1) if found else "GONE"
-
-
 @pytest.fixture(scope="module")
 def image() -> Path:
-    missing = image_builder.missing_tools()
-    if missing:
-        pytest.skip(f"cannot build the test image: missing {', '.join(missing)}")
-    path = image_builder.build_test_image()
-    for part in (path, *path.parents):  # the test user's QEMU reads it
-        if part == Path("/var/cache"):
-            break
-        part.chmod(part.stat().st_mode | 0o005)
-    return path
+    return cluster_support.built_test_image()
 
 
 @pytest.fixture(scope="module")
@@ -114,13 +88,17 @@ def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterato
         done = slurm_cluster.run(argv, env=env, user=cluster_support.TEST_USER)
         job = done.stdout.strip().split(";")[0]
         try:
-            wait_until("the job to end", lambda: _state(slurm_cluster, job) not in
+            wait_until("the job to end", lambda: job_state(slurm_cluster, job) not in
                        ("PENDING", "RUNNING", "COMPLETING"), timeout=JOB_TIMEOUT)  # fmt: skip
             text = out.read_text(errors="replace") if out.is_file() else ""
             yield Story(slurm_cluster, job, text, site.runtime_root())
         finally:
             slurm_cluster.run(["scancel", job], check=False)
-            wait_until("the job's VMs to go", lambda: _vm_count() == 0, timeout=120)
+            wait_until(
+                "the job's VMs to go",
+                lambda: vm_count(VMS) == 0,
+                timeout=120,
+            )
 
 
 def test_the_mpi_program_went_on_across_the_move(story: Story) -> None:
@@ -129,7 +107,7 @@ def test_the_mpi_program_went_on_across_the_move(story: Story) -> None:
     assert all(c == 2 * r for r, c, *_ in rounds), rounds
     assert f"done counter={2 * ROUNDS} expected={2 * ROUNDS}" in story.text
     assert "wait-rc=0" in story.text, story.text
-    assert _state(story.cluster, story.job) == "COMPLETED"
+    assert job_state(story.cluster, story.job) == "COMPLETED"
 
 
 def test_the_vm_moved_mid_run_and_kept_its_address(story: Story) -> None:
@@ -161,7 +139,7 @@ def test_the_moved_vcpu_runs_in_node3s_cpuset(story: Story) -> None:
 
 
 def test_nothing_is_left_once_the_job_ended(story: Story) -> None:
-    wait_until("the job's VMs to go", lambda: _vm_count() == 0, timeout=60)
+    wait_until("the job's VMs to go", lambda: vm_count(VMS) == 0, timeout=60)
     root = story.runtime_root
     left = sorted(p.name for p in root.glob(f"{NAME}-node*")) if root.is_dir() else []
     assert left == [], left

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -74,9 +75,17 @@ def run(phase_json: str) -> int:
     """The task: do the phase for this node's VM and print its result line."""
     phase = Phase.model_validate_json(phase_json)
     node = get_batch(phase.batch).this_node(os.environ)
+    return report(node, lambda: _act(phase, node))
+
+
+def report(node: str, act: Callable[[], NodeResult]) -> int:
+    """Run a step task's work and print its result line, timed; a failure is this
+    node's answer, never an exit code (module doc)."""
     begin = time.monotonic()
     try:
-        result = _act(phase, node)
+        result = act()
+    except KeyboardInterrupt:
+        result = NodeResult(node=node, ok=False, message="interrupted")
     except HpcvmError as exc:
         result = NodeResult(node=node, ok=False, message=str(exc))
     except Exception as exc:  # any failure is this node's answer, never an exit code

@@ -22,7 +22,6 @@ import functools
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from hpcvm.cluster.addresses import Claim, claim
 from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.checkpoint_node import NodeResult
+from hpcvm.cluster.checkpoint_node import NodeResult, report
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
 from hpcvm.model import Frozen
 from hpcvm.runtime import migration, paths
@@ -161,23 +160,16 @@ def _claim(address: str | None, say: Say) -> Claim | None:
 
 
 def run_source(request_json: str) -> int:
-    """The source step's task: migrate this node's VM and print the result line."""
+    """The source step's task: migrate this node's VM and print the result line. A
+    SIGTERM before the target is told to run the VM resumes it here (migration.send)."""
     request = MigrateRequest.model_validate_json(request_json)
     node = get_batch(request.batch).this_node(os.environ)
-    begin = time.monotonic()
-    try:
+
+    def act() -> NodeResult:
         with interrupting(signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            result = _send(request, node)
-    except KeyboardInterrupt:  # send() resumed the VM here unless the target has it
-        result = NodeResult(node=node, ok=False, message="interrupted")
-    except HpcvmError as exc:
-        result = NodeResult(node=node, ok=False, message=str(exc))
-    except Exception as exc:  # any failure is this node's answer, never an exit code
-        result = NodeResult(node=node, ok=False, message=f"{type(exc).__name__}: {exc}")
-    result = result.model_copy(update={"seconds": round(time.monotonic() - begin, 6)})
-    sys.stdout.write(result.line() + "\n")
-    sys.stdout.flush()
-    return 0
+            return _send(request, node)
+
+    return report(node, act)
 
 
 def _send(request: MigrateRequest, node: str) -> NodeResult:

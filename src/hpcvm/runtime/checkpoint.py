@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hpcvm.bootspec import BootSpec, Nic
+from hpcvm.bootspec import BootSpec
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
 from hpcvm.registry import Registry
-from hpcvm.runtime import checkpoint_dir, lifecycle, network, state, stopping
+from hpcvm.runtime import checkpoint_dir, lifecycle, state, stopping
 from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.boot import BootMedia
 from hpcvm.runtime.checkpoint_dir import Checkpoint
@@ -336,7 +336,8 @@ def plan_restore(
     saved = checkpoint.plan
     request = saved.request.model_copy(update={"name": name, "accel": saved.accel})
     plan = lifecycle.make_plan(request, host=host, warn=warn)
-    boot = checkpoint.manifest.boot.model_copy(update={"nics": _nics(checkpoint, name)})
+    nics = lifecycle.nics_for(checkpoint.manifest.options, name)
+    boot = checkpoint.manifest.boot.model_copy(update={"nics": nics})
     differences = abi_differences(checkpoint.manifest.abi, guest_abi(plan, boot))
     if differences:
         raise InfeasiblePlanError(
@@ -344,17 +345,6 @@ def plan_restore(
             f"saved: {'; '.join(differences)}"
         )
     return plan
-
-
-def _nics(checkpoint: Checkpoint, name: str) -> tuple[Nic, ...]:
-    """The VM's NICs as ``up`` will make them for ``name`` on this host."""
-    options = checkpoint.manifest.options
-    return network.resolve_nics(
-        options.network,
-        options.address,
-        vm=name,
-        privileged=network.is_root() or get_backend(options.backend).nics_by_daemon,
-    )
 
 
 def restore(

@@ -129,14 +129,7 @@ def up(
         media = resolve_boot_media(
             kernel=options.kernel, initrd=options.initrd, image=options.image
         )
-    nics = network.resolve_nics(
-        options.network,
-        options.address,
-        vm=name,
-        privileged=network.is_root() or get_backend(options.backend).nics_by_daemon,
-        warn=warn,
-        mac=options.mac,
-    )
+    nics = nics_for(options, name, warn)
     if isinstance(target, PlanRequest):
         request = _with_vfs(target.model_copy(update={"name": name}), nics)
         plan = make_plan(request, host=host, kernel=media.kernel, warn=warn)
@@ -169,6 +162,19 @@ def up(
             if failure is exc:
                 raise
             raise failure from exc
+
+
+def nics_for(options: VmOptions, name: str, warn: Warn | None = None) -> tuple[Nic, ...]:
+    """The NICs ``up`` makes for a VM called ``name`` booted with ``options`` (with
+    UpOptions, the MAC it keeps when it migrated in)."""
+    return network.resolve_nics(
+        options.network,
+        options.address,
+        vm=name,
+        privileged=network.is_root() or get_backend(options.backend).nics_by_daemon,
+        warn=warn,
+        mac=options.mac if isinstance(options, UpOptions) else None,
+    )
 
 
 def _with_vfs(request: PlanRequest, nics: tuple[Nic, ...]) -> PlanRequest:

@@ -38,8 +38,7 @@ from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageE
 from hpcvm.host.model import HostTopology
 from hpcvm.model import Frozen
 from hpcvm.plan.model import VMPlan
-from hpcvm.runtime import checkpoint, lifecycle, network
-from hpcvm.runtime.backends import get_backend
+from hpcvm.runtime import checkpoint, lifecycle
 from hpcvm.runtime.boot import BootMedia
 from hpcvm.runtime.checkpoint_model import (
     SEED_FILE,
@@ -273,13 +272,7 @@ def _prepare(
     options = UpOptions(**made.options.model_dump(), name=name, mac=mac)
     request = made.plan.request.model_copy(update={"name": name, "accel": made.plan.accel})
     plan = lifecycle.make_plan(request, host=host, warn=warn)
-    nics = network.resolve_nics(
-        options.network,
-        options.address,
-        vm=name,
-        privileged=network.is_root() or get_backend(options.backend).nics_by_daemon,
-        mac=mac,
-    )
+    nics = lifecycle.nics_for(options, name)
     differences = abi_differences(
         made.abi, guest_abi(plan, made.boot.model_copy(update={"nics": nics}))
     )
