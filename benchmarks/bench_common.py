@@ -92,3 +92,17 @@ def run_in_namespace(namespace: str, bridge_address: str, argv: Sequence[str]) -
         return subprocess.run(["ip", "netns", "exec", namespace, *argv], check=False).returncode
     finally:
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True, check=False)
+
+
+def reexec_in_namespace(
+    script: str, namespace: str, bridge_address: str, options: list[str], image: Path | None
+) -> int:
+    """A cluster benchmark's outer half: as root, the test image built (unless given),
+    then ``script --inside OPTIONS --image IMAGE`` run in its own network namespace."""
+    require_root()
+    if image is None:
+        from tests import image_builder
+
+        image = image_builder.build_test_image()
+    argv = [sys.executable, script, "--inside", *options, "--image", str(image)]
+    return run_in_namespace(namespace, bridge_address, argv)

@@ -46,8 +46,7 @@ from benchmarks.bench_common import (  # noqa: E402
     drop_cache,
     hpcvm,
     interval,
-    require_root,
-    run_in_namespace,
+    reexec_in_namespace,
 )
 
 NAMESPACE = "hpcvm-bench-ckpt"
@@ -159,14 +158,8 @@ def main() -> None:
     if args.inside:
         inside(args)
         return
-    require_root()
-    if args.image is None:
-        from tests import image_builder
-
-        args.image = image_builder.build_test_image()
-    argv = [sys.executable, __file__, "--inside", "--reps", str(args.reps), "--memory",
-            args.memory, "--dir", args.dir, "--image", str(args.image)]  # fmt: skip
-    run_in_namespace(NAMESPACE, f"{PREFIX}.1/24", argv)
+    options = ["--reps", str(args.reps), "--memory", args.memory, "--dir", args.dir]
+    reexec_in_namespace(__file__, NAMESPACE, f"{PREFIX}.1/24", options, args.image)
 
 
 if __name__ == "__main__":

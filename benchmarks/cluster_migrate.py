@@ -47,8 +47,7 @@ from benchmarks.bench_common import (  # noqa: E402
     conditions,
     hpcvm,
     interval,
-    require_root,
-    run_in_namespace,
+    reexec_in_namespace,
 )
 
 NAMESPACE = "hpcvm-bench-migrate"
@@ -158,14 +157,8 @@ def main() -> None:
     if args.inside:
         inside(args)
         return
-    require_root()
-    if args.image is None:
-        from tests import image_builder
-
-        args.image = image_builder.build_test_image()
-    argv = [sys.executable, __file__, "--inside", "--reps", str(args.reps), "--memory",
-            args.memory, "--image", str(args.image)]  # fmt: skip
-    run_in_namespace(NAMESPACE, f"{PREFIX}.1/24", argv)
+    options = ["--reps", str(args.reps), "--memory", args.memory]
+    reexec_in_namespace(__file__, NAMESPACE, f"{PREFIX}.1/24", options, args.image)
 
 
 if __name__ == "__main__":

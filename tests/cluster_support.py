@@ -402,3 +402,9 @@ def built_test_image() -> Path:
             break
         part.chmod(part.stat().st_mode | 0o005)
     return path
+
+
+@pytest.fixture(scope="module")
+def image() -> Path:
+    """The test image, for a module's cluster job (``image = cluster_support.image``)."""
+    return built_test_image()

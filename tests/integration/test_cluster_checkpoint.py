@@ -41,6 +41,7 @@ pytestmark = pytest.mark.integration
 
 slurm_cluster = cluster_support.slurm_cluster
 user_hpcvm = cluster_support.user_hpcvm
+image = cluster_support.image
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "docs" / "examples" / "hpcvm-checkpoint-job.sh"
@@ -66,11 +67,6 @@ class Story:
     workdir: Path
     hpcvm: str
     started_at_signal: float  # seconds from the ring's start to the signal
-
-
-@pytest.fixture(scope="module")
-def image() -> Path:
-    return cluster_support.built_test_image()
 
 
 @pytest.fixture(scope="module")

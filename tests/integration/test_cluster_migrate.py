@@ -31,6 +31,7 @@ pytestmark = pytest.mark.integration
 
 slurm_cluster = cluster_support.slurm_cluster
 user_hpcvm = cluster_support.user_hpcvm
+image = cluster_support.image
 
 NAME = "mg"
 VMS = f"{NAME}-node"  # every VM of the job: NAME-<node>
@@ -63,11 +64,6 @@ class Story:
     job: str
     text: str
     runtime_root: Path  # where the test user's VMs' run directories are
-
-
-@pytest.fixture(scope="module")
-def image() -> Path:
-    return cluster_support.built_test_image()
 
 
 @pytest.fixture(scope="module")

@@ -284,18 +284,17 @@ def _log_hint(name: str) -> str:
 # -- down -------------------------------------------------------------------------------
 
 
-def allocation_of(record: ClusterRecord) -> Allocation:
-    return Allocation(batch=record.batch, job_id=record.job_id, nodes=record.nodes)
+def allocation_of(record: ClusterRecord, nodes: tuple[str, ...] | None = None) -> Allocation:
+    """The job's allocation, as far as its VMs' nodes go (or only ``nodes``: a step on
+    those)."""
+    return Allocation(
+        batch=record.batch, job_id=record.job_id, nodes=record.nodes if nodes is None else nodes
+    )
 
 
 def _step(record: ClusterRecord, batch: BatchSystem) -> str | None:
     found = next((e.step for e in state.events(record.name) if e.step), None)
     return found or batch.find_step(allocation_of(record), step_name(record.name))
-
-
-def allocation_of_nodes(record: ClusterRecord, nodes: tuple[str, ...]) -> Allocation:
-    """Part of the job's allocation: a step on ``nodes`` only."""
-    return Allocation(batch=record.batch, job_id=record.job_id, nodes=nodes)
 
 
 def _take_down(

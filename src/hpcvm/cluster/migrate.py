@@ -116,7 +116,7 @@ def _send(record: ClusterRecord, node: str, request: MigrateRequest, secret: str
     """The source step on ``node``: its one result, or RuntimeFailure with why."""
     batch = get_batch(record.batch)
     argv = batch.step_argv(
-        control.allocation_of_nodes(record, (node,)),
+        control.allocation_of(record, (node,)),
         STEP_NAME,
         [*internal_argv("migrate-source"), request.model_dump_json()],
     )
