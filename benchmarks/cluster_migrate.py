@@ -99,6 +99,20 @@ def tcp_copy(nbytes: int) -> float:
     return time.monotonic() - begin
 
 
+def ring_started(timeout: float = 180.0) -> None:
+    """Until the ring's rank runs in the first VM: a move before that would measure
+    mpirun's start, not a running program."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (
+            hpcvm("cluster", "exec", NAME, "--", "pgrep", "-x", "mpi_ring", check=False).returncode
+            == 0
+        ):
+            return
+        time.sleep(1)
+    sys.exit(f"the MPI ring did not start within {timeout:g} s")
+
+
 def inside(args: argparse.Namespace) -> None:
     try:
         hpcvm("cluster", "up", "--batch", "local", "--nodes", "3", "--spare", "1", "--name",
@@ -107,7 +121,7 @@ def inside(args: argparse.Namespace) -> None:
               "--timeout", "900")  # fmt: skip
         hpcvm("cluster", "exec", "--detach", NAME, "--", "mpirun", "-np", "2", "--map-by",
               "node", "/usr/local/bin/mpi_ring", "1000000", "200")  # fmt: skip
-        time.sleep(3)
+        ring_started()  # mpirun starts ranks over ssh: seconds under TCG
         migrate("local2", "local3")  # warm-up: not counted
         where = ("local3", "local2")
         reps = []
@@ -127,6 +141,10 @@ def inside(args: argparse.Namespace) -> None:
         waited = hpcvm("cluster", "wait", NAME, check=False)
         counters = re.findall(r"^round=(\d+) counter=(\d+)", waited.stdout, re.M)
         intact = bool(counters) and all(int(c) == 2 * int(r) for r, c in counters)
+        if not intact or alive.returncode != 0:  # say why, not only that
+            said = (waited.stdout + waited.stderr).strip().splitlines()
+            print(f"cluster wait: exit {waited.returncode}; the ring's output, last lines:",
+                  *said[-15:], sep="\n  ")  # fmt: skip
         print()
         print(f"conditions: {conditions()}; 2 VMs of 1 vCPU, {args.memory}, TCG, local batch "
               "(the nodes are this machine: the path is the bridge, not a wire)")  # fmt: skip
