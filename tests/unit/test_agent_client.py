@@ -219,12 +219,17 @@ def test_wait_ready_retries_a_silent_listener(tmp_path: Path) -> None:
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(path))
     server.listen(8)
-    agent = GuestAgent(path, timeout=5, console_log=tmp_path / "c.log")
+    console = tmp_path / "c.log"
+    stuck = b"\nhpcvm-guest: stuck \x1b[0m here\r\n\n"
+    console.write_bytes(b"[    1.0] booting\r\n" + b"x" * 5000 + stuck)
+    agent = GuestAgent(path, timeout=5, console_log=console)
     try:
         begin = time.monotonic()
-        with pytest.raises(RuntimeFailure, match="did not answer"):
+        with pytest.raises(RuntimeFailure, match="did not answer") as failed:
             agent.wait_ready(begin + 3.0, lambda: True)
         assert time.monotonic() - begin < 10
+        # the console's last line is named (control characters dropped), not the first
+        assert "(its last line: 'hpcvm-guest: stuck [0m here')" in str(failed.value)
     finally:
         agent.close()
         with contextlib.suppress(OSError):

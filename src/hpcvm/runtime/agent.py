@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import random
 import socket
 import time
@@ -50,6 +51,25 @@ class AgentCommandError(RuntimeFailure):
     def __init__(self, message: str, desc: str) -> None:
         super().__init__(message)
         self.desc = desc
+
+
+def last_console_line(path: str | Path, tail: int = 4096) -> str:
+    """The console's last non-empty line, printable and at most 200 characters.
+
+    Why: an agent that never answers is most often a guest that stopped or hung in its
+    boot, and the console's last line usually says where; naming it in the error saves
+    the user (and a CI log) opening a file that may be gone by then.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - tail))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = ["".join(c for c in line if c.isprintable()).strip() for line in text.splitlines()]
+    found = [line for line in lines if line]
+    return found[-1][:200] if found else ""
 
 
 class GuestAgent:
@@ -132,7 +152,9 @@ class GuestAgent:
             if self.console_log
             else ("see the VM's console log")
         )
-        return f"the guest agent at {self.path} did not answer {when}; {where}"
+        last = last_console_line(self.console_log) if self.console_log else ""
+        said = f" (its last line: {last!r})" if last else ""
+        return f"the guest agent at {self.path} did not answer {when}; {where}{said}"
 
     # -- wire ---------------------------------------------------------------------------
 
