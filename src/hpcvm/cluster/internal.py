@@ -34,7 +34,6 @@ from collections.abc import Callable
 
 from hpcvm.cluster.spawn import INTERNAL_MODULE
 from hpcvm.errors import HpcvmError, UsageError
-from hpcvm.plugins import load_plugins
 
 
 def _node(args: list[str]) -> int:
@@ -129,6 +128,12 @@ ROLES: dict[str, Callable[[list[str]], int]] = {
 }
 
 
+# Roles that load the plugins themselves, when they need them: the reaper starts beside
+# its node's VM and then waits, maybe for days; scanning the installed packages' entry
+# points then would only take CPU from the VM's boot (reaper.py).
+LATE_PLUGINS = frozenset({"reaper"})
+
+
 def main(argv: list[str]) -> int:
     """Run one role; its exit code."""
     if not argv or argv[0] not in ROLES:
@@ -138,7 +143,10 @@ def main(argv: list[str]) -> int:
         )
         return UsageError.exit_code
     try:
-        load_plugins()
+        if argv[0] not in LATE_PLUGINS:
+            from hpcvm.plugins import load_plugins
+
+            load_plugins()
         return ROLES[argv[0]](argv[1:])
     except HpcvmError as exc:
         sys.stderr.write(f"hpcvm: error: {exc}\n")

@@ -26,14 +26,14 @@ import threading
 import time
 from collections.abc import Callable
 from ipaddress import IPv4Interface
-from pathlib import Path
 
 from hpcvm.cluster.addresses import Claim, claim
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.checkpoint_node import NodeResult, report
+from hpcvm.cluster.moved import MARKER, marker_path
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
 from hpcvm.model import Frozen
-from hpcvm.runtime import migration, paths
+from hpcvm.runtime import migration
 from hpcvm.runtime.migration_channel import (
     ChannelError,
     accept_peer,
@@ -45,7 +45,6 @@ from hpcvm.runtime.model import Machine
 from hpcvm.signals import interrupting
 
 SECRET_ENV = "HPCVM_MIGRATION_SECRET"
-MARKER = "migrated"  # in the old VM's run dir: its QEMU ended because the VM moved
 CONNECT_TIMEOUT = 30.0
 CLAIM_WAIT = 30.0  # seconds for the old node to release the VM's address claim
 _ACCEPT_POLL = 0.5
@@ -58,15 +57,6 @@ class MigrateRequest(Frozen):
     vm: str  # the VM's name on the source node
     index: int  # its index in the job
     target: str  # HOST:PORT where the spare node's task listens
-
-
-def marker_path(name: str) -> Path:
-    return paths.run_dir(name) / MARKER
-
-
-def migrated_away(machine: Machine) -> bool:
-    """Whether ``machine``'s VM migrated away (the source step left the marker)."""
-    return marker_path(machine.name).exists()
 
 
 # -- the spare (target) side -----------------------------------------------------------

@@ -27,10 +27,11 @@ from types import FrameType
 from typing import Literal
 
 from hpcvm import timeline
-from hpcvm.cluster import guest_mpi, migrate_node, reaper
+from hpcvm.cluster import guest_mpi, reaper
 from hpcvm.cluster.addresses import AUTO, Claim, candidates, claim, site_pool
 from hpcvm.cluster.batch import TaskPlace
 from hpcvm.cluster.batches import get_batch
+from hpcvm.cluster.moved import migrated_away
 from hpcvm.cluster.spec import SPEC_ENV, ClusterSpec, EventKind, NodeEvent
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.plan.model import PlanRequest
@@ -233,10 +234,10 @@ def _hold(machine: Machine, stop: threading.Event) -> Outcome:
     then stopped here, migrate_node.py)."""
     backend = get_backend(machine.backend, machine.connect_uri)
     while not stop.wait(0.5):
-        if migrate_node.migrated_away(machine):
+        if migrated_away(machine):
             return "migrated"
         if not backend.alive(machine):
-            return "migrated" if migrate_node.migrated_away(machine) else "died"
+            return "migrated" if migrated_away(machine) else "died"
     return "ended"
 
 
@@ -354,6 +355,8 @@ def _spare(
     """A node without a VM: listen for one to migrate in (migrate_node.py) until the
     step ends (0); a VM taken in is then held as this node's (``name``, whose reaper
     runs), under the index it had."""
+    from hpcvm.cluster import migrate_node
+
     try:
         host = str(node_address(spec.vm.network or "").ip)
         listener = migrate_node.Listener(host)

@@ -44,11 +44,16 @@ def start(vm_name: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from hpcvm.runtime import stopping
-
     [vm_name] = argv
     with contextlib.suppress(OSError):
         sys.stdin.buffer.read()  # returns at EOF: the task has ended
+    from hpcvm.plugins import load_plugins
+    from hpcvm.runtime import stopping
+
+    try:
+        load_plugins()  # late (internal.LATE_PLUGINS): a plugin backend's VM needs them
+    except HpcvmError as exc:  # still stop what the built-in backends can
+        sys.stderr.write(f"hpcvm: reaper: {exc}\n")
     with contextlib.suppress(HpcvmError):
         stopping.down(vm_name, timeout=STOP_TIMEOUT)
     return 0
