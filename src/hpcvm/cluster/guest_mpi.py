@@ -37,6 +37,7 @@ from pathlib import Path
 
 from hpcvm.errors import RuntimeFailure
 from hpcvm.runtime.model import Machine
+from hpcvm.runtime.timeouts import PROMPT_POLL
 
 GUEST_DIR = "/run/hpcvm-cluster"  # the guest's tmpfs: gone with the VM
 AUTHORIZED_KEYS = f"{GUEST_DIR}/authorized_keys"
@@ -166,6 +167,21 @@ def mpi_environment(network: ipaddress.IPv4Network) -> list[str]:
     ]
 
 
+def script_shell(machine: Machine) -> list[str]:
+    """The shell for a script in ``machine``'s guest: the built-in guest's static
+    busybox, else the image's ``/bin/sh``.
+
+    Why: busybox's sh runs ``cat``, ``mkdir``, ``hostname`` as its own applets (a fork
+    at most), where dash forks and execs a dynamically linked program for each, some
+    150 ms apiece under TCG; the sshd script took 1.0-1.1 s under dash and 0.6-0.7 s
+    under busybox in the same guest (docs/performance.md)."""
+    if machine.boot.disk_image is None:
+        from hpcvm.guest.scripts import GUEST_BUSYBOX
+
+        return [GUEST_BUSYBOX, "sh", "-c"]
+    return ["/bin/sh", "-c"]
+
+
 def run_script(
     machine: Machine,
     script: str,
@@ -174,17 +190,18 @@ def run_script(
     timeout: float = 60,
     causes: dict[int, str] | None = None,
 ) -> None:
-    """Run ``script`` with ``sh`` in the guest, ``stdin`` fed to it; RuntimeFailure with
-    the guest's own error text when it fails (its ``cause`` from ``causes`` by exit
-    code)."""
+    """Run ``script`` with :func:`script_shell` in the guest, ``stdin`` fed to it;
+    RuntimeFailure with the guest's own error text when it fails (its ``cause`` from
+    ``causes`` by exit code)."""
     from hpcvm.runtime.guest_exec import exec_in
 
     done = exec_in(
         machine,
-        ["/bin/sh", "-c", script],
+        [*script_shell(machine), script],
         timeout,
         input=stdin.encode(),
         env=[f"PATH={GUEST_PATH}"],
+        poll_max=PROMPT_POLL,  # cluster up waits for it
     )
     if done.exit_code != 0:
         text = done.stderr.strip() or done.stdout.strip() or f"exit code {done.exit_code}"

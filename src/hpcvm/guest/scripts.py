@@ -41,6 +41,7 @@ from __future__ import annotations
 MODULES_DIR = "lib/modules"
 MODULE_ORDER_FILE = "lib/modules/order"
 STAGE2_DIR = "hpcvm"  # copied to /run/hpcvm in the new root
+GUEST_BUSYBOX = "/run/hpcvm/busybox"  # the static busybox every built-in guest runs
 
 INIT = r"""#!/bin/busybox sh
 # hpcvm guest, stage 1 (initramfs): build the root from the share table on fw_cfg

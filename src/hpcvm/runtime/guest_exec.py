@@ -56,6 +56,7 @@ def exec_on(
     env: Sequence[str] | None = None,
     finished: Callable[[float], bool] | None = None,
     alive: Callable[[Machine], bool] | None = None,
+    poll_max: float | None = None,
 ) -> ExecResult:
     """Run ``argv`` (no shell) on an open connection; its output and exit code.
     ``alive`` says whether the VM runs (default: its backend's answer)."""
@@ -74,6 +75,7 @@ def exec_on(
             input=input,
             env=list(env) if env is not None else None,
             finished=finished,
+            poll_max=poll_max,
         )
     except HpcvmError as exc:
         if not alive(machine):
@@ -95,9 +97,10 @@ def exec_in(
     *,
     input: bytes | None = None,
     env: Sequence[str] | None = None,
+    poll_max: float | None = None,
 ) -> ExecResult:
     """``exec_on`` on a connection of its own."""
     if not argv:
         raise UsageError("nothing to run: give a command after --")
     with connected(machine) as agent:
-        return exec_on(machine, agent, argv, timeout, input=input, env=env)
+        return exec_on(machine, agent, argv, timeout, input=input, env=env, poll_max=poll_max)
