@@ -223,35 +223,40 @@ netdev_by_mac() {
     done
     return 1
 }
-for arg in $cmdline; do
-    case "$arg" in
-        hpcvm.net=*)
-            spec="${arg#*=}"
-            mac="${spec%%,*}"
-            rest="${spec#*,}"
-            addr="${rest%%,*}"
-            mtu="${rest#*,}"
-            if ! dev=$(netdev_by_mac "$mac"); then
-                echo "hpcvm-guest: error: no network interface with MAC $mac"
-                continue
-            fi
-            ip link set dev "$dev" mtu "$mtu" ||
-                echo "hpcvm-guest: error: cannot set MTU $mtu on $dev"
-            ip link set dev "$dev" up || echo "hpcvm-guest: error: cannot bring $dev up"
-            # Duplicate address detection first (RFC 5227's probe): an address someone
-            # on the segment answers for is left off and reported (hpcvm up fails).
-            if [ -n "$addr" ]; then
-                if arping -D -q -I "$dev" -c 1 -w 1 "${addr%/*}"; then
-                    ip addr add "$addr" dev "$dev" ||
-                        echo "hpcvm-guest: error: cannot give $dev the address $addr"
-                else
-                    echo "hpcvm-guest: error: ${addr%/*} is in use on the segment already"
-                    echo "${addr%/*}" >> /run/hpcvm/address-in-use
+# The NICs in the background: the address probe waits a whole second for an answer,
+# idle, and the agent need not wait for it; up waits for network-done instead.
+net_up() {
+    for arg in $cmdline; do
+        case "$arg" in
+            hpcvm.net=*)
+                spec="${arg#*=}"
+                mac="${spec%%,*}"
+                rest="${spec#*,}"
+                addr="${rest%%,*}"
+                mtu="${rest#*,}"
+                if ! dev=$(netdev_by_mac "$mac"); then
+                    echo "hpcvm-guest: error: no network interface with MAC $mac"
+                    continue
                 fi
-            fi
-            ;;
-    esac
-done
+                ip link set dev "$dev" mtu "$mtu" ||
+                    echo "hpcvm-guest: error: cannot set MTU $mtu on $dev"
+                ip link set dev "$dev" up || echo "hpcvm-guest: error: cannot bring $dev up"
+                # Duplicate address detection first (RFC 5227's probe): an address someone
+                # on the segment answers for is left off and reported (hpcvm up fails).
+                if [ -n "$addr" ]; then
+                    if arping -D -q -I "$dev" -c 1 -w 1 "${addr%/*}"; then
+                        ip addr add "$addr" dev "$dev" ||
+                            echo "hpcvm-guest: error: cannot give $dev the address $addr"
+                    else
+                        echo "hpcvm-guest: error: ${addr%/*} is in use on the segment already"
+                        echo "${addr%/*}" >> /run/hpcvm/address-in-use
+                    fi
+                fi
+                ;;
+        esac
+    done
+}
+(net_up; : > /run/hpcvm/network-done) &
 
 for cmd in shutdown poweroff reboot halt; do
     rm -f "/sbin/$cmd"

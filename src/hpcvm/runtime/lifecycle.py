@@ -392,6 +392,7 @@ def _check_guest_nics(machine: Machine) -> None:
     if not machine.boot.nics or not machine.boot.share_table:
         return
     with connected(machine, timeout=60.0) as agent:
+        _wait_network_done(agent)
         prompt = _Prompt(agent)
         failed = [c for c in check_nics(machine.boot.nics, prompt) if not c.ok]
         taken = _addresses_in_use(agent) if failed else []
@@ -418,6 +419,23 @@ class _Prompt:
 
     def exec(self, argv: list[str], timeout: float | None = None) -> ExecResult:
         return self.agent.exec(argv, timeout, poll_max=PROMPT_POLL)
+
+
+NETWORK_DONE_FILE = "/run/hpcvm/network-done"  # the guest's rc, once its NICs are set up
+
+
+def _wait_network_done(agent: GuestAgent, limit: float = 30.0) -> None:
+    """Wait until the guest's rc has set its NICs up (probe included, in the background
+    of its boot); after ``limit`` s the NIC check says what is missing."""
+    from hpcvm.runtime.agent import AgentCommandError
+
+    until = time.monotonic() + limit
+    while time.monotonic() < until:
+        try:
+            agent.read_file(NETWORK_DONE_FILE)
+            return
+        except AgentCommandError:
+            time.sleep(0.02)
 
 
 def _addresses_in_use(agent: GuestAgent) -> list[str]:
