@@ -23,8 +23,10 @@ Kernel command line words they read:
                        with that MAC gets that MTU, is brought up and gets the IPv4
                        address/prefix (none when ADDR is empty) unless someone on the
                        segment answers an ARP probe for it (then /run/hpcvm/
-                       address-in-use names it), before the agent starts; no DHCP, no
-                       gateway (the VMs share the host's segment)
+                       address-in-use names it); in the background of the boot (the
+                       probe waits a second for an answer, and the agent need not),
+                       /run/hpcvm/network-done marking its end, which ``up`` waits for;
+                       no DHCP, no gateway (the VMs share the host's segment)
 
 9p options: ``msize=512000`` is the largest the 6.1 virtio transport takes (larger is
 clamped with a warning). Read-only shares use ``cache=loose``, which caches metadata
