@@ -197,9 +197,6 @@ def test_each_nodes_placement_must_come_back() -> None:
 def test_the_guest_scripts_are_valid_shell() -> None:
     for script in (
         guest_mpi.sshd_script("c-node1", ipaddress.IPv4Interface("10.0.0.5/24")),
-        guest_mpi.sshd_script(
-            "c-node1", ipaddress.IPv4Interface("10.0.0.5/24"), before_address=True
-        ),
         guest_mpi.first_vm_script([("10.0.0.5", 2), ("10.0.0.6", 2)]),
     ):
         # dash for a disk image's /bin/sh; busybox's sh, which the built-in guest runs
@@ -211,19 +208,6 @@ def test_the_guest_scripts_are_valid_shell() -> None:
         "x", ipaddress.IPv4Interface("10.0.0.5/24")
     )
     assert "10.0.0.6 slots=2" in guest_mpi.first_vm_script([("10.0.0.6", 2)])
-
-
-def test_sshd_binds_before_the_address_only_when_asked_and_sets_it_back() -> None:
-    """The built-in guest's sshd starts while the guest still probes its address
-    (cluster/node.py): it binds with ip_nonlocal_bind, which it sets back once sshd
-    listens; a disk-image guest's script (address first) leaves the setting alone."""
-    address = ipaddress.IPv4Interface("10.0.0.5/24")
-    lines = guest_mpi.sshd_script("x", address, before_address=True).splitlines()
-    on = lines.index("echo 1 > /proc/sys/net/ipv4/ip_nonlocal_bind")
-    start = next(i for i, line in enumerate(lines) if line.startswith(guest_mpi.SSHD))
-    off = lines.index("echo 0 > /proc/sys/net/ipv4/ip_nonlocal_bind")
-    assert on < start < off
-    assert "ip_nonlocal_bind" not in guest_mpi.sshd_script("x", address)
 
 
 def test_each_guest_gets_a_valid_host_key_of_its_own(tmp_path: Path) -> None:

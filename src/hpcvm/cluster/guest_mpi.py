@@ -76,25 +76,14 @@ def host_key(name: str) -> str:
         return path.read_text()
 
 
-def sshd_script(
-    hostname: str, address: ipaddress.IPv4Interface, *, before_address: bool = False
-) -> str:
+def sshd_script(hostname: str, address: ipaddress.IPv4Interface) -> str:
     """Shell run in a guest (:func:`sshd_stdin` on stdin): name the guest (Open MPI
     tells hosts apart by name), accept the job's key, start sshd with its host key on
-    the VM network's address only.
-
-    ``before_address``: the guest is still setting its address up (the built-in
-    guest probes it for a second first): sshd may bind to it before it is there
-    (the guest's ``ip_nonlocal_bind``, set back once sshd listens), and answers once
-    it is."""
+    the VM network's address only."""
     d = GUEST_DIR
-    bind = "/proc/sys/net/ipv4/ip_nonlocal_bind"
-    nonlocal_bind, local_again = (
-        (f"echo 1 > {bind}\n", f"echo 0 > {bind}\n") if before_address else ("", "")
-    )
     return f"""set -e
 umask 077
-{nonlocal_bind}hostname {shlex.quote(hostname)}
+hostname {shlex.quote(hostname)}
 mkdir -p {d} /run/sshd
 IFS= read -r key
 printf '%s\\n' "$key" > {AUTHORIZED_KEYS}
@@ -112,7 +101,7 @@ StrictModes no
 PidFile {d}/sshd.pid
 EOF
 {SSHD} -f {d}/sshd_config -E {d}/sshd.log
-{local_again}"""
+"""
 
 
 ADDRESS_TAKEN_EXIT = 3  # address_script's exit code when the segment answers for it

@@ -20,7 +20,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 from ipaddress import IPv4Interface
 from pathlib import Path
@@ -123,26 +122,14 @@ def _boot(spec: ClusterSpec, place: TaskPlace) -> tuple[Machine, Claim | None]:
 
 
 def _boot_at(spec: ClusterSpec, name: str, address: IPv4Interface) -> Machine:
-    """Boot the VM at ``address`` and start its sshd: the built-in guest's while the
-    guest still probes its address (``lifecycle.up``'s ``after_agent``; its probe waits
-    an idle second, in which sshd's start under TCG, about 1 s, fits), a disk-image
-    guest's once ``up`` returned (its script gives it the address first)."""
     options = UpOptions(
         **spec.vm.model_dump(exclude={"address"}),
         name=name,
         workdir=spec.workdir,
         address=str(address),
     )
-
-    def during_probe(machine: Machine) -> None:
-        if _sets_own_address(machine):
-            _start_sshd(spec, machine, address)
-            timeline.mark("node: guest sshd started")
-
-    machine = _up(spec, spec.plan.model_copy(update={"name": name}), options, during_probe)
+    machine = _up(spec, spec.plan.model_copy(update={"name": name}), options)
     timeline.mark("node: VM up")
-    if _sets_own_address(machine):
-        return machine
     try:
         _start_sshd(spec, machine, address)
         timeline.mark("node: guest sshd started")
@@ -152,17 +139,10 @@ def _boot_at(spec: ClusterSpec, name: str, address: IPv4Interface) -> Machine:
     return machine
 
 
-def _sets_own_address(machine: Machine) -> bool:
-    """Whether the guest gives itself its address at boot (the built-in guest, from
-    ``hpcvm.net=``), so that its sshd may start before the address is there."""
-    return machine.boot.disk_image is None and bool(machine.boot.share_table)
-
-
 def _start_sshd(spec: ClusterSpec, machine: Machine, address: IPv4Interface) -> None:
     """The guest's sshd with the job's keys; a disk-image guest gives itself its address
     first (guest_mpi.py), in the same agent call."""
-    early = _sets_own_address(machine)
-    script = guest_mpi.sshd_script(machine.name, address, before_address=early)
+    script = guest_mpi.sshd_script(machine.name, address)
     if machine.boot.disk_image is not None and machine.boot.nics:
         script = guest_mpi.address_script(machine.boot.nics[0].mac, address) + script
     keys = guest_mpi.sshd_stdin(spec.public_key, guest_mpi.host_key(machine.name))
@@ -216,17 +196,12 @@ def _restore(spec: ClusterSpec, place: TaskPlace) -> tuple[Machine, Claim | None
     return restored.machine, held
 
 
-def _up(
-    spec: ClusterSpec,
-    request: PlanRequest,
-    options: UpOptions,
-    after_agent: Callable[[Machine], None],
-) -> Machine:
+def _up(spec: ClusterSpec, request: PlanRequest, options: UpOptions) -> Machine:
     """``lifecycle.up``; where the job allows it (``bench --nodes``), a node too small
     for the hpc profile's housekeeping core plus the vCPUs plans with none, as one-node
     ``bench`` does, and says so in its warnings."""
     try:
-        return lifecycle.up(request, options, warn=_warn, after_agent=after_agent)
+        return lifecycle.up(request, options, warn=_warn)
     except InfeasiblePlanError as exc:
         fallback = spec.housekeeping_fallback and request.housekeeping is None
         if not fallback or exc.cause != "housekeeping":
@@ -236,8 +211,7 @@ def _up(
         "housekeeping core; planned with housekeeping 0 (QEMU's own threads share the "
         "vCPUs' cores)"
     )
-    fallback_request = request.model_copy(update={"housekeeping": 0})
-    return lifecycle.up(fallback_request, options, warn=_warn, after_agent=after_agent)
+    return lifecycle.up(request.model_copy(update={"housekeeping": 0}), options, warn=_warn)
 
 
 def _stop_on_signals() -> threading.Event:

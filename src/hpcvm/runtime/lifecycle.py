@@ -114,19 +114,13 @@ def up(
     warn: Warn | None = None,
     media: BootMedia | None = None,
     load_state: Callable[[Machine], None] | None = None,
-    after_agent: Callable[[Machine], None] | None = None,
 ) -> Machine:
     """Start a VM for a request (planned here) or a ready plan; return when the guest
     agent answers. Raises HpcvmError (one line) with nothing left behind on failure.
 
     A restore (runtime/checkpoint.py) gives the boot ``media`` itself (instead of
     those ``options`` name) and ``load_state``, called once QEMU runs paused and is
-    pinned, before its vCPUs run: it loads the saved state into that QEMU.
-
-    ``after_agent`` runs once the agent answers, before the check of the guest's NICs
-    waits for the guest's address probe (an idle second in the guest): a cluster node
-    starts its guest's sshd there (cluster/node.py). A failure in it fails ``up`` and
-    takes the VM down like any other."""
+    pinned, before its vCPUs run: it loads the saved state into that QEMU."""
     timeline.mark_process_start("up: process start")
     timeline.mark("up: entered")
     name = paths.check_name(options.name)
@@ -161,7 +155,7 @@ def up(
     with _claimed_run_dir(name) as run_dir:
         machine = _new_machine(name, run_dir, plan, media, backend, options, user)
         try:
-            return _start(machine, backend, ready_timeout, load_state, after_agent)
+            return _start(machine, backend, ready_timeout, load_state)
         except BaseException as exc:
             with signals_deferred():
                 teardown(machine, backend, keep_logs=not _interrupted(exc))
@@ -364,7 +358,6 @@ def _start(
     backend: Backend,
     ready_timeout: float,
     load_state: Callable[[Machine], None] | None = None,
-    after_agent: Callable[[Machine], None] | None = None,
 ) -> Machine:
     # A SIGTERM between QEMU's start and its record would leave a QEMU nobody knows
     # (teardown finds no pid): the signal waits until the record is written.
@@ -384,8 +377,6 @@ def _start(
         backend.resume(started)
     _wait_for_agent(started, backend, time.monotonic() + ready_timeout, ready_timeout)
     timeline.mark("up: agent answered")
-    if after_agent is not None:
-        after_agent(started)
     _check_guest_nics(started)
     timeline.mark("up: guest NICs checked")
     return started
