@@ -393,6 +393,7 @@ def _check_guest_nics(machine: Machine) -> None:
         return
     with connected(machine, timeout=60.0) as agent:
         _wait_network_done(agent)
+        timeline.mark("up: guest network done")
         prompt = _Prompt(agent)
         failed = [c for c in check_nics(machine.boot.nics, prompt) if not c.ok]
         taken = _addresses_in_use(agent) if failed else []
