@@ -54,6 +54,16 @@ def test_top_level_help_imports_no_command_module() -> None:
     assert not _heavy(modules)
 
 
+def test_looking_for_plugins_imports_no_metadata_reader_when_none_is_installed() -> None:
+    """importlib.metadata took half of ``--version`` (plugins.py): it is imported only
+    when a distribution names the plugin group, which none in this environment does."""
+    from hpcvm.plugins import _group_declared
+
+    assert not _group_declared(), "a distribution here declares hpcvm.plugins"
+    for argv in (("--version",), ("--help",), ("up", "--help")):
+        assert "importlib.metadata" not in _modules_after(*argv), argv
+
+
 @pytest.mark.parametrize(
     "argv", [(name,) for name in COMMANDS] + [("guest", "build"), ("cluster", "up")]
 )

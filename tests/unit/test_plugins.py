@@ -63,3 +63,41 @@ def test_a_plugin_render_target_prints_the_plan(tmp_path: Path) -> None:
     assert pins.stdout.splitlines() == expected
     unknown = _hpcvm(*args, "--format", "pins", plugins="", cwd=tmp_path)
     assert unknown.returncode == 2 and "pins" in unknown.stderr
+
+
+def _installed(site: Path, group: str) -> None:
+    """A distribution as pip leaves it in site-packages: a ``.dist-info`` directory whose
+    entry_points.txt names the demo suite's module under ``group``."""
+    info = site / "hpcvm_demo-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hpcvm-demo\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\necho42 = hpcvm_demo_suite\n")
+
+
+def test_an_installed_packages_entry_point_is_loaded(tmp_path: Path) -> None:
+    """The entry point of a distribution on the path is found (through importlib.metadata,
+    which hpcvm imports only once some distribution names the group) and its suite is
+    there, with HPCVM_PLUGINS empty; under another group it is not."""
+    for group, listed in (("hpcvm.plugins", True), ("other.plugins", False)):
+        site = tmp_path / group
+        _installed(site, group)
+        env = dict(os.environ, HPCVM_PLUGINS="", PYTHONPATH=f"{site}{os.pathsep}{PLUGINS}")
+        done = subprocess.run(
+            [HPCVM, "bench", "--help"], capture_output=True, text=True, env=env, timeout=600
+        )
+        assert done.returncode == 0, done.stderr
+        assert ("echo42" in done.stdout) is listed, group
+
+
+def test_the_metadata_scan_runs_only_where_a_distribution_names_the_group(
+    tmp_path: Path,
+) -> None:
+    from hpcvm.plugins import _group_declared
+
+    _installed(tmp_path / "with", "hpcvm.plugins")
+    _installed(tmp_path / "without", "console_scripts")
+    assert _group_declared([str(tmp_path / "with")])
+    assert not _group_declared([str(tmp_path / "without"), str(tmp_path / "missing")])
+    archive = tmp_path / "eggs.zip"
+    archive.write_bytes(b"")
+    assert _group_declared([str(archive)])  # a zip's metadata: left to importlib.metadata
