@@ -1,6 +1,6 @@
 """``--help`` stays fast because it imports little: the command list comes from
 cli/main.py's table, each command's help from its own module alone, and none of them
-pulls in pydantic models, scipy, numpy or matplotlib. Checked on ``sys.modules`` of a
+pulls in pydantic models, scipy, numpy, matplotlib or rich. Checked on ``sys.modules`` of a
 fresh interpreter (a timing would be flaky on a shared machine; benchmarks/cli_help.py
 measures the time)."""
 
@@ -16,7 +16,7 @@ import pytest
 from hpcvm.bench.choices import BUILTIN_SUITES, registered_suite_names
 from hpcvm.cli.main import COMMANDS, cli, load_commands
 
-HEAVY = ("pydantic", "scipy", "numpy", "matplotlib")
+HEAVY = ("pydantic", "scipy", "numpy", "matplotlib", "rich")  # rich: cli/common.py
 
 ALSO_IMPORTS: dict[str, set[str]] = {}  # cluster up shares cli/vm_options.py with up
 
