@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 DISK_ADDRESS_WARNING = "a disk image configures its own network: --address is not set in the guest"
 ADDRESS_IN_USE_FILE = "/run/hpcvm/address-in-use"  # written by the guest (guest/scripts.py)
+NETWORK_DONE_FILE = "/run/hpcvm/network-done"  # the guest's rc, once its NICs are set up
 
 Warn = Callable[[str], None]
 
@@ -422,31 +423,28 @@ class _Prompt:
         return self.agent.exec(argv, timeout, poll_max=PROMPT_POLL)
 
 
-NETWORK_DONE_FILE = "/run/hpcvm/network-done"  # the guest's rc, once its NICs are set up
-
-
 def _wait_network_done(agent: GuestAgent, limit: float = 30.0) -> None:
     """Wait until the guest's rc has set its NICs up (probe included, in the background
     of its boot); after ``limit`` s the NIC check says what is missing."""
-    from hpcvm.runtime.agent import AgentCommandError
-
     until = time.monotonic() + limit
-    while time.monotonic() < until:
-        try:
-            agent.read_file(NETWORK_DONE_FILE)
-            return
-        except AgentCommandError:
-            time.sleep(0.02)
+    while time.monotonic() < until and _guest_file(agent, NETWORK_DONE_FILE) is None:
+        time.sleep(0.02)
 
 
 def _addresses_in_use(agent: GuestAgent) -> list[str]:
     """The addresses the guest found taken at boot (guest/scripts.py), if any."""
+    text = _guest_file(agent, ADDRESS_IN_USE_FILE)
+    return [] if text is None else text.decode(errors="replace").split()
+
+
+def _guest_file(agent: GuestAgent, path: str) -> bytes | None:
+    """A marker file the guest's rc writes, or None while it does not exist."""
     from hpcvm.runtime.agent import AgentCommandError
 
     try:
-        return agent.read_file(ADDRESS_IN_USE_FILE).decode(errors="replace").split()
+        return agent.read_file(path)
     except AgentCommandError:
-        return []  # no such file: no conflict
+        return None
 
 
 def _kept_console(machine: Machine) -> Path:
