@@ -138,6 +138,29 @@ def test_an_out_dir_with_a_run_needs_resume_and_the_same_arguments(
         assert len(store.samples(store.run().id)) == 3  # 1 warm-up + 2
 
 
+def test_a_failed_run_shows_why_and_leaves_its_directory_to_a_new_run_or_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert _bench(out, "--reps", "2", "--seed", "5") == 0
+    with Store.open(out) as store:
+        # Marked failed as a run that could not start an environment is (session.py).
+        store.set_status(store.run().id, "failed", error="cannot make a cpuset of PUs 1")
+    capsys.readouterr()
+    assert main(["results", str(out)]) == 0
+    assert "failed: cannot make a cpuset of PUs 1" in capsys.readouterr().out
+
+    other = ["bench", "--env", "native", "--cmd", "/bin/echo Time: 3 s", *CMD[2:]]
+    assert main([*other, "--out", str(out), "--resume"]) == 2
+    assert "start a new run there without --resume" in capsys.readouterr().err
+    assert main([*other, "--out", str(out), "--reps", "2"]) == 0  # a new run, same directory
+    with Store.open(out) as store:
+        first, second = store.runs()
+        assert (first.status, second.status) == ("failed", "finished")
+        assert [m.value for s in store.samples(second.id) for m in s.metrics] == [3.0] * 3
+    capsys.readouterr()
+
+
 def test_resume_with_more_reps_continues_the_same_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

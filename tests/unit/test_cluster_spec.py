@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.launch import Spread, across, mpirun_argv, mpirun_program
+from hpcvm.bench.launch import Spread, across, mpirun_argv, mpirun_program, with_cpu_set
 from hpcvm.bench.placement import NativePlacement
 from hpcvm.cluster import guest_mpi, native_places
 from hpcvm.cluster.batch import Allocation
@@ -172,9 +172,9 @@ def test_alike_nodes_bind_native_ranks_to_their_common_pus() -> None:
     assert native_places.differences(places) == []
     program = mpirun_program()
     argv = ["/usr/bin/env", "-C", "/w", program, "-np", "2", "--map-by", "node", "prog"]
-    bound = native_places.with_cpu_set(argv, program, (1, 2, 3))
+    bound = with_cpu_set(argv, program, (1, 2, 3))
     assert bound == [*argv[:4], "--cpu-list", "1-3", "-np", "2", "prog"]
-    assert native_places.with_cpu_set(argv, program, None) == argv
+    assert with_cpu_set(argv, program, None) == argv
 
 
 def test_unlike_nodes_run_native_where_each_node_allows_and_say_where_that_differs() -> None:

@@ -10,11 +10,18 @@ environment with a CPU list gets its own cpuset (cgroup v2 where mounted, else t
 cpuset hierarchy), every run is started inside it, and it is removed when the
 environment closes. A cpuset left by a bench killed with SIGKILL is empty and is removed
 by the next native environment that starts.
+
+Only root (or a cgroup delegated to the user) may make one. A user's bench confines its
+runs with what any process may do instead (native.py: CPU affinity and a bound memory
+policy, and mpirun told the same PUs with ``--cpu-list``): :func:`probe` says which of
+the two this process gets, by making and removing a real cpuset, so the choice is the
+kernel's answer, not a guess from the uid.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import time
@@ -28,6 +35,10 @@ from hpcvm.units import format_cpu_list
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PREFIX = "hpcvm-native-"
 _SERIAL = itertools.count()
+# The ``cause`` of a BenchmarkError when this process may not make a cpuset at all (not
+# permitted, read-only cgroup file system, no cpuset hierarchy): affinity can do instead.
+DENIED = "cpuset-denied"
+_DENIED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 
 def _hierarchy(root: Path) -> tuple[Path, str]:
@@ -38,7 +49,8 @@ def _hierarchy(root: Path) -> tuple[Path, str]:
         return root / "cpuset", "tasks"
     raise BenchmarkError(
         f"no cpuset cgroup under {root}: native runs cannot be confined to the VM's PUs; "
-        "mount cgroup2 (or the v1 cpuset controller), or pass --native-cpus all"
+        "mount cgroup2 (or the v1 cpuset controller), or pass --native-cpus all",
+        cause=DENIED,
     )
 
 
@@ -72,19 +84,22 @@ class Cpuset:
         cls, cpus: Sequence[int], mems: Sequence[int], *, root: Path = CGROUP_ROOT
     ) -> Cpuset:
         base, procs_file = _hierarchy(root)
+        path = base / f"{PREFIX}{os.getpid()}-{next(_SERIAL)}"
         try:
             if procs_file == "cgroup.procs":
                 _enable_v2_cpuset(base)
             _remove_stale(base)
-            path = base / f"{PREFIX}{os.getpid()}-{next(_SERIAL)}"
             path.mkdir(exist_ok=True)
             (path / "cpuset.mems").write_text(format_cpu_list(list(mems)))
             (path / "cpuset.cpus").write_text(format_cpu_list(list(cpus)))
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # made, then refused its PUs or nodes: nothing left behind
             raise BenchmarkError(
                 f"cannot make a cpuset of PUs {format_cpu_list(list(cpus))} and nodes "
-                f"{format_cpu_list(list(mems))} under {base}: {exc.strerror}; run as root, or "
-                "choose PUs and nodes this process may use (--native-cpus)"
+                f"{format_cpu_list(list(mems))} under {base}: {exc.strerror}; "
+                "choose PUs and nodes this process may use (--native-cpus)",
+                cause=DENIED if exc.errno in _DENIED_ERRNOS else None,
             ) from exc
         return cls(path=path, procs_file=procs_file, cpus=tuple(cpus), mems=tuple(mems))
 
@@ -111,3 +126,17 @@ class Cpuset:
                 return
             except OSError:
                 time.sleep(0.1)
+
+
+def probe(cpus: Sequence[int], mems: Sequence[int], *, root: Path = CGROUP_ROOT) -> bool:
+    """Whether this process may confine runs with a cpuset of ``cpus`` and ``mems``: one
+    is made and removed. False only when cpusets are denied to it; any other failure
+    (PUs or nodes the kernel refuses) is raised, as making the real one would."""
+    try:
+        made = Cpuset.create(cpus, mems, root=root)
+    except BenchmarkError as exc:
+        if exc.cause == DENIED:
+            return False
+        raise
+    made.remove()
+    return True

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Literal
 
 from hpcvm.errors import BenchmarkError, UsageError
+from hpcvm.units import format_cpu_list
 
 Bind = Literal["core", "hwthread", "none"]
 
@@ -148,7 +149,29 @@ def mpirun_argv(
     ]
 
 
-# Every option mpirun_argv writes (and cluster/native_places.py's --cpu-list), with the
+def with_cpu_set(argv: Sequence[str], program: str, cpus: Sequence[int] | None) -> list[str]:
+    """``argv`` with its mpirun's ranks kept to ``cpus`` on every node (``--cpu-list``);
+    unchanged without cpus or without an mpirun.
+
+    Open MPI 4.1 maps a cpu list itself (one slot per listed PU and node, filled in
+    order) and refuses it beside ``--map-by``, so the ``--map-by`` pair goes: ranks then
+    fill each node's listed PUs in turn, which puts one rank on each node whenever the
+    ranks are as many as the nodes, as the VMs' ``--map-by node`` does. (With more ranks
+    per node, native numbers them in blocks and the VMs round-robin: the same ranks per
+    node, other neighbours.)
+    """
+    out = list(argv)
+    if not cpus or program not in out:
+        return out
+    if "--map-by" in out:
+        at = out.index("--map-by")
+        del out[at : at + 2]
+    at = out.index(program) + 1
+    out[at:at] = ["--cpu-list", format_cpu_list(tuple(cpus))]
+    return out
+
+
+# Every option mpirun_argv writes (and with_cpu_set's --cpu-list), with the
 # number of words after it: what tells mpirun's options from the program it starts.
 MPIRUN_OPTION_WORDS: dict[str, int] = {
     "--allow-run-as-root": 0,

@@ -1,6 +1,16 @@
-"""The native environment: this host, confined to the tuned VM's PUs and memory nodes
-(cpuset.py), running each argv as a child in its own session with the same clean
-environment a guest gets (see environments.py)."""
+"""The native environment: this host, confined to the tuned VM's PUs and memory nodes,
+running each argv as a child in its own session with the same clean environment a guest
+gets (see environments.py).
+
+Two ways to confine, chosen by what the kernel lets this process do (placement.py's
+``Confinement``): a cgroup cpuset (cpuset.py), which every process in it obeys, hwloc and
+so mpirun included; or, for a user who may not make one, what any process may do: the
+run starts under ``numactl --physcpubind --membind`` (CPU affinity and a bound memory
+policy, inherited by everything it starts), and an mpirun in it gets the same PUs with
+``--cpu-list``, since mpirun binds its ranks from hwloc's view of the whole node and would
+otherwise leave the affinity it was started with, and each rank's memory bound to its
+PUs' node (mpirun would reset the policy). Inside a Slurm job the job's cgroup bounds
+both ways as well."""
 
 from __future__ import annotations
 
@@ -16,10 +26,18 @@ from pathlib import Path
 from hpcvm.bench import evidence
 from hpcvm.bench.cpuset import Cpuset
 from hpcvm.bench.environments import CLEAN_ENV, NATIVE, RunOutput, decode_output
+from hpcvm.bench.launch import find_program, mpirun_program, with_cpu_set
+from hpcvm.bench.placement import Confinement
 from hpcvm.bench.versions import host_versions
 from hpcvm.errors import RuntimeFailure
 from hpcvm.host.model import HostTopology
 from hpcvm.store.records import EnvKind, NewEnvironment
+from hpcvm.units import format_cpu_list
+
+# mpirun resets its ranks' memory policy to the default (measured: ``numactl --show`` in
+# a rank under ``numactl --membind=0`` says "policy: default"); this binds each rank's
+# memory to the node of the PUs it is bound to instead, as the cpuset's mems would.
+MPI_LOCAL_MEMORY = ["--mca", "hwloc_base_mem_alloc_policy", "local_only"]
 
 
 class NativeEnvironment:
@@ -33,19 +51,21 @@ class NativeEnvironment:
         *,
         cpus: Sequence[int] | None = None,
         mems: Sequence[int] = (),
+        confine: Confinement = "cpuset",
     ) -> None:
-        """``cpus``/``mems``: the PUs and memory nodes every run is confined to (a
-        cpuset, see cpuset.py); None: wherever this process may run."""
+        """``cpus``/``mems``: the PUs and memory nodes every run is confined to, by
+        ``confine`` (module doc); None: wherever this process may run."""
         self.name = NATIVE
         self.cpus = tuple(cpus) if cpus is not None else None
         self.mems = tuple(mems)
+        self.confine = confine
         self.vcpus = len(self.cpus) if self.cpus is not None else len(os.sched_getaffinity(0))
         self.memory_bytes = meminfo_total()
         self._cpu_model = host.cpu_model if host is not None else platform.processor()
         self._cpuset: Cpuset | None = None
 
     def start(self) -> None:
-        if self.cpus is not None and self._cpuset is None:
+        if self.cpus is not None and self.confine == "cpuset" and self._cpuset is None:
             self._cpuset = Cpuset.create(self.cpus, self.mems)
 
     def describe(self) -> NewEnvironment:
@@ -77,7 +97,7 @@ class NativeEnvironment:
         irq_before = evidence.read_interrupts()
         start = time.monotonic()
         proc = subprocess.Popen(
-            [*CLEAN_ENV, *argv],
+            [*CLEAN_ENV, *self.confined(argv)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -110,6 +130,22 @@ class NativeEnvironment:
                 "interrupts_total": {"host": evidence.total_rate(rates)},
             },
         )
+
+    def confined(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as it runs: unchanged in a cpuset (or unconfined); else under
+        numactl's affinity and memory binding, its mpirun's ranks bound to the PUs."""
+        if self.cpus is None or self.confine == "cpuset":
+            return list(argv)
+        cpus = format_cpu_list(list(self.cpus))
+        bind = [find_program("numactl", "numactl"), f"--physcpubind={cpus}"]
+        if self.mems:
+            bind.append(f"--membind={format_cpu_list(list(self.mems))}")
+        program = mpirun_program() if any("mpirun" in Path(w).name for w in argv) else ""
+        if program in argv:
+            argv = with_cpu_set(argv, program, self.cpus)
+            at = argv.index(program) + 1
+            argv[at:at] = MPI_LOCAL_MEMORY
+        return [*bind, "--", *argv]
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -6,12 +6,14 @@ would measure the host's size, not the VM's cost. The default takes the most tun
 the run (hpc before numa, hugepages, pinned); a run whose only VMs are unpinned (naive)
 uses the PUs a pinned plan of the same size would get, so the baseline still has the
 VMs' CPU count. ``--native-cpus LIST`` overrides, ``all`` runs natively unconfined.
-Pure: the plans and the host come in, nothing is read.
+Pure: the plans and the host come in, nothing is read (how the confinement is enforced,
+a cpuset or CPU affinity, is the kernel's answer: bench/cpuset.py ``probe``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 from hpcvm.errors import UsageError
 from hpcvm.host.model import HostTopology
@@ -21,6 +23,14 @@ from hpcvm.plan.names import PROFILE_NAMES
 from hpcvm.units import format_cpu_list, parse_cpu_list
 
 ALL = "all"
+# How native runs are held to their PUs and nodes: a cgroup cpuset (root, or a delegated
+# cgroup), or what any user may do: CPU affinity, a bound memory policy, and mpirun's
+# ranks bound to the same PUs (bench/native.py).
+Confinement = Literal["cpuset", "affinity"]
+CONFINEMENT_TEXT: dict[str, str] = {
+    "cpuset": "cgroup cpuset",
+    "affinity": "CPU affinity + memory bind",
+}
 
 
 class NativePlacement(Frozen):
@@ -29,13 +39,15 @@ class NativePlacement(Frozen):
     cpus: tuple[int, ...] | None
     mems: tuple[int, ...] = ()
     source: str  # why these: "vm:hpc's vCPU PUs", "--native-cpus", "whole host"
+    confine: Confinement = "cpuset"  # runs recorded before users had affinity: cpuset
 
     def describe(self) -> str:
         if self.cpus is None:
             return f"native: every PU this process may use ({self.source})"
         return (
             f"native: PUs {format_cpu_list(list(self.cpus))}, memory nodes "
-            f"{format_cpu_list(list(self.mems))} ({self.source})"
+            f"{format_cpu_list(list(self.mems))} ({self.source}; confined by "
+            f"{CONFINEMENT_TEXT[self.confine]})"
         )
 
 

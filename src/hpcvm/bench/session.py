@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from hpcvm.bench import cpuset
 from hpcvm.bench.cells import slug
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.environments import VM_PREFIX, Environment, parse_env
 from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.noise import calibrate_iterations
-from hpcvm.bench.placement import NativePlacement, native_placement
+from hpcvm.bench.placement import Confinement, NativePlacement, native_placement
 from hpcvm.bench.results import outlier_marks
 from hpcvm.bench.runner import Outcome, ProgressSink, Runner
 from hpcvm.bench.suite import DescribesSamples, PreparesInputs, Suite
@@ -142,6 +143,8 @@ def _resume_target(config: BenchConfig, out_dir: Path, resume: bool) -> RunRecor
         return None
     run = runs[-1]
     if not resume:
+        if run.status == "failed":
+            return None  # a new run beside it: a failure never blocks its directory
         raise UsageError(
             f"{out_dir} already holds the results of run {run.id} ({run.status}): continue it "
             "with --resume or choose another --out"
@@ -151,9 +154,10 @@ def _resume_target(config: BenchConfig, out_dir: Path, resume: bool) -> RunRecor
         changed = sorted(
             k for k in config.identity() if config.identity()[k] != recorded.identity().get(k)
         )
+        fresh = ", start a new run there without --resume" if run.status == "failed" else ""
         raise UsageError(
             f"--resume: the run in {out_dir} was made with different {', '.join(changed)}; "
-            "repeat its arguments (or give only --resume --out) or choose another --out"
+            f"repeat its arguments (or give only --resume --out){fresh} or choose another --out"
         )
     if config.seed is not None and config.seed != run.seed:
         raise UsageError(
@@ -167,7 +171,12 @@ class EnvironmentMaker(Protocol):
     the nodes of a Slurm job. Same arguments either way, so placement stays the bench's."""
 
     def native(
-        self, host: HostTopology, *, cpus: Sequence[int] | None, mems: Sequence[int]
+        self,
+        host: HostTopology,
+        *,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int],
+        confine: Confinement = "cpuset",
     ) -> Environment: ...
 
     def container(
@@ -198,9 +207,14 @@ class OneNode:
     and one VM per profile or variant."""
 
     def native(
-        self, host: HostTopology, *, cpus: Sequence[int] | None, mems: Sequence[int]
+        self,
+        host: HostTopology,
+        *,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int],
+        confine: Confinement = "cpuset",
     ) -> Environment:
-        return NativeEnvironment(host, cpus=cpus, mems=mems)
+        return NativeEnvironment(host, cpus=cpus, mems=mems, confine=confine)
 
     def container(
         self,
@@ -262,7 +276,7 @@ def prepare(
         warning_envs.update(dict.fromkeys(notes, name))
         plans[name] = plan
     check_placed_alike(plans)
-    native = _native(config, previous, plans, host)
+    native = _confined(_native(config, previous, plans, host), previous)
     config = _fixed_noise_work(config, previous, native)
     suites = build_suites(config.suites, config.suite_options)
     envs: dict[str, Environment] = {}
@@ -288,7 +302,9 @@ def prepare(
                 runtime=config.container_runtime,
             )
         else:
-            envs[name] = make.native(host, cpus=native.cpus, mems=native.mems)
+            envs[name] = make.native(
+                host, cpus=native.cpus, mems=native.mems, confine=native.confine
+            )
     _check_np(config, suites, envs)
     return Prepared(
         config=config,
@@ -379,6 +395,14 @@ def _native(
         return plan_vm("pinned", vcpus=config.vcpus, memory_bytes=config.vm_memory, host=host)[0]
 
     return native_placement(config.native_cpus, plans, host, pinned)
+
+
+def _confined(native: NativePlacement, previous: RunRecord | None) -> NativePlacement:
+    """How this host holds native runs to their PUs: as recorded for a resumed run, a
+    cpuset where this process may make one, else CPU affinity (bench/native.py)."""
+    if previous is not None or native.cpus is None or cpuset.probe(native.cpus, native.mems):
+        return native
+    return native.model_copy(update={"confine": "affinity"})
 
 
 def _fixed_noise_work(

@@ -54,8 +54,9 @@ def _noise(figures: dict[str, float | None] | None) -> str:
 
 
 def host_pus(run: RunRecord, env: EnvironmentRecord) -> str:
-    """Where an environment ran: native's cpuset (as recorded with the run; a
-    container is confined to the same), a VM's vCPU pins (from its plan), or "any"
+    """Where an environment ran: native's PUs and nodes and how they were held (a
+    cpuset, or CPU affinity for a user who may not make one; as recorded with the run;
+    a container is confined to the same), a VM's vCPU pins (from its plan), or "any"
     where nothing confined it."""
     if env.kind != "vm":
         native = run.args.get("native")
@@ -63,6 +64,9 @@ def host_pus(run: RunRecord, env: EnvironmentRecord) -> str:
         mems = native.get("mems") if isinstance(native, dict) else None
         if not cpus:
             return "any"
+        how = native.get("confine", "cpuset") if isinstance(native, dict) else "cpuset"
+        if env.kind == "native" and how != "cpuset":
+            return f"{format_cpu_list(cpus)} (nodes {format_cpu_list(mems or [])}; {how})"
         return f"{format_cpu_list(cpus)} (nodes {format_cpu_list(mems or [])})"
     placements = (env.plan or {}).get("placements", [])
     pins = [p.get("host_pu") for p in placements if p.get("host_pu") is not None]

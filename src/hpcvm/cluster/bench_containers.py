@@ -45,11 +45,10 @@ from hpcvm.bench.cells import slug
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.container import KILL_GRACE, TIMEOUT, WORK, bundle_spec, describe_container
 from hpcvm.bench.environments import CONTAINER, RunOutput
-from hpcvm.bench.launch import mpirun_program, with_rank_prefix
+from hpcvm.bench.launch import mpirun_program, with_cpu_set, with_rank_prefix
 from hpcvm.bench.native import NativeEnvironment
 from hpcvm.cluster.batch import Allocation
 from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.native_places import with_cpu_set
 from hpcvm.cluster.spawn import internal_argv
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology

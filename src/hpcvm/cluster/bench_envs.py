@@ -25,8 +25,9 @@ from pathlib import Path
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.environments import VM_PREFIX, RunOutput
 from hpcvm.bench.guest_sampler import GuestSampler
-from hpcvm.bench.launch import mpirun_program
+from hpcvm.bench.launch import mpirun_program, with_cpu_set
 from hpcvm.bench.native import NativeEnvironment
+from hpcvm.bench.placement import Confinement
 from hpcvm.bench.variants import BASE, VmVariant
 from hpcvm.bench.vm import describe_vm, verify_variant, with_variant
 from hpcvm.cluster import control, guest_mpi, native_places
@@ -98,7 +99,7 @@ class ClusterNativeEnvironment(NativeEnvironment):
     def run(
         self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
     ) -> RunOutput:
-        placed = native_places.with_cpu_set(argv, mpirun_program(), self.common)
+        placed = with_cpu_set(argv, mpirun_program(), self.common)
         batch_env = get_batch(self.allocation.batch).native_mpi_env(os.environ)
         spread = [ENV, *batch_env, *placed]
         return super().run(spread, workdir, timeout, outputs=outputs)
@@ -245,9 +246,16 @@ class ClusterEnvironments:
         self._clusters = 0
 
     def native(
-        self, host: HostTopology, *, cpus: Sequence[int] | None, mems: Sequence[int]
+        self,
+        host: HostTopology,
+        *,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int],
+        confine: Confinement = "cpuset",
     ) -> ClusterNativeEnvironment:
-        del mems  # each node finds its own (native_places)
+        # each node finds its own mems (native_places); its ranks are held by the job's
+        # cgroup and mpirun's --cpu-list, whichever way the batch node may confine
+        del mems, confine
         return ClusterNativeEnvironment(
             host, config=self.config, allocation=self.allocation, cpus=cpus, say=self.say
         )

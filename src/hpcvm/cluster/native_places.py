@@ -14,7 +14,7 @@ cluster, a rankfile naming node 2's PU, physical or logical, fails or is refused
 2, and ``--hetero-nodes`` is gone). So:
 
 - every node's placement the same PUs (alike nodes, the usual cluster): ``--cpu-list``
-  binds the ranks on every node to them (:func:`with_cpu_set`);
+  binds the ranks on every node to them (bench/launch.py's :func:`with_cpu_set`);
 - placements that differ: ranks are dealt ``--map-by node --bind-to core`` as in the
   VMs, each inside what its node allows (its cgroup: Slurm's task/cgroup on a real
   cluster, the node's cpuset on the test cluster). Where a node allows more PUs than
@@ -143,25 +143,3 @@ def differences(places: Mapping[str, NodeNative]) -> list[str]:
         for node, p in places.items()
         if p.placement.cpus is not None and set(used(p, common)) != set(p.placement.cpus)
     ]
-
-
-def with_cpu_set(argv: Sequence[str], program: str, cpus: Sequence[int] | None) -> list[str]:
-    """``argv`` with its mpirun's ranks kept to ``cpus`` on every node (``--cpu-list``);
-    unchanged without cpus or without an mpirun.
-
-    Open MPI 4.1 maps a cpu list itself (one slot per listed PU and node, filled in
-    order) and refuses it beside ``--map-by``, so the ``--map-by`` pair goes: ranks then
-    fill each node's listed PUs in turn, which puts one rank on each node whenever the
-    ranks are as many as the nodes, as the VMs' ``--map-by node`` does. (With more ranks
-    per node, native numbers them in blocks and the VMs round-robin: the same ranks per
-    node, other neighbours.)
-    """
-    out = list(argv)
-    if not cpus or program not in out:
-        return out
-    if "--map-by" in out:
-        at = out.index("--map-by")
-        del out[at : at + 2]
-    at = out.index(program) + 1
-    out[at:at] = ["--cpu-list", format_cpu_list(tuple(cpus))]
-    return out

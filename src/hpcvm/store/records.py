@@ -49,6 +49,9 @@ class RunRecord(Frozen):
             return f"running (in progress: {self.writer})"
         if self.status == "abandoned":
             return "abandoned (its writer died before finishing: continue it with --resume)"
+        if self.status == "failed":
+            why = self.error or "no reason recorded"
+            return f"failed: {why} (start a new run in this directory, or continue with --resume)"
         return self.status
 
 
