@@ -3,16 +3,30 @@
 Separate ``hpcvm`` processes (``up``, ``ps``, ``exec``, ``down``) find a VM only through
 this directory, so its location is computed in one place. The root is
 ``$HPCVM_RUNTIME_DIR`` if set (tests use a temporary one), else ``/run/hpcvm`` for root,
-else ``$XDG_RUNTIME_DIR/hpcvm``. VM directories are 0700 and sockets 0600: the QMP and agent
-sockets give full control of the guest, so no other user may reach them.
+else ``$XDG_RUNTIME_DIR/hpcvm``, else ``/tmp/hpcvm-UID``. VM directories are 0700 and
+sockets 0600: the QMP and agent sockets give full control of the guest, so no other user
+may reach them.
+
+The root is checked whenever it is asked for (``runtime_root``), as ssh-agent and tmux
+check theirs: ``lstat`` (a symbolic link is not followed), owned by this user, not
+group- or world-writable. Another user could otherwise make ``/tmp/hpcvm-UID`` first
+and read or replace every VM's control sockets. A root that fails is refused in one line
+naming it and the fix, before anything starts, by every command that uses it (``up``,
+``ps``, ``exec``, ``down``, ``verify``, ``checkpoint``, ``cluster``...). So is a VM name
+or root so long that a control socket's path would pass the kernel's limit
+(``SOCKET_PATH_MAX``): QEMU would only fail once started.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import stat
 import tempfile
 from pathlib import Path
 
+from hpcvm.errors import UsageError
+from hpcvm.fixes import for_admin
 from hpcvm.plan.validate import check_vm_name
 
 ENV_RUNTIME_DIR = "HPCVM_RUNTIME_DIR"
@@ -30,27 +44,128 @@ PID_FILE = "qemu.pid"
 FAILED_DIR = ".failed"
 KEPT_LOGS = (CONSOLE_LOG, QEMU_LOG)
 KEPT_FAILURES = 8
+# sun_path of struct sockaddr_un holds 108 bytes with the terminating NUL (unix(7)).
+SOCKET_PATH_MAX = 107
+SOCKETS = (QMP_SOCKET, AGENT_SOCKET, DONE_SOCKET)
+
+
+def runtime_location() -> tuple[Path, str]:
+    """Where the runtime root is, unchecked, and what chose it (the environment
+    variable, or "default"): for messages and for code that only compares paths with it
+    (runtime/shares.py)."""
+    explicit = os.environ.get(ENV_RUNTIME_DIR)
+    if explicit:
+        return Path(explicit).absolute(), ENV_RUNTIME_DIR
+    if os.geteuid() == 0:
+        return Path("/run/hpcvm"), "default"
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg).absolute() / "hpcvm", "XDG_RUNTIME_DIR"
+    return Path(tempfile.gettempdir()) / f"hpcvm-{os.geteuid()}", "default"
 
 
 def runtime_root() -> Path:
-    """The directory holding one subdirectory per VM (not created here)."""
-    explicit = os.environ.get(ENV_RUNTIME_DIR)
-    if explicit:
-        return Path(explicit).absolute()
-    if os.geteuid() == 0:
-        return Path("/run/hpcvm")
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg:
-        return Path(xdg) / "hpcvm"
-    return Path(tempfile.gettempdir()) / f"hpcvm-{os.geteuid()}"
+    """The directory holding one subdirectory per VM (not created here), checked:
+    UsageError, naming the fix, when it is not this user's own private directory or
+    cannot be made (module doc)."""
+    root, source = runtime_location()
+    _check_root(root, source)
+    return root
+
+
+def _what(root: Path, source: str) -> str:
+    """How a message names the root: by the variable that chose it."""
+    if source == "default":
+        return f"hpcvm's runtime directory {root}"
+    return f"hpcvm's runtime directory {root} (from {source})"
+
+
+def _elsewhere(source: str) -> str:
+    """The fix that always works: a runtime directory of one's own."""
+    if source == ENV_RUNTIME_DIR:
+        return f"set {ENV_RUNTIME_DIR} to a directory of your own, or unset it"
+    return f"set {ENV_RUNTIME_DIR} to a directory of your own"
+
+
+def _check_root(root: Path, source: str) -> None:
+    """Refuse a root another user could reach into (module doc); a missing one must be
+    makeable."""
+    what = _what(root, source)
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        _check_makeable(root, source)
+        return
+    except OSError as exc:
+        raise UsageError(
+            f"{what} cannot be reached ({_reason(exc)}): {_elsewhere(source)}"
+        ) from exc
+    if st.st_uid != os.geteuid():
+        remove = "" if source == ENV_RUNTIME_DIR else for_admin(f"remove it (`rm -r {root}`) or ")
+        raise UsageError(
+            f"{what} belongs to {_user_name(st.st_uid)}, not to you "
+            f"({_user_name(os.geteuid())}): that user could reach your VMs' control "
+            f"sockets there; {remove}{_elsewhere(source)}"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise UsageError(
+            f"{what} is {kind}: remove it (`rm {root}`; hpcvm makes the directory) or "
+            f"{_elsewhere(source)}"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UsageError(
+            f"{what} is group- or world-writable (mode {mode:04o}): other users could "
+            f"replace your VMs' control sockets; `chmod go-w {root}`"
+        )
+    if mode & stat.S_IRWXU != stat.S_IRWXU and os.geteuid() != 0:
+        raise UsageError(
+            f"{what} is not readable, writable and searchable by you (mode {mode:04o}): "
+            f"`chmod u+rwx {root}`"
+        )
+
+
+def _reason(exc: OSError) -> str:
+    return os.strerror(exc.errno) if exc.errno else str(exc)
+
+
+def _check_makeable(root: Path, source: str) -> None:
+    """A missing root: its nearest existing ancestor must be a directory this user may
+    write and search, so that ``ensure_root`` will not fail after a plan was made."""
+    parent = root.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not os.path.isdir(parent):
+        problem = f"{parent} is not a directory"
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        problem = f"{parent} is not writable by you"
+    else:
+        return
+    raise UsageError(f"{_what(root, source)} cannot be made ({problem}): {_elsewhere(source)}")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def ensure_root() -> Path:
     """Create the runtime root if missing and return it. Mode 0711: nobody else may
     list it, but libvirt's QEMU user may pass through it to the one VM directory it is
-    let into (libvirt_backend.let_qemu_reach); every VM directory is 0700 otherwise."""
-    root = runtime_root()
-    root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    let into (libvirt_backend.let_qemu_reach); every VM directory is 0700 otherwise.
+    Checked again once made: another user may have made it between the check and here."""
+    root, source = runtime_location()
+    _check_root(root, source)
+    try:
+        root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"{_what(root, source)} cannot be made ({_reason(exc)}): {_elsewhere(source)}"
+        ) from exc
+    _check_root(root, source)
     return root
 
 
@@ -61,8 +176,24 @@ def check_name(name: str) -> str:
 
 
 def run_dir(name: str) -> Path:
-    """The directory of VM ``name`` (it may not exist)."""
-    return runtime_root() / check_name(name)
+    """The directory of VM ``name`` (it may not exist). UsageError when a control
+    socket's path in it would be too long for the kernel (``SOCKET_PATH_MAX``): QEMU
+    would fail only once started, so ``up`` refuses it before anything starts."""
+    directory = runtime_root() / check_name(name)
+    check_socket_paths(directory)
+    return directory
+
+
+def check_socket_paths(directory: Path) -> None:
+    """Refuse a VM directory whose longest control socket path passes the limit."""
+    longest = max((directory / sock for sock in SOCKETS), key=lambda p: len(os.fsencode(p)))
+    size = len(os.fsencode(longest))
+    if size > SOCKET_PATH_MAX:
+        raise UsageError(
+            f"the VM's control socket {longest} would be {size} bytes long, over the "
+            f"{SOCKET_PATH_MAX}-byte limit of a Unix socket's path: use a shorter VM name "
+            f"or set {ENV_RUNTIME_DIR} to a shorter directory (e.g. /tmp/hpcvm-{os.geteuid()})"
+        )
 
 
 def kept_log(name: str, log: str) -> Path:

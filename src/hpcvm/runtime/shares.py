@@ -36,6 +36,7 @@ from pathlib import Path
 import hpcvm
 from hpcvm.bootspec import GuestLink, Share
 from hpcvm.errors import UsageError
+from hpcvm.fixes import for_admin
 from hpcvm.runtime import paths
 from hpcvm.runtime.confine import QemuUser, can_access, describe_mode
 
@@ -114,8 +115,7 @@ def parse_share(spec: str) -> ShareRequest:
         if not path.startswith("/"):
             raise UsageError(f"--share {spec!r}: the {what} path must be absolute, not {path!r}")
     real = os.path.realpath(host)
-    if not os.path.isdir(real):
-        raise UsageError(f"--share {spec!r}: {host} does not exist or is not a directory")
+    _check_dir(spec, host, real)
     _refuse_host_path(spec, real)
     guest_path = os.path.normpath(guest)
     if any(_within(guest_path, reserved) for reserved in GUEST_RESERVED if reserved != "/"):
@@ -130,18 +130,55 @@ def parse_share(spec: str) -> ShareRequest:
     return ShareRequest(real, guest_path, writable)
 
 
+def _check_dir(spec: str, host: str, real: str) -> None:
+    """A share's host path must be a directory this user can reach."""
+    try:
+        is_dir = stat.S_ISDIR(os.stat(real).st_mode)
+    except FileNotFoundError:
+        raise UsageError(f"--share {spec!r}: {host} does not exist") from None
+    except OSError as exc:
+        raise UsageError(
+            f"--share {spec!r}: {host} cannot be reached ({os.strerror(exc.errno or 0)}): "
+            "share a directory you may read"
+        ) from None
+    if not is_dir:
+        raise UsageError(f"--share {spec!r}: {host} is not a directory; share its directory")
+
+
 def _refuse_host_path(spec: str, real: str) -> None:
+    why = share_refusal(real)
+    if why is not None:
+        raise UsageError(f"--share {spec!r}: {why}; share the directories the guest needs")
+
+
+def share_refusal(real: str) -> str | None:
+    """Why ``--share real`` (absolute, symlinks resolved) is refused whatever else is
+    asked, or None: one rule, so that a message suggesting ``--share`` (the working
+    directory's warning, ``check_job_dir``) suggests only what is accepted."""
     if real == "/":
-        raise UsageError(
-            f"--share {spec!r} would share the host's whole root; share the directories "
-            "the guest needs instead"
-        )
-    runtime = os.path.realpath(paths.runtime_root())
+        return "that is the host's whole root"
+    runtime = _runtime_dir()
     if _within(runtime, real):
-        raise UsageError(
-            f"--share {spec!r} contains hpcvm's runtime directory {runtime} (the VMs' "
-            "control sockets); share a directory that does not"
-        )
+        return f"it contains hpcvm's runtime directory {runtime} (the VMs' control sockets)"
+    return None
+
+
+def _runtime_dir() -> str:
+    """hpcvm's runtime directory, symlinks resolved: only compared with here (whether
+    it is usable is for the commands that use it to say)."""
+    return os.path.realpath(paths.runtime_location()[0])
+
+
+def share_hint(real: str) -> str:
+    """The fix for a directory the guests do not see on their own, naming ``--share``
+    only as it would be accepted: as it is, or with the runtime directory moved out of
+    it first, or not at all (the whole root)."""
+    own = f"run from a directory of the job's own (e.g. {real.rstrip('/')}/job)"
+    if real == "/":
+        return own
+    if share_refusal(real) is None:
+        return f"{own}, or share it with --share {real}"
+    return f"{own}, or set {paths.ENV_RUNTIME_DIR} to a directory outside it and --share {real}"
 
 
 def parse_shares(specs: Iterable[str]) -> tuple[ShareRequest, ...]:
@@ -206,10 +243,8 @@ def _workdir_request(
     why = workdir_refusal(real)
     if why is not None:
         if warn:
-            warn(
-                f"the working directory {real} is not shared with the guest ({why}): run "
-                f"from a directory of the job's own, or share it with --share {real}"
-            )
+            hint = share_hint(real)
+            warn(f"the working directory {real} is not shared with the guest ({why}): {hint}")
         return []
     return [ShareRequest(real, real, origin="working directory")]
 
@@ -230,7 +265,7 @@ def workdir_refusal(real: str) -> str | None:
     A directory of one's own below them (``/tmp/job1``, ``~/project``) is shared; any
     directory can still be shared explicitly with ``--share``.
     """
-    runtime = os.path.realpath(paths.runtime_root())
+    runtime = _runtime_dir()
     if real == "/":
         return "it is the host's whole root"
     if _within(runtime, real):
@@ -259,7 +294,7 @@ def check_job_dir(workdir: str, specs: Sequence[str]) -> None:
         return
     raise UsageError(
         f"the job's directory {real} is not shared with the guests ({why}), and the job's "
-        f"commands run there: run the job from a directory of its own, or --share {real}"
+        f"commands run there: {share_hint(real)}"
     )
 
 
@@ -386,11 +421,23 @@ def reachable(
             f"({describe_mode(request.host_path)})"
         )
         if request.origin == "--share":
-            fix = f"setfacl -m u:{user.name}:{'rwx' if request.writable else 'rx'}"
-            raise UsageError(f"--share {request.host_path}: {detail}; allow it ({fix} DIR)")
+            raise UsageError(f"--share {request.host_path}: {detail}; {_grant(request, user)}")
         if warn:
             warn(f"{detail}: the {request.origin} is not shared with the guest")
     return kept
+
+
+def _grant(request: ShareRequest, user: QemuUser) -> str:
+    """The fix that lets QEMU's user reach a share: an ACL, set by the directory's
+    owner, so worded for the admin when that is not this user."""
+    fix = f"setfacl -m u:{user.name}:{'rwx' if request.writable else 'rx'} {request.host_path}"
+    try:
+        mine = os.stat(request.host_path).st_uid == os.geteuid()
+    except OSError:
+        mine = False
+    if mine:
+        return f"allow it (`{fix}`)"
+    return for_admin(f"allow it (`{fix}`)") + " or share a directory of your own"
 
 
 def preview(

@@ -1,0 +1,18 @@
+"""Fixes worded for whoever can apply them.
+
+Many refusals name a fix only root can apply (start a daemon, write a file under /sys,
+grant an ACL on a directory of root's). A user of a site's node who is told to run
+`libvirtd -d` can do nothing with it; told to ask their admin, they know what to do.
+So such a fix is given as it is to root, and as something to ask the admin for to
+everyone else.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def for_admin(fix: str) -> str:
+    """``fix`` (an imperative, "run `libvirtd -d`") for root as it is; for a user who is
+    not root, "ask your admin to " that."""
+    return fix if os.geteuid() == 0 else f"ask your admin to {fix}"
