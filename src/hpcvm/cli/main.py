@@ -1,16 +1,18 @@
 """Entry point: builds the click group from the per-command modules and maps
-HpcvmError to a one-line message and the error's exit code (no traceback)."""
+HpcvmError to a one-line message and the error's exit code (no traceback): click's own
+usage errors too, and, as a last resort, an OSError no command named first."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import NamedTuple
 
 import click
 
 from hpcvm import __version__
-from hpcvm.errors import HpcvmError
+from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.plugins import load_plugins
 
 
@@ -146,15 +148,43 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("hpcvm: interrupted", err=True)
         return 130
     except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
+        click.echo(f"hpcvm: error: {click_message(exc)}", err=True)
+        return max(exc.exit_code, UsageError.exit_code)  # click.FileError's 1 is no code of ours
     except HpcvmError as exc:
         click.echo(f"hpcvm: error: {exc}", err=True)
         return exc.exit_code
     except KeyboardInterrupt:
         click.echo("hpcvm: interrupted", err=True)
         return 130
+    except OSError as exc:
+        click.echo(f"hpcvm: error: {os_error_message(exc)}", err=True)
+        return OS_ERROR_EXIT
     return result if isinstance(result, int) else 0
+
+
+# The last resort for a file or directory that could not be read or written where no
+# check named it first (each such case should get its own message at its source, naming
+# the option and the fix): a usage error, as in the README's "Exit codes".
+OS_ERROR_EXIT = UsageError.exit_code
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line for an OSError no command turned into an HpcvmError: the path(s) and
+    what the system said, instead of a traceback."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    where = [str(os.fsdecode(f)) for f in (exc.filename, exc.filename2) if f is not None]
+    if not where:
+        return f"{reason}: a file or directory hpcvm needs could not be used"
+    return f"{' -> '.join(where)}: {reason}: check the path and its permissions"
+
+
+def click_message(exc: click.ClickException) -> str:
+    """click's error in one line (it prints usage, a hint and the error on three): the
+    error, and where the command's options are listed."""
+    text = " ".join(exc.format_message().split())
+    if isinstance(exc, click.UsageError) and exc.ctx is not None:
+        return f"{text.rstrip('.')}: see `{exc.ctx.command_path} --help`"
+    return text
 
 
 def entry() -> None:

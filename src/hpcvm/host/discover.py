@@ -7,8 +7,10 @@ for everything a person planning a VM should know (offline CPUs, cgroup limits..
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,30 +77,53 @@ def synthetic(description: str) -> HostTopology:
 
 
 def _check_sysfs_root(path: Path) -> Path:
-    if not path.exists():
-        raise TopologyError(f"--sysfs-root {path}: no such directory; {_SNAPSHOT_HINT}")
-    if not path.is_dir():
-        raise TopologyError(f"--sysfs-root {path}: not a directory; {_SNAPSHOT_HINT}")
-    if not (path / "sys" / "devices" / "system" / "cpu").is_dir():
-        inner = [p for p in _subdirs(path) if (p / "sys" / "devices" / "system" / "cpu").is_dir()]
+    kind = _kind(path)
+    if kind != "dir":
+        what = {"missing": "no such directory", "file": "not a directory"}.get(kind, kind)
+        what = "not a directory" if what == "not a regular file" else what
+        raise TopologyError(f"--sysfs-root {path}: {what}; {_SNAPSHOT_HINT}")
+    if _kind(path / "sys" / "devices" / "system" / "cpu") != "dir":
+        inner = [
+            p for p in _subdirs(path) if _kind(p / "sys" / "devices" / "system" / "cpu") == "dir"
+        ]
         hint = f"did you mean {inner[0]}?" if len(inner) == 1 else _SNAPSHOT_HINT
         raise TopologyError(f"--sysfs-root {path}: no sys/devices/system/cpu under it; {hint}")
     return path.resolve()
 
 
+def _kind(path: Path) -> str:
+    """ "dir", "file", "missing", "not a directory" or "not a regular file" (something
+    else is there), or why it cannot be looked at ("cannot be reached (Permission
+    denied)"): ``Path.is_dir`` raises on a path this user may not search (Python 3.11)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:
+            return "missing"
+        return f"cannot be reached ({os.strerror(exc.errno or errno.EIO)})"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "file" if stat.S_ISREG(mode) else "not a regular file"
+
+
 def _subdirs(path: Path) -> list[Path]:
     try:
-        return sorted(p for p in path.iterdir() if p.is_dir())
+        return sorted(p for p in path.iterdir() if _kind(p) == "dir")
     except OSError:
         return []
 
 
 def _check_xml(path: Path) -> Path:
     hint = "give an hwloc XML export (lstopo-no-graphics --of xml > FILE.xml)"
-    if not path.exists():
+    kind = _kind(path)
+    if kind == "missing":
         raise TopologyError(f"--topology {path}: no such file; {hint}")
-    if not path.is_file():
+    if kind == "dir":
         raise TopologyError(f"--topology {path}: not a regular file; {hint}")
+    if kind != "file":
+        raise TopologyError(f"--topology {path}: {kind}; {hint}")
     if not os.access(path, os.R_OK):
         raise TopologyError(f"--topology {path}: not readable; check its permissions")
     if path.stat().st_size == 0:
