@@ -7,12 +7,16 @@ Thin: parse flags into a PlanRequest, read the host, call the pure planner, prin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from hpcvm.cli.common import console, host_source_options, warn
 from hpcvm.plan.names import ACCEL_CHOICES, PROFILE_NAMES, SMT_POLICIES
 from hpcvm.render.targets import TARGETS
+
+if TYPE_CHECKING:
+    from hpcvm.plan.model import TakenPus
 
 TABLE = "table"  # the plan for a person; every other --format is a render target
 
@@ -93,7 +97,8 @@ def plan_command(
         }
     )
     host = discover(sysfs_root=sysfs_root, xml=topology)
-    vm = make_plan(host, request)
+    live = sysfs_root is None and topology is None
+    vm = make_plan(host, request, _running_vms() if live else ())
     if fmt == TABLE:
         from hpcvm.cli.plan_view import print_plan
         from hpcvm.runtime.shares import preview
@@ -107,6 +112,19 @@ def plan_command(
     if target.warns:
         for message in vm.warnings:
             warn(message)
+
+
+def _running_vms() -> tuple[TakenPus, ...]:
+    """The PUs this user's running VMs hold, so the plan shown is the one ``up`` would
+    make now (runtime/taken.py); none when the runtime directory cannot be read (``up``
+    says why there)."""
+    from hpcvm.errors import HpcvmError
+    from hpcvm.runtime.taken import live_taken
+
+    try:
+        return live_taken()
+    except HpcvmError:
+        return ()
 
 
 def register(group: click.Group) -> None:

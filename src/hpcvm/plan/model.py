@@ -57,6 +57,16 @@ class PlanRequest(Frozen):
     guest_thp: ThpMode | None = None
 
 
+class TakenPus(Frozen):
+    """The PUs one of the user's running VMs holds, as ``up`` reads them from its
+    record: its vCPUs' PUs and those its QEMU threads (emulator, I/O) are pinned to. The
+    planner keeps a new VM's vCPUs off them while other PUs are free (plan/taken.py)."""
+
+    vm: str
+    vcpu_pus: tuple[int, ...] = ()
+    qemu_pus: tuple[int, ...] = ()
+
+
 class Profile(Frozen):
     """What a profile turns on; the five profiles are the reference study's steps."""
 

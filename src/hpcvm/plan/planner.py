@@ -8,13 +8,15 @@ accelerator, CPUs, guest topology, memory, QEMU's threads, tuning.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hpcvm.errors import UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.cpu import choose_cpu
 from hpcvm.plan.distances import distance_map
 from hpcvm.plan.explain import describe_pinning
 from hpcvm.plan.memory import MemoryPlan, flat_memory, numa_memory
-from hpcvm.plan.model import GuestNode, PlanRequest, Profile, VMPlan
+from hpcvm.plan.model import GuestNode, PlanRequest, Profile, TakenPus, VMPlan
 from hpcvm.plan.notes import Notes
 from hpcvm.plan.passthrough import check_passthrough, passthrough_devices
 from hpcvm.plan.placement import (
@@ -27,13 +29,16 @@ from hpcvm.plan.placement import (
 )
 from hpcvm.plan.profiles import PROFILES, SMALL_PAGE
 from hpcvm.plan.select import select
+from hpcvm.plan.taken import busy_pus
 from hpcvm.plan.topology import GuestCpus, flat_guest, guest_distances, naive_guest, numa_guest
 from hpcvm.plan.tuning import guest_kernel_args, guest_thp_args, host_tuning
 from hpcvm.units import format_cpu_list
 
 
-def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
-    """Plan the VM ``request`` asks for on ``host``; every choice lands in decisions."""
+def plan(host: HostTopology, request: PlanRequest, taken: Sequence[TakenPus] = ()) -> VMPlan:
+    """Plan the VM ``request`` asks for on ``host``; every choice lands in decisions.
+    ``taken``: the PUs the user's running VMs hold, kept off this VM's vCPUs while
+    other PUs are free (plan/taken.py)."""
     profile = _profile(request)
     notes = Notes()
     notes.decide("profile", f"profile {profile.name}: {profile.description}")
@@ -43,7 +48,10 @@ def plan(host: HostTopology, request: PlanRequest) -> VMPlan:
     distance = distance_map(host, notes)
     housekeeping = _housekeeping_cores(request, profile)
     layout = host_layout(host, housekeeping, distance)
-    selection = select(host, request, profile, layout, devices, distance, housekeeping, page, notes)
+    busy = busy_pus(taken)
+    selection = select(
+        host, request, profile, layout, devices, distance, housekeeping, page, notes, busy
+    )
     guest = _guest_cpus(request, profile, selection, layout, notes)
     guest_nodes, memory = _memory(host, request, profile, page, selection, guest, notes)
     host_of_guest = [g.host_node for g in guest_nodes]

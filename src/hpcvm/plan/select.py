@@ -21,6 +21,7 @@ from hpcvm.plan.notes import Notes
 from hpcvm.plan.passthrough import CheckedDevice
 from hpcvm.plan.placement import CpuLayout, Selection, make_selection, smt_cores, too_many_vcpus
 from hpcvm.plan.profiles import SMALL_PAGE
+from hpcvm.plan.taken import NOBODY, Busy, describe_sharing, layouts
 from hpcvm.units import format_cpu_list, format_size
 
 
@@ -34,7 +35,10 @@ def select(
     housekeeping: int,
     page: int,
     notes: Notes,
+    busy: Busy = NOBODY,
 ) -> Selection | None:
+    """The PUs of the vCPUs (None: unpinned), off the PUs ``busy`` says the user's
+    running VMs hold while others hold them (plan/taken.py)."""
     if not profile.pin:
         usable = len(host.usable_pus())
         if request.vcpus > usable:
@@ -69,11 +73,15 @@ def select(
         def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
             return memory_fits(host, total, page, loads, strict)
 
-    choice = choose_domains(layout, request.vcpus, prefer, smt, distance, fits)
-    if choice is None:
+    for view in layouts(layout, busy):
+        choice = choose_domains(view, request.vcpus, prefer, smt, distance, fits)
+        if choice is not None:
+            break
+    else:
         raise _memory_refusal(host, request, layout, prefer, smt, distance, page)
-    selection = make_selection(layout, choice.domains, choice.shares, smt)
-    explain_selection(host, request.vcpus, layout, selection, choice, prefer, distance, notes)
+    selection = make_selection(view, choice.domains, choice.shares, smt)
+    explain_selection(host, request.vcpus, view, selection, choice, prefer, distance, notes)
+    describe_sharing(selection, layout, busy, notes)
     return selection
 
 

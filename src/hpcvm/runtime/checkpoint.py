@@ -335,10 +335,13 @@ def plan_restore(
     one (InfeasiblePlanError, as ``plan`` refuses)."""
     saved = checkpoint.plan
     request = saved.request.model_copy(update={"name": name, "accel": saved.accel})
-    plan = lifecycle.make_plan(request, host=host, warn=warn)
     nics = lifecycle.nics_for(checkpoint.manifest.options, name)
     boot = checkpoint.manifest.boot.model_copy(update={"nics": nics})
-    differences = abi_differences(checkpoint.manifest.abi, guest_abi(plan, boot))
+
+    def differ(plan: VMPlan) -> list[str]:
+        return abi_differences(checkpoint.manifest.abi, guest_abi(plan, boot))
+
+    plan, differences = lifecycle.plan_same_guest(request, differ, host=host, warn=warn)
     if differences:
         raise InfeasiblePlanError(
             f"this host cannot restore checkpoint {checkpoint.directory} with the guest it "

@@ -16,7 +16,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +25,7 @@ from hpcvm import timeline
 from hpcvm.bootspec import Nic, nic_kernel_arg
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
-from hpcvm.plan.model import MemoryRegion, PlanRequest, VMPlan
+from hpcvm.plan.model import MemoryRegion, PlanRequest, TakenPus, VMPlan
 from hpcvm.runtime import accel, hugetlbfs, network, paths, pinning, state
 from hpcvm.runtime import shares as sharing
 from hpcvm.runtime.backends import get_backend
@@ -48,6 +48,7 @@ from hpcvm.runtime.timeouts import EXEC_TIMEOUT_EXIT as EXEC_TIMEOUT_EXIT
 from hpcvm.runtime.timeouts import PROMPT_POLL
 from hpcvm.runtime.timeouts import READY_TIMEOUT as READY_TIMEOUT
 from hpcvm.signals import signals_deferred
+from hpcvm.units import format_cpu_list
 
 if TYPE_CHECKING:
     from hpcvm.runtime.agent import GuestAgent
@@ -68,16 +69,26 @@ def make_plan(
     host: HostTopology | None = None,
     kernel: str | None = None,
     warn: Warn | None = None,
+    taken: Sequence[TakenPus] | None = None,
 ) -> VMPlan:
-    """Plan ``request`` for this host (discovered live unless given).
+    """Plan ``request`` for this host (discovered live unless given), beside the
+    user's live VMs: their PUs (``taken``, read from their records unless given) are
+    kept off the new vCPUs while other PUs are free, and the plan warns when it must
+    share them (plan/taken.py).
 
     With ``--accel auto`` on a host whose KVM looks usable, a probe guest must also boot
     on it (accel.probe_kvm); otherwise the plan is redone for TCG with a warning.
     """
     from hpcvm.host import discover
-    from hpcvm.plan import plan as make
+    from hpcvm.plan import plan as planned
+    from hpcvm.runtime.taken import live_taken
 
     host = host if host is not None else discover()
+    held = live_taken() if taken is None else tuple(taken)
+
+    def make(host: HostTopology, request: PlanRequest) -> VMPlan:
+        return planned(host, request, held)
+
     try:
         result = make(host, request)
     except InfeasiblePlanError as exc:
@@ -92,6 +103,36 @@ def make_plan(
                 warn(f"KVM probe failed ({probe.detail}); falling back to TCG")
             result = make(host, request.model_copy(update={"accel": "tcg"}))
     return result
+
+
+def plan_same_guest(
+    request: PlanRequest,
+    differences: Callable[[VMPlan], list[str]],
+    *,
+    host: HostTopology | None = None,
+    warn: Warn | None = None,
+) -> tuple[VMPlan, list[str]]:
+    """Re-plan the host side of a guest that exists already (a restore, a migration's
+    receiving side): beside the live VMs where that keeps the guest the same, else on
+    the PUs the guest's own layout needs, shared or not (the running guest cannot
+    change its topology). Returns the plan and its ``differences`` from the guest."""
+    from hpcvm.runtime.taken import live_taken
+
+    held = live_taken()
+    plan = make_plan(request, host=host, warn=warn, taken=held)
+    found = differences(plan)
+    if not found or not held:
+        return plan, found
+    alone = make_plan(request, host=host, warn=warn, taken=())
+    if differences(alone):
+        return plan, found
+    shared = {pu for vm in held for pu in (*vm.vcpu_pus, *vm.qemu_pus)} & set(alone.vcpu_pus())
+    if shared and warn is not None:
+        warn(
+            f"VM {request.name} keeps its guest layout on PUs {format_cpu_list(shared)}, "
+            "which your running VMs hold too: off them it would not be the same guest"
+        )
+    return alone, []
 
 
 def _with_housekeeping_hint(exc: InfeasiblePlanError, request: PlanRequest) -> Exception:
