@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -200,10 +201,64 @@ def _mtime(path: Path) -> float:
 
 def _check_kernel_arg(path: Path) -> Path:
     path = path.expanduser().absolute()
-    if not path.is_file():
+    try:
+        found = stat.S_ISREG(path.stat().st_mode)
+    except FileNotFoundError:
+        found = False
+    except OSError as exc:
+        raise UsageError(
+            f"--kernel {path}: cannot be reached ({os.strerror(exc.errno or 0)}); pass a "
+            "vmlinuz file you may read"
+        ) from None
+    if not found:
         raise UsageError(f"kernel not found: {path} (pass the path of a vmlinuz file)")
     kernels.kernel_release(path)  # refuses a file that is not a bzImage
     return path
+
+
+def _cache_label(cache_dir: Path | None, cache: Path) -> str:
+    """How a message names the cache, and so what to change: the option, the variable,
+    or the default."""
+    if cache_dir is not None:
+        return f"--cache-dir {cache}"
+    source = f"${ENV_CACHE}" if os.environ.get(ENV_CACHE) else "the default"
+    return f"the guest cache {cache} ({source}; --cache-dir or {ENV_CACHE} picks another)"
+
+
+def _cache_problem(cache: Path, *, write: bool) -> str | None:
+    """Why this user cannot read (``write``: make and write) ``cache``, or None. A
+    missing cache can be read (it holds nothing) and written when its nearest existing
+    parent is a directory this user may write."""
+    try:
+        mode = cache.stat().st_mode
+    except FileNotFoundError:
+        if not write:
+            return None
+        parent = cache.parent
+        while not os.path.lexists(parent) and parent != parent.parent:
+            parent = parent.parent
+        if not os.path.isdir(parent):
+            return f"it cannot be made: {parent} is not a directory"
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return f"it cannot be made: {parent} is not writable by you"
+        return None
+    except OSError as exc:
+        return f"it cannot be reached ({os.strerror(exc.errno or 0)})"
+    if not stat.S_ISDIR(mode):
+        return "it is not a directory"
+    need = os.R_OK | os.X_OK | (os.W_OK if write else 0)
+    if not os.access(cache, need):
+        return f"it is not {'writable' if write else 'readable'} by you"
+    return None
+
+
+def _check_cache(cache_dir: Path | None, cache: Path, *, write: bool) -> None:
+    """UsageError, before anything is read or made, for a cache this user cannot use."""
+    problem = _cache_problem(cache, write=write)
+    if problem is not None:
+        raise UsageError(
+            f"{_cache_label(cache_dir, cache)}: {problem}; give a directory of your own"
+        )
 
 
 def build_guest(
@@ -223,6 +278,7 @@ def build_guest(
     """
     kernel_file = _check_kernel_arg(kernel) if kernel is not None else None
     cache = (cache_dir or default_cache_dir()).expanduser().absolute()
+    _check_cache(cache_dir, cache, write=False)
     busybox = hosttools.busybox()
     qemu_ga = hosttools.qemu_ga()
     debs = cache / "debs"
@@ -231,12 +287,14 @@ def build_guest(
         identity = f"file:{kernel_sha}"
         package = None
     else:
-        package = kernels.resolve_package(debs)
+        writable = _cache_problem(cache, write=True) is None
+        package = kernels.resolve_package(debs, remember=writable)
         identity = package.identity
     inputs = guest_inputs(identity, busybox, qemu_ga, pvh=pvh)
     key = inputs.key()
     if not force and cache != SYSTEM_CACHE and (shared := load_cached(SYSTEM_CACHE, key)):
         return shared  # the node install built it once for every user (read-only here)
+    _check_cache(cache_dir, cache, write=True)
     with _locked(cache):
         images = readable_dir(cache / "images")
         if not force and (image := load_cached(cache, key)) is not None:
@@ -316,13 +374,18 @@ def ensure_guest(
 def cached_guest(
     *, kernel: Path | None = None, cache_dir: Path | None = None, pvh: bool = True
 ) -> GuestImage | None:
-    """The up-to-date cached image, or None when it would have to be built (never builds
-    and never downloads: for ``hpcvm guest info``)."""
+    """The up-to-date cached image, or None when it would have to be built (never builds,
+    never downloads and writes nothing: for ``hpcvm guest info``). Where ``build_guest``
+    would take it from: the site's cache (``SYSTEM_CACHE``, built by the node install)
+    first, then ``cache_dir`` or the default."""
     kernel_file = _check_kernel_arg(kernel) if kernel is not None else None
     cache = (cache_dir or default_cache_dir()).expanduser().absolute()
+    _check_cache(cache_dir, cache, write=False)
     if kernel_file is not None:
         identity = f"file:{hosttools.file_sha256(kernel_file)}"
     else:
-        identity = kernels.resolve_package(cache / "debs").identity
+        identity = kernels.resolve_package(cache / "debs", remember=False).identity
     key = guest_inputs(identity, hosttools.busybox(), hosttools.qemu_ga(), pvh=pvh).key()
+    if cache != SYSTEM_CACHE and (shared := load_cached(SYSTEM_CACHE, key)):
+        return shared
     return load_cached(cache, key)

@@ -133,9 +133,12 @@ def _newest_cached_deb(debs_dir: Path) -> KernelPackage | None:
     return None
 
 
-def resolve_package(debs_dir: Path, meta: str = KERNEL_META_PACKAGE) -> KernelPackage:
+def resolve_package(
+    debs_dir: Path, meta: str = KERNEL_META_PACKAGE, *, remember: bool = True
+) -> KernelPackage:
     """The kernel package to use: apt's candidate, remembered until apt's index changes
     (``apt-cache`` takes most of a second, too long to pay on every ``hpcvm up``).
+    ``remember=False`` writes nothing (``guest info``, a cache this user cannot write).
 
     Without a usable index, the newest package already in the cache is used, so a
     machine that built the guest once keeps working offline.
@@ -149,6 +152,8 @@ def resolve_package(debs_dir: Path, meta: str = KERNEL_META_PACKAGE) -> KernelPa
     except (OSError, ValueError, KeyError, TypeError):
         pass
     package = _resolve_with_apt(meta)
+    if package is not None and not remember:
+        return package
     if package is not None:
         debs_dir.mkdir(parents=True, exist_ok=True)
         record = {"meta": meta, "stamp": stamp, "name": package.name, "version": package.version}
