@@ -25,8 +25,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hpcvm.errors import RuntimeFailure
+from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.runtime.model import ExecResult
+from hpcvm.signals import signals_deferred
 
 _SYNC_ATTEMPT = 1.0  # seconds to wait for one guest-sync reply while the guest boots
 _CONNECT_RETRY = 0.1
@@ -51,6 +52,59 @@ class AgentCommandError(RuntimeFailure):
     def __init__(self, message: str, desc: str) -> None:
         super().__init__(message)
         self.desc = desc
+
+
+NOT_FOUND_EXIT = 127  # as a shell: no such program
+NOT_EXECUTABLE_EXIT = 126  # as a shell: found, but it cannot be executed
+# The most stdin one guest-exec carries: qemu-ga's JSON parser refuses a message whose
+# tokens exceed 64 MiB (MAX_TOKEN_SIZE, qobject/json-streamer.c), and ``input-data`` is
+# base64 (4 bytes per 3); 64 KiB are left for the rest of the message.
+MAX_INPUT = (64 * 1024 * 1024 - 64 * 1024) // 4 * 3
+
+
+class ProgramNotFound(AgentCommandError):
+    """The program to run does not exist in the guest (exit 127: a shell's "command
+    not found")."""
+
+    exit_code = NOT_FOUND_EXIT
+
+
+class ProgramNotExecutable(AgentCommandError):
+    """The program exists in the guest but cannot be executed (exit 126, as a shell)."""
+
+    exit_code = NOT_EXECUTABLE_EXIT
+
+
+class InputTooLarge(UsageError):
+    """stdin for a guest command is more than one agent message carries (exit 2)."""
+
+
+def check_input(program: str, data: bytes | None) -> None:
+    """InputTooLarge when ``data`` is more than one guest-exec carries (MAX_INPUT)."""
+    if data is not None and len(data) > MAX_INPUT:
+        raise InputTooLarge(
+            f"stdin for {program!r} is over {MAX_INPUT / (1 << 20):.1f} MiB, the most one guest "
+            "agent message carries; put the data in a shared directory (--share) and give "
+            "the command its path"
+        )
+
+
+class ExecInterrupted(KeyboardInterrupt):
+    """A guest command was interrupted (Ctrl-C, SIGTERM) and ended in the guest first;
+    ``what`` says what became of it. A KeyboardInterrupt, so every caller's cleanup
+    runs as for Ctrl-C, and the CLI exits 130."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+class CommandTimedOut(RuntimeFailure):
+    """A guest command outlived its timeout and was ended; ``ended`` says how."""
+
+    def __init__(self, message: str, ended: str) -> None:
+        super().__init__(message, cause="timeout")
+        self.ended = ended
 
 
 def last_console_line(path: str | Path, tail: int = 4096) -> str:
@@ -286,9 +340,12 @@ class GuestAgent:
 
         stdout and stderr are decoded as UTF-8 (invalid bytes replaced). A process
         killed by a signal gets exit code 128 + signal, as a shell reports it. After
-        ``timeout`` seconds the process is sent SIGKILL (guest-exec has no kill, so a
-        ``kill`` runs in the guest) and RuntimeFailure says it "timed out". qemu-ga
-        keeps at most 16 MiB of each stream.
+        ``timeout`` seconds, or when interrupted (KeyboardInterrupt: Ctrl-C, or SIGTERM
+        where the caller turns it into one), the process and all it started are ended
+        in the guest (SIGTERM, then SIGKILL: runtime/guest_process.py), and
+        CommandTimedOut ("timed out") or ExecInterrupted says so: no command is left
+        running after its caller gave up on it. qemu-ga keeps at most 16 MiB of each
+        stream.
 
         ``finished(seconds)``, where the command signals its own end (runtime/
         completion.py), blocks up to ``seconds`` and says whether it has: the status is
@@ -297,35 +354,68 @@ class GuestAgent:
         more often than a long benchmark, whose guest each ask disturbs; default 0.25 s).
         """
         begin = time.monotonic()
+        pid: int | None = None
         try:
-            pid = self.spawn(argv, input=input, env=env)
+            with signals_deferred():  # a pid the agent gave must not be lost to a signal
+                pid = self.spawn(argv, input=input, env=env)
             poll = _POLL_MAX if poll_max is None else poll_max
             status = self._wait_exit(pid, argv, begin, timeout, finished, poll)
+        except KeyboardInterrupt as exc:
+            if pid is None or isinstance(exc, ExecInterrupted):
+                raise
+            raise ExecInterrupted(f"{argv[0]!r} (pid {pid} in the guest) {self._end(pid)}") from exc
         except AgentGone as exc:
             raise AgentGone(
                 f"the VM stopped while running {argv[0]!r} (the guest agent went away)"
             ) from exc
         return _result(status, time.monotonic() - begin)
 
+    def _end(self, pid: int) -> str:
+        """End ``pid`` and what it started in the guest after an interrupt (no signal
+        cuts this short); what was done, as a phrase."""
+        from hpcvm.runtime.guest_process import end
+
+        self.close()  # the interrupted request's reply may be on its way: sync afresh
+        ended = "may still be running in the guest"
+        # a second signal meanwhile: our caller raises the interrupt anyway
+        with contextlib.suppress(KeyboardInterrupt), signals_deferred():
+            ended = end(self, pid)
+        return ended
+
     def spawn(
-        self, argv: list[str], *, input: bytes | None = None, env: list[str] | None = None
+        self,
+        argv: list[str],
+        *,
+        input: bytes | None = None,
+        env: list[str] | None = None,
+        explain: bool = True,
     ) -> int:
         """Start ``argv`` in the guest with its output captured; its guest pid. qemu-ga
         keeps the process's output and exit status in the guest's memory until
         :meth:`exit_status` has reported its end once: a detached ``cluster exec``
-        outlives a checkpoint and restore of its VMs this way (cluster/control.py)."""
+        outlives a checkpoint and restore of its VMs this way (cluster/control.py).
+
+        A program that does not start is ProgramNotFound (127) or ProgramNotExecutable
+        (126) as the guest's own shell tells them apart (``explain``; runtime/
+        guest_process.py); ``input`` over MAX_INPUT bytes is InputTooLarge."""
         if not argv:
             raise RuntimeFailure("nothing to run in the guest: empty command")
-        args: dict[str, Any] = {"path": argv[0], "arg": list(argv[1:]), "capture-output": True}
+        check_input(argv[0], input)
+        args: dict[str, Any] = {"path": argv[0], "arg": list(argv[1:]), "env": env}
         if input is not None:
             args["input-data"] = base64.b64encode(input).decode()
-        if env is not None:
-            args["env"] = env
+        args = {k: v for k, v in args.items() if v is not None} | {"capture-output": True}
         try:
             started = self.call("guest-exec", args)
         except AgentCommandError as exc:
             desc = exc.desc.removeprefix("Guest agent command failed, error was ").strip("'")
-            raise AgentCommandError(f"cannot run {argv[0]!r} in the guest: {desc}", desc) from exc
+            if not explain:
+                raise AgentCommandError(
+                    f"cannot run {argv[0]!r} in the guest: {desc}", desc
+                ) from exc
+            from hpcvm.runtime.guest_process import why_not_started
+
+            raise why_not_started(self, argv[0], desc) from exc
         return int(started["pid"])
 
     def exit_status(self, pid: int) -> ExecResult | None:
@@ -355,29 +445,18 @@ class GuestAgent:
             if isinstance(status, dict) and status.get("exited"):
                 return status
             if timeout is not None and time.monotonic() - begin > timeout:
-                killed = self._kill(pid)
-                raise RuntimeFailure(
-                    f"{argv[0]!r} timed out after {timeout:g} s in the guest (pid {pid}); "
-                    + ("it was killed" if killed else "it may still be running there"),
-                    cause="timeout",
+                from hpcvm.runtime.guest_process import end
+
+                with signals_deferred():
+                    ended = end(self, pid)
+                raise CommandTimedOut(
+                    f"{argv[0]!r} timed out after {timeout:g} s in the guest (pid {pid}) "
+                    f"and {ended}",
+                    ended,
                 )
             if finished is None:
                 time.sleep(delay)
                 delay = min(delay * 2, poll_max)
-
-    def _kill(self, pid: int) -> bool:
-        """SIGKILL a guest process; True when it is gone (its status collected)."""
-        try:
-            self.call("guest-exec", {"path": "kill", "arg": ["-KILL", str(pid)]})
-            until = time.monotonic() + 5.0
-            while time.monotonic() < until:
-                status = self.call("guest-exec-status", {"pid": pid})
-                if isinstance(status, dict) and status.get("exited"):
-                    return True
-                time.sleep(0.05)
-        except RuntimeFailure:
-            pass
-        return False
 
     def read_file(self, path: str, *, limit: int = 64 << 20) -> bytes:
         """The bytes of a guest file (guest-file-open/read/close), up to ``limit``."""

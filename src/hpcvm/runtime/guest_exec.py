@@ -1,5 +1,8 @@
 """Commands in a running guest, through its agent, with one meaning for their errors:
-``ExecTimeout`` (exit 124, like timeout(1)) when the command outlives its timeout, a
+``ExecTimeout`` (exit 124, like timeout(1)) when the command outlives its timeout,
+``ExecInterrupted`` (a KeyboardInterrupt: exit 130) when its caller is interrupted, the
+command ended in the guest in both cases; ``ProgramNotFound`` (127) and
+``ProgramNotExecutable`` (126) as a shell says them (runtime/agent.py); a
 ``RuntimeFailure`` naming the console log when the VM is gone or died meanwhile.
 
 ``connected(machine)`` opens the agent connection a caller keeps for several commands
@@ -59,7 +62,11 @@ def exec_on(
     poll_max: float | None = None,
 ) -> ExecResult:
     """Run ``argv`` (no shell) on an open connection; its output and exit code.
-    ``alive`` says whether the VM runs (default: its backend's answer)."""
+    ``alive`` says whether the VM runs (default: its backend's answer). Interrupted
+    (KeyboardInterrupt) or past ``timeout``, the command is ended in the guest first:
+    ExecInterrupted or ExecTimeout then say how, naming the VM."""
+    from hpcvm.runtime.agent import CommandTimedOut, ExecInterrupted
+
     if not argv:
         raise UsageError("nothing to run: give a command after --")
     if alive is None:
@@ -77,15 +84,18 @@ def exec_on(
             finished=finished,
             poll_max=poll_max,
         )
+    except ExecInterrupted as exc:
+        raise ExecInterrupted(f"in VM {machine.name}, {exc.what}") from exc
     except HpcvmError as exc:
         if not alive(machine):
             raise RuntimeFailure(
                 f"VM {machine.name} died while running {argv[0]!r}; see its console log "
                 f"{machine.boot.serial_log}"
             ) from exc
-        if timeout is not None and exc.cause == "timeout":
+        if timeout is not None and isinstance(exc, CommandTimedOut):
             raise ExecTimeout(
-                f"{argv[0]!r} did not finish within {timeout:g} s in VM {machine.name}"
+                f"{argv[0]!r} did not finish within {timeout:g} s in VM {machine.name} "
+                f"and {exc.ended}"
             ) from exc
         raise
 
