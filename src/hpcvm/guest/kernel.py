@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.fixes import for_admin
 
 KERNEL_META_PACKAGE = "linux-image-amd64"
 APT_LISTS = Path("/var/lib/apt/lists")
@@ -163,8 +164,9 @@ def resolve_package(
     if cached is not None:
         return cached
     raise RuntimeFailure(
-        f"apt knows no package {meta} (no package index?): run `apt-get update`, "
-        "or pass a kernel with --kernel PATH"
+        f"apt knows no package {meta} (no package index?): "
+        + for_admin("run `apt-get update`")
+        + ", or pass a kernel with --kernel PATH"
     )
 
 
@@ -191,7 +193,8 @@ def fetch_package(package: KernelPackage, debs_dir: Path) -> Path:
             detail = lines[-1] if lines else f"exit code {proc.returncode}"
             raise RuntimeFailure(
                 f"cannot download {package.name} {package.version} with apt-get ({detail}): "
-                "check the network and run `apt-get update`, or pass --kernel PATH"
+                + for_admin("check the network and run `apt-get update`")
+                + ", or pass --kernel PATH"
             )
         target = debs_dir / got[0].name
         os.replace(got[0], target)
@@ -270,8 +273,9 @@ def tree_for_kernel_file(vmlinuz: Path, scratch: Path, sha256: str) -> KernelTre
     if modules_dir is None:
         looked = ", ".join(str(r / "lib/modules" / release) for r in roots)
         raise UsageError(
-            f"no modules for kernel {release} (looked in {looked}): install its "
-            "linux-image package, or unpack it (dpkg-deb -x) and pass the vmlinuz inside"
+            f"no modules for kernel {release} (looked in {looked}): "
+            + for_admin("install its linux-image package")
+            + ", or unpack it (dpkg-deb -x) and pass the vmlinuz inside"
         )
     if not (modules_dir / "modules.dep").is_file():
         modules_dir = _depmod_copy(modules_dir, release, scratch)
@@ -330,7 +334,9 @@ def _run(cmd: list[str], what: str) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except FileNotFoundError as exc:
         raise RuntimeFailure(
-            f"{what}: {cmd[0]} is not installed (install dpkg and kmod, or run scripts/setup.sh)"
+            f"{what}: {cmd[0]} is not installed ("
+            + for_admin("install dpkg and kmod (scripts/install-node.sh)")
+            + ")"
         ) from exc
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcvm.errors import TopologyError
+from hpcvm.fixes import for_admin
 
 LSTOPO = "lstopo-no-graphics"
 _TIMEOUT_S = 300  # the machine is shared and slow; hwloc itself takes milliseconds
@@ -59,7 +60,8 @@ def export_xml(
     what = _describe(fsroot=fsroot, xml=xml, synthetic=synthetic)
     if shutil.which(LSTOPO) is None:
         raise TopologyError(
-            f"{LSTOPO} not found while reading {what}: install hwloc (apt-get install hwloc)"
+            f"{LSTOPO} not found while reading {what}: "
+            + for_admin("install hwloc (apt-get install hwloc)")
         )
     try:
         proc = subprocess.run(

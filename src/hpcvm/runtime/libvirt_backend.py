@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.fixes import for_admin
 from hpcvm.runtime import network, paths, state
 from hpcvm.runtime.confine import (
     QemuUser,
@@ -173,10 +174,24 @@ def dac_user(capabilities: str) -> QemuUser:
         if uid == 0:
             break
         return user_by_ids(uid, gid, switch=True)
+    fix = for_admin(
+        'set user and group in /etc/libvirt/qemu.conf (Debian: user = "libvirt-qemu") and '
+        "restart libvirtd"
+    )
     raise UsageError(
-        "libvirt would run QEMU as root (no DAC user in its capabilities): set user and "
-        'group in /etc/libvirt/qemu.conf (Debian: user = "libvirt-qemu") and restart '
-        "libvirtd, or use --backend qemu"
+        f"libvirt would run QEMU as root (no DAC user in its capabilities): {fix}, or use "
+        "--backend qemu"
+    )
+
+
+def _reach_libvirt() -> str:
+    """The fix for a libvirtd that does not answer: root starts it; a user asks the
+    admin to start it or to let them use it (polkit or the socket's group)."""
+    if os.geteuid() == 0:
+        return "start libvirtd (`libvirtd -d`)"
+    return (
+        "ask your admin to start libvirtd or to let you use it (the libvirt group), "
+        "or use --backend qemu"
     )
 
 
@@ -275,8 +290,8 @@ class LibvirtBackend:
                 self._conn = libvirt.open(self.uri)
             except libvirt.libvirtError as exc:
                 raise RuntimeFailure(
-                    f"cannot connect to libvirt at {self.uri}: {_error_text(exc)}; start "
-                    "libvirtd (`libvirtd -d`) or pass another --connect URI"
+                    f"cannot connect to libvirt at {self.uri}: {_error_text(exc)}; "
+                    f"{_reach_libvirt()}, or pass another --connect URI"
                 ) from exc
         return self._conn
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hpcvm.bootspec import Nic
 from hpcvm.errors import UsageError
+from hpcvm.fixes import for_admin
 from hpcvm.runtime.netlink import (
     NetworkRequest,
     NicFds,
@@ -64,7 +65,7 @@ class VfKind:
         if not physfn.exists():
             raise UsageError(
                 f"--network vf={bdf}: {bdf} is not an SR-IOV virtual function (no physfn); "
-                "create VFs with `echo N > /sys/bus/pci/devices/PF/sriov_numvfs`"
+                + for_admin("create VFs (`echo N > /sys/bus/pci/devices/PF/sriov_numvfs`)")
             )
         pf = physfn.resolve()
         index = next(
@@ -75,7 +76,7 @@ class VfKind:
         if index is None or not netdevs:
             raise UsageError(
                 f"--network vf={bdf}: its physical function {pf.name} has no network "
-                "interface to set the VF's MAC through: bind the PF's driver"
+                "interface to set the VF's MAC through: " + for_admin("bind the PF's driver")
             )
         driver = (dev / "driver").resolve().name if (dev / "driver").exists() else None
         return VirtualFunction(bdf, pf.name, index, netdevs[0], driver)
@@ -91,8 +92,9 @@ class VfKind:
                 return bdf
         raise UsageError(
             f"--network vf=auto: no free SR-IOV VF bound to vfio-pci (VFs: "
-            f"{', '.join(vfs) or 'none'}; in use: {', '.join(taken) or 'none'}): bind one "
-            "with driverctl or vfio-pci's new_id, or name one with vf=DDDD:BB:DD.F"
+            f"{', '.join(vfs) or 'none'}; in use: {', '.join(taken) or 'none'}): "
+            + for_admin("bind one to vfio-pci (driverctl, or vfio-pci's new_id)")
+            + ", or name one with vf=DDDD:BB:DD.F"
         )
 
     def resolve(
