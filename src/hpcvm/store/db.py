@@ -3,11 +3,22 @@
 ``Store.open(path)`` accepts the results directory or the ``.db`` file. Writes commit at
 once (WAL journal, ``synchronous=FULL``): a sample written is on disk before the next
 run starts, so Ctrl-C, a crash or a power cut loses at most the sample in flight.
+
+Results are shared: a user reads a colleague's world-readable directory, or one made
+read-only (``chmod 0555``) to keep it as it is. A process that cannot write the
+database or its directory opens it read-only (SQLite URI ``mode=ro``) and writes
+nothing: not the WAL mode, not a schema upgrade (an older database is upgraded in a
+copy in memory, so what it shows is still right). A WAL reader needs the ``-shm`` file
+beside the database; where the directory cannot be written and none exists, no writer
+has the database open, so it is opened ``immutable`` (no locks, no shm); where one
+exists a writer may be live, and the reader uses it read-only, seeing the writer's
+committed samples.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -59,9 +70,12 @@ def _dumps(value: object) -> str:
 class Store:
     """A connection to one results database (not thread-safe; one writer at a time)."""
 
-    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+    def __init__(
+        self, connection: sqlite3.Connection, path: Path, *, readonly: bool = False
+    ) -> None:
         self._db = connection
         self.path = path
+        self.readonly = readonly  # opened read-only: every write is refused (module doc)
 
     # -- opening ------------------------------------------------------------------------
 
@@ -73,26 +87,22 @@ class Store:
         missing database is a UsageError naming the directory (the user named a
         directory that holds no results: exit 2, as README's exit-code table says). A
         database from a newer hpcvm (higher schema version) or a file that is not one is
-        refused.
+        refused; one this process may not read is a BenchmarkError (exit 7) naming who
+        can make it readable. Without ``create``, a database this process cannot write
+        (another user's, a read-only directory) is opened read-only (module doc).
         """
-        file = db_path(Path(path))
-        if not file.exists():
-            if not create:
-                raise UsageError(
-                    f"no results database {file}: run `hpcvm bench --out {file.parent}` first"
-                )
-            file.parent.mkdir(parents=True, exist_ok=True)
-        connection = sqlite3.connect(file, timeout=30.0, isolation_level=None)
+        file = _existing_db(Path(path), create=create)
+        readonly = not create and not _can_write(file)
         try:
-            connection.row_factory = sqlite3.Row
-            connection.execute("PRAGMA foreign_keys = ON")
-            connection.execute("PRAGMA journal_mode = WAL")
-            connection.execute("PRAGMA synchronous = FULL")
-            store = cls(connection, file)
+            connection = _connect_readonly(file) if readonly else _connect(file)
+        except sqlite3.DatabaseError as exc:
+            raise (_journal_unreadable(file, exc) if readonly else _unreadable(file, exc)) from exc
+        try:
+            store = cls(connection, file, readonly=readonly)
             store._ensure_schema()
         except sqlite3.DatabaseError as exc:
             connection.close()
-            raise BenchmarkError(f"{file} is not a readable hpcvm results database: {exc}") from exc
+            raise _unreadable(file, exc) from exc
         except BaseException:
             connection.close()
             raise
@@ -114,6 +124,18 @@ class Store:
                 )
             if found == SCHEMA_VERSION:
                 return  # nothing to write: a reader never waits on a running writer
+        if not self.readonly:
+            self._upgrade(found)
+            return
+        self._db = _in_memory(self._db)  # upgraded in a copy: the file stays as it is
+        self.readonly = False
+        try:
+            self._upgrade(found)
+        finally:
+            self.readonly = True  # the copy is not the file: a write is still refused
+
+    def _upgrade(self, found: int) -> None:
+        """Bring a database of version ``found`` (0: a new file) to this version."""
         # executescript commits on its own; IF NOT EXISTS makes it a no-op on a database
         # of this version.
         self._db.executescript(TABLES)
@@ -153,6 +175,11 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
+        if self.readonly:
+            raise BenchmarkError(
+                f"{self.path} is read-only for this user: write results into a directory "
+                "of your own (--out DIR)"
+            )
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -418,6 +445,114 @@ class Store:
             )
             for r in rows
         }
+
+
+def _existing_db(path: Path, *, create: bool) -> Path:
+    """The database file of ``path``; made ready to create (its directory) when
+    ``create``; UsageError when missing, BenchmarkError when this user may not look."""
+    try:
+        file = db_path(path)
+        exists = file.exists()
+    except PermissionError:  # a directory on the way this user may not enter
+        closed = next((p for p in reversed(path.absolute().parents) if not _can_enter(p)), path)
+        raise BenchmarkError(
+            f"{path} cannot be read by this user: {closed} may not be entered (permission "
+            f"denied): ask its owner to make it readable (chmod a+rX {closed}), or to share "
+            "a copy"
+        ) from None
+    if not exists:
+        if not create:
+            raise UsageError(
+                f"no results database {file}: run `hpcvm bench --out {file.parent}` first"
+            )
+        file.parent.mkdir(parents=True, exist_ok=True)
+    elif not os.access(file, os.R_OK):
+        raise BenchmarkError(
+            f"{file} cannot be read by this user (owner {_owner(file)}, mode "
+            f"{file.stat().st_mode & 0o777:04o}): ask its owner to make it readable "
+            f"(chmod a+r {file}), or to share a copy"
+        )
+    return file
+
+
+def _can_enter(directory: Path) -> bool:
+    return os.access(directory, os.X_OK)
+
+
+def _owner(file: Path) -> str:
+    try:
+        return file.owner()
+    except (KeyError, OSError):
+        return f"uid {file.stat().st_uid}"
+
+
+def _can_write(file: Path) -> bool:
+    """Whether this process may write the database and make its journal files beside it
+    (root may, unless the file system is read-only)."""
+    return os.access(file, os.W_OK) and os.access(file.parent, os.W_OK | os.X_OK)
+
+
+def _connect(file: Path) -> sqlite3.Connection:
+    """The writer's connection: WAL journal, each commit on disk (module doc)."""
+    connection = sqlite3.connect(file, timeout=30.0, isolation_level=None)
+    try:
+        connection.row_factory = sqlite3.Row
+        connection.execute("PRAGMA foreign_keys = ON")
+        connection.execute("PRAGMA journal_mode = WAL")
+        connection.execute("PRAGMA synchronous = FULL")
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def _connect_readonly(file: Path) -> sqlite3.Connection:
+    """A connection that writes nothing. ``mode=ro`` first: it reads through a live
+    writer's ``-shm`` and ``-wal``. Where it fails because no ``-shm`` exists and the
+    directory cannot take one, no writer has the database open, so ``immutable`` reads
+    the file as it is (with a ``-wal`` beside it that would lose samples: refused)."""
+    uri = file.absolute().as_uri()
+    connection = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
+    try:
+        connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError:
+        connection.close()
+        journals = [Path(f"{file}{s}") for s in ("-shm", "-wal")]
+        if any(j.exists() for j in journals):
+            raise
+        connection = sqlite3.connect(
+            f"{uri}?mode=ro&immutable=1", uri=True, timeout=30.0, isolation_level=None
+        )
+    connection.row_factory = sqlite3.Row
+    return connection
+
+
+def _in_memory(source: sqlite3.Connection) -> sqlite3.Connection:
+    """A copy of ``source`` in memory (closed), for an upgrade that must not write it."""
+    copy = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        source.backup(copy)
+    finally:
+        source.close()
+    copy.row_factory = sqlite3.Row
+    copy.execute("PRAGMA foreign_keys = ON")
+    return copy
+
+
+def _unreadable(file: Path, exc: sqlite3.DatabaseError) -> BenchmarkError:
+    return BenchmarkError(f"{file} is not a readable hpcvm results database: {exc}")
+
+
+def _journal_unreadable(file: Path, exc: sqlite3.DatabaseError) -> BenchmarkError:
+    """A read-only reader that cannot use the journal files a writer left (a writer
+    killed before it could fold its log into the database, in a directory this user
+    cannot write)."""
+    return BenchmarkError(
+        f"{file} cannot be read without writing {file.parent} ({exc}: the write-ahead log "
+        f"{file.name}-wal of a writer that did not finish is beside it): ask its owner to "
+        f"run `hpcvm results {file.parent}` once where they can write the directory (it "
+        "folds the log into the database)"
+    )
 
 
 def _run(row: sqlite3.Row, warning_envs: dict[str, str]) -> RunRecord:
