@@ -86,7 +86,9 @@ def test_vms_one_after_another_keep_off_each_others_pus(snapshot: Snapshot, prof
     # until every PU is held, then two VMs more: those must share, and say so
     while sum(len(vm.vcpu_pus) for vm in taken) < len(usable) + 2 * size:
         name = f"vm{len(taken)}"
-        request = PlanRequest(name=name, profile=profile, vcpus=size, memory_bytes=GIB, accel="tcg")  # type: ignore[arg-type]
+        request = PlanRequest.model_validate(
+            {"name": name, "profile": profile, "vcpus": size, "memory_bytes": GIB, "accel": "tcg"}
+        )
         p = plan(host, request, taken)
         _check_beside(p, taken, usable, core_of)
         taken.append(TakenPus(vm=name, vcpu_pus=p.vcpu_pus()))

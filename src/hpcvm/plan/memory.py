@@ -24,6 +24,50 @@ OVERHEAD_BASE = 256 * MIB
 DEFAULT_MOUNTS = {2 * MIB: "/dev/hugepages", GIB: "/dev/hugepages1G"}
 
 
+class MemoryRefusal(InfeasiblePlanError):
+    """A refusal that a smaller ``--memory`` would lift. Raised without a size: ``plan``
+    names the largest size that plans on this host by planning it (``with_size``), so
+    the size a refusal names is never refused next, whatever the page size, the free
+    huge pages, the split over nodes or the memory limit make of it."""
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        otherwise: str = "",
+        nothing: str = "use a smaller --memory",
+        nothing_option: str = "memory_bytes",
+        cause: str | None = None,
+    ) -> None:
+        super().__init__(f"{problem}: {nothing}{otherwise}", cause=cause, option="memory_bytes")
+        self.problem = problem
+        self.otherwise = otherwise  # ", or ..." after the size
+        self.nothing = nothing  # the fix when no size plans
+        self.nothing_option = nothing_option
+
+    def with_size(self, best: int) -> InfeasiblePlanError:
+        """The refusal naming ``best`` (0: none plans) as the largest ``--memory``."""
+        if not best:
+            return InfeasiblePlanError(self.message, cause=self.cause, option=self.nothing_option)
+        return InfeasiblePlanError(
+            f"{self.problem}: use --memory {format_size(best)} or less{self.otherwise}",
+            cause=self.cause,
+            option="memory_bytes",
+        )
+
+
+def about(nbytes: int) -> str:
+    """A size for people to read, not to type: '23.5G' for 24684092K; exact when short
+    ('256M', '2G')."""
+    exact = format_size(nbytes)
+    if len(exact) <= 5:
+        return exact
+    for unit, factor in (("T", 1024 * GIB), ("G", GIB), ("M", MIB)):
+        if nbytes >= factor:
+            return f"{nbytes / factor:.1f}{unit}"
+    return exact
+
+
 def qemu_overhead(memory_bytes: int) -> int:
     """QEMU's own memory beside guest RAM: 256 MiB plus 1% of guest RAM, in whole MiB.
     An estimate on the safe side for a VM without large device buffers."""
@@ -93,8 +137,7 @@ def flat_memory(
     overhead = qemu_overhead(total)
     normal = list(host.allowed_nodes())
     limit = sum(_node_limit(n, page) for n in normal)
-    # the size a refusal names is one that plans: within what the nodes can give now
-    check_host_total(host, total, overhead, page, lambda c: c + qemu_overhead(c) <= limit)
+    check_host_total(host, total, overhead, page)
     if total + overhead > limit:
         raise _too_big_flat(total, overhead, limit, normal, page)
     if page == SMALL_PAGE:
@@ -147,19 +190,13 @@ def numa_memory(
     overhead = qemu_overhead(total)
     nodes = {n.os_index: n for n in host.nodes}
     first = min(h for h, _ in guest_nodes)
-
-    def fits(candidate: int) -> bool:
-        load = _per_host(guest_nodes, split_parts(candidate, page, [v for _, v in guest_nodes]))
-        oh = qemu_overhead(candidate)
-        return all(load[h] + (oh if h == first else 0) <= _node_limit(nodes[h], page) for h in load)
-
-    check_host_total(host, total, overhead, page, fits)
+    check_host_total(host, total, overhead, page)
     sizes = split_memory(total, page, [v for _, v in guest_nodes])
     per_host = _per_host(guest_nodes, sizes)
     for h, guest_bytes in per_host.items():
         oh = overhead if h == first else 0
         if guest_bytes + oh > _node_limit(nodes[h], page):
-            raise _too_big_node(nodes[h], guest_bytes, oh, page, largest_fitting(fits, total, page))
+            raise _too_big_node(nodes[h], guest_bytes, oh, page)
     needed = {h: b // page for h, b in per_host.items()} if page > SMALL_PAGE else {}
     if needed:
         _check_free_bound(host, needed, page, notes)
@@ -283,32 +320,30 @@ def largest_fitting(fits: Callable[[int], bool], total: int, page: int) -> int:
     return lo * step
 
 
-def check_host_total(
-    host: HostTopology,
-    total: int,
-    overhead: int,
-    page: int,
-    plans: Callable[[int], bool] | None = None,
-) -> None:
-    """Refuse memory beyond the allowed nodes' RAM; the size named is the largest that
-    ``plans`` accepts (the planner's own node search) or that the total holds."""
+def check_host_total(host: HostTopology, total: int, overhead: int, page: int) -> None:
+    """Refuse memory beyond the allowed nodes' RAM (``plan`` names the largest size
+    that plans: MemoryRefusal), or beyond this process's memory limit."""
     have = sum(n.memory_bytes for n in host.allowed_nodes())
     barred = [n.os_index for n in host.nodes if not n.allowed and n.kind == "normal"]
     kept = format_cpu_list([n.os_index for n in host.allowed_nodes()])
     where = f" on the nodes cpuset.mems allows ({kept})" if barred else ""
     if total + overhead > have:
-
-        def fits(candidate: int) -> bool:
-            return candidate + qemu_overhead(candidate) <= have
-
-        best = largest_fitting(plans or fits, total, page)
-        raise InfeasiblePlanError(
-            f"--memory {format_size(total)} plus about {format_size(overhead)} of QEMU overhead "
-            f"is more than this host's {format_size(have)} of RAM{where}: "
-            + (f"use --memory {format_size(best)} or less" if best else "the host is too small"),
-            option="memory_bytes",
+        raise MemoryRefusal(
+            f"--memory {format_size(total)} plus about {about(overhead)} of QEMU overhead "
+            f"is more than this host's {about(have)} of RAM{where}",
+            nothing=_nothing_fits(page, "the host is too small"),
         )
     check_memory_limit(host, total, page)
+
+
+def _nothing_fits(page: int, otherwise: str) -> str:
+    """The fix when no --memory plans: on huge pages, it is the free pages that lack."""
+    if page == SMALL_PAGE:
+        return otherwise
+    return (
+        f"no --memory plans with the {format_size(page)} huge pages free now: reserve more "
+        "(the plan of a size the RAM holds says how many and where)"
+    )
 
 
 def check_memory_limit(host: HostTopology, total: int, page: int) -> None:
@@ -319,22 +354,20 @@ def check_memory_limit(host: HostTopology, total: int, page: int) -> None:
     charged = limit_charge(total, page)
     if limit is None or charged <= limit:
         return
-    fix = "ask the batch system for more memory (Slurm: #SBATCH --mem=SIZE)"
-    if page == SMALL_PAGE:
-
-        def fits(candidate: int) -> bool:
-            return candidate + qemu_overhead(candidate) <= limit
-
-        best = largest_fitting(fits, total, page)
-        fix += f", or use --memory {format_size(best)} or less" if best else ""
-        fix += ", or put guest RAM on huge pages (which it does not count)"
-    raise InfeasiblePlanError(
-        f"--memory {format_size(total)} would charge about {format_size(charged)} to this "
-        f"process's memory limit of {format_size(limit)} (its cgroup: a batch job's memory) "
-        f"and QEMU would be killed midway: {fix}",
-        cause="memory-limit",
-        option="memory_bytes",
+    problem = (
+        f"--memory {format_size(total)} would charge about {about(charged)} to this "
+        f"process's memory limit of {about(limit)} (its cgroup: a batch job's memory) "
+        "and QEMU would be killed midway"
     )
+    batch = "ask the batch system for more memory (Slurm: #SBATCH --mem=SIZE)"
+    if page == SMALL_PAGE:
+        raise MemoryRefusal(
+            problem,
+            otherwise=f", or {batch}, or put guest RAM on huge pages (which it does not count)",
+            nothing=batch + ", or put guest RAM on huge pages (which it does not count)",
+            cause="memory-limit",
+        )
+    raise InfeasiblePlanError(f"{problem}: {batch}", cause="memory-limit", option="memory_bytes")
 
 
 def limit_charge(total: int, page: int) -> int:
@@ -367,34 +400,26 @@ def check_held_together(host: HostTopology, vms: Sequence[tuple[str, int]]) -> N
 
 def _too_big_flat(
     total: int, overhead: int, limit: int, normal: Sequence[NumaNode], page: int
-) -> InfeasiblePlanError:
+) -> MemoryRefusal:
     pools = sum(_pools_bytes(n, except_size=None if page == SMALL_PAGE else page) for n in normal)
-    best = largest_fitting(lambda c: c + qemu_overhead(c) <= limit, total, page)
-    fix = (
-        f"use --memory {format_size(best)} or less, or shrink the pools"
-        if best
-        else ("shrink the pools")
-    )
-    return InfeasiblePlanError(
-        f"--memory {format_size(total)} plus about {format_size(overhead)} of QEMU overhead "
-        f"does not fit the {format_size(max(limit, 0))} of memory left outside the host's "
-        f"{format_size(pools)} of huge page pools: {fix}",
-        option="memory_bytes",
+    return MemoryRefusal(
+        f"--memory {format_size(total)} plus about {about(overhead)} of QEMU overhead "
+        f"does not fit the {about(max(limit, 0))} of memory left outside the host's "
+        f"{about(pools)} of huge page pools",
+        otherwise=", or shrink the pools",
+        nothing=_nothing_fits(page, "shrink the pools"),
     )
 
 
-def _too_big_node(
-    node: NumaNode, guest_bytes: int, overhead: int, page: int, best: int
-) -> InfeasiblePlanError:
+def _too_big_node(node: NumaNode, guest_bytes: int, overhead: int, page: int) -> MemoryRefusal:
     pools = _pools_bytes(node, except_size=None if page == SMALL_PAGE else page)
-    pools_text = f", {format_size(pools)} of it held in huge page pools" if pools else ""
-    over = f" and about {format_size(overhead)} of QEMU overhead" if overhead else ""
-    fix = f"use --memory {format_size(best)} or less" if best else "use a smaller --memory"
-    return InfeasiblePlanError(
-        f"host node {node.os_index} has {format_size(node.memory_bytes)} of RAM{pools_text}; "
-        f"the plan puts {format_size(guest_bytes)} of guest memory{over} there: {fix}, or "
-        "spread the vCPUs over more nodes",
-        option="memory_bytes",
+    pools_text = f", {about(pools)} of it held in huge page pools" if pools else ""
+    over = f" and about {about(overhead)} of QEMU overhead" if overhead else ""
+    return MemoryRefusal(
+        f"host node {node.os_index} has {about(node.memory_bytes)} of RAM{pools_text}; "
+        f"the plan puts {format_size(guest_bytes)} of guest memory{over} there",
+        otherwise=", or spread the vCPUs over more nodes",
+        nothing=_nothing_fits(page, "use a smaller --memory"),
     )
 
 
@@ -410,7 +435,7 @@ def _free_pages(node: NumaNode, page: int) -> tuple[int, int, bool]:
 
 def _check_free_bound(host: HostTopology, needed: dict[int, int], page: int, notes: Notes) -> None:
     nodes = {n.os_index: n for n in host.nodes}
-    short: list[str] = []
+    short: list[tuple[str, str]] = []
     seen: list[str] = []
     for h, want in sorted(needed.items()):
         total, free, known = _free_pages(nodes[h], page)
@@ -421,7 +446,7 @@ def _check_free_bound(host: HostTopology, needed: dict[int, int], page: int, not
             path = f"/sys/devices/system/node/node{h}/hugepages/{page_dir_name(page)}/nr_hugepages"
             short.append(_shortfall_text(f"host node {h}", want, free, total, known, page, path))
     if short:
-        raise InfeasiblePlanError("; ".join(short) + _boot_hint(page), option="memory_bytes")
+        raise _shortfall(short, page)
     notes.decide("hugepages", f"{format_size(page)} huge pages per node: " + "; ".join(seen))
 
 
@@ -437,10 +462,7 @@ def _check_free_flat(
         _warn_unknown_free(notes, page)
     if free < want:
         path = f"/sys/kernel/mm/hugepages/{page_dir_name(page)}/nr_hugepages"
-        raise InfeasiblePlanError(
-            _shortfall_text("the host", want, free, total, known, page, path) + _boot_hint(page),
-            option="memory_bytes",
-        )
+        raise _shortfall([_shortfall_text("the host", want, free, total, known, page, path)], page)
     notes.decide(
         "hugepages",
         f"{format_size(page)} huge pages: the plan takes {want}, the host has {free} "
@@ -450,14 +472,22 @@ def _check_free_flat(
 
 def _shortfall_text(
     where: str, want: int, free: int, total: int, known: bool, page: int, path: str
-) -> str:
+) -> tuple[str, str]:
+    """What lacks where, and the reservation that gives it."""
     size = format_size(page)
     have = f"{free} are free" if known else f"{total} are reserved (free count unknown)"
     return (
         f"not enough {'free ' if known else ''}{size} huge pages on {where}: the plan needs "
-        f"{want} ({format_size(want * page)}), {have}; reserve {want - free} more: "
-        f"echo {total + want - free} > {path}"
+        f"{want} ({format_size(want * page)}), {have}",
+        f"reserve {want - free} more: echo {total + want - free} > {path}",
     )
+
+
+def _shortfall(short: Sequence[tuple[str, str]], page: int) -> InfeasiblePlanError:
+    """Too few free huge pages: what lacks where, and the reservations that make room.
+    (``plan`` names no smaller --memory here: the size is what the user wants.)"""
+    text = "; ".join(f"{lack}; {reserve}" for lack, reserve in short)
+    return InfeasiblePlanError(text + _boot_hint(page), option="memory_bytes")
 
 
 def _boot_hint(page: int) -> str:

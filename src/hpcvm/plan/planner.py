@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hpcvm.errors import UsageError
+from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.cpu import choose_cpu
 from hpcvm.plan.distances import distance_map
 from hpcvm.plan.explain import describe_pinning
-from hpcvm.plan.memory import MemoryPlan, flat_memory, numa_memory
+from hpcvm.plan.memory import MemoryPlan, MemoryRefusal, flat_memory, largest_fitting, numa_memory
 from hpcvm.plan.model import GuestNode, PlanRequest, Profile, TakenPus, VMPlan
 from hpcvm.plan.notes import Notes
 from hpcvm.plan.passthrough import check_passthrough, passthrough_devices
@@ -38,7 +38,30 @@ from hpcvm.units import format_cpu_list
 def plan(host: HostTopology, request: PlanRequest, taken: Sequence[TakenPus] = ()) -> VMPlan:
     """Plan the VM ``request`` asks for on ``host``; every choice lands in decisions.
     ``taken``: the PUs the user's running VMs hold, kept off this VM's vCPUs while
-    other PUs are free (plan/taken.py)."""
+    other PUs are free (plan/taken.py). A refusal that a smaller ``--memory`` would
+    lift names the largest size that plans here: found by planning it."""
+    try:
+        return _plan(host, request, taken)
+    except MemoryRefusal as exc:
+        raise exc.with_size(_largest_memory(host, request, taken)) from None
+
+
+def _largest_memory(host: HostTopology, request: PlanRequest, taken: Sequence[TakenPus]) -> int:
+    """The largest --memory below the request's that plans (0: none), in the unit
+    ``validate`` accepts (whole MiB, whole pages of the plan's size)."""
+    page = _validate(host, request, _profile(request))
+
+    def plans(size: int) -> bool:
+        try:
+            _plan(host, request.model_copy(update={"memory_bytes": size}), taken)
+        except HpcvmError:
+            return False
+        return True
+
+    return largest_fitting(plans, request.memory_bytes - 1, page)
+
+
+def _plan(host: HostTopology, request: PlanRequest, taken: Sequence[TakenPus]) -> VMPlan:
     profile = _profile(request)
     notes = Notes()
     notes.decide("profile", f"profile {profile.name}: {profile.description}")

@@ -14,7 +14,7 @@ from hpcvm.errors import InfeasiblePlanError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.choice import MemoryFit, choose_domains
 from hpcvm.plan.explain import explain_selection
-from hpcvm.plan.memory import check_host_total, largest_fitting, memory_fits, qemu_overhead
+from hpcvm.plan.memory import MemoryRefusal, about, check_host_total, memory_fits, qemu_overhead
 from hpcvm.plan.model import PlanRequest, Profile
 from hpcvm.plan.names import SmtPolicy
 from hpcvm.plan.notes import Notes
@@ -64,11 +64,7 @@ def select(
             )
 
         total = request.memory_bytes
-
-        def plans(size: int) -> bool:
-            return _fits_total(host, request.vcpus, layout, prefer, smt, distance, page, size)
-
-        check_host_total(host, total, qemu_overhead(total), page, plans)
+        check_host_total(host, total, qemu_overhead(total), page)
 
         def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
             return memory_fits(host, total, page, loads, strict)
@@ -78,29 +74,11 @@ def select(
         if choice is not None:
             break
     else:
-        raise _memory_refusal(host, request, layout, prefer, smt, distance, page)
+        raise _memory_refusal(host, request, page)
     selection = make_selection(view, choice.domains, choice.shares, smt)
     explain_selection(host, request.vcpus, view, selection, choice, prefer, distance, notes)
     describe_sharing(selection, layout, busy, notes)
     return selection
-
-
-def _fits_total(
-    host: HostTopology,
-    vcpus: int,
-    layout: CpuLayout,
-    prefer: Sequence[int],
-    smt: SmtPolicy,
-    distance: dict[tuple[int, int], int],
-    page: int,
-    total: int,
-) -> bool:
-    """Whether some choice of nodes holds ``vcpus`` with ``total`` bytes of memory."""
-
-    def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
-        return memory_fits(host, total, page, loads, strict)
-
-    return choose_domains(layout, vcpus, prefer, smt, distance, fits) is not None
 
 
 def _check_smt_possible(layout: CpuLayout, vcpus: int, smt: SmtPolicy) -> None:
@@ -122,28 +100,16 @@ def _check_smt_possible(layout: CpuLayout, vcpus: int, smt: SmtPolicy) -> None:
     )
 
 
-def _memory_refusal(
-    host: HostTopology,
-    request: PlanRequest,
-    layout: CpuLayout,
-    prefer: Sequence[int],
-    smt: SmtPolicy,
-    distance: dict[tuple[int, int], int],
-    page: int,
-) -> InfeasiblePlanError:
-    """No choice of nodes holds the memory: name the largest size one would hold."""
-
-    def fits_total(total: int) -> bool:
-        return _fits_total(host, request.vcpus, layout, prefer, smt, distance, page, total)
-
-    best = largest_fitting(fits_total, request.memory_bytes, page)
+def _memory_refusal(host: HostTopology, request: PlanRequest, page: int) -> MemoryRefusal:
+    """No choice of nodes holds the memory (``plan`` names the largest size one would
+    hold, or fewer vCPUs when none does)."""
     allowed = format_cpu_list([n.os_index for n in host.allowed_nodes()])
-    fix = f"use --memory {format_size(best)} or less" if best else "use fewer --vcpus"
     kind = "ordinary memory" if page == SMALL_PAGE else f"memory for {format_size(page)} pages"
-    return InfeasiblePlanError(
+    return MemoryRefusal(
         f"no choice of host nodes holds {request.vcpus} vCPU(s) with "
         f"{format_size(request.memory_bytes)} of guest memory plus about "
-        f"{format_size(qemu_overhead(request.memory_bytes))} of QEMU overhead ({kind} on the "
-        f"allowed nodes {allowed}, shared in proportion to vCPUs): {fix}",
-        option="memory_bytes" if best else "vcpus",
+        f"{about(qemu_overhead(request.memory_bytes))} of QEMU overhead ({kind} on the "
+        f"allowed nodes {allowed}, shared in proportion to vCPUs)",
+        nothing="use fewer --vcpus",
+        nothing_option="vcpus",
     )
