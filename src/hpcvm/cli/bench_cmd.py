@@ -23,6 +23,7 @@ from hpcvm.bench.choices import (
     registered_suite_names,
     valid_env_names,
 )
+from hpcvm.bench.outdir import path_option
 from hpcvm.bench.variants import syntax as variant_syntax
 from hpcvm.cli.common import console, err_console
 from hpcvm.errors import SamplesFailed, UsageError
@@ -147,6 +148,12 @@ def _suite_options(o: BenchOptions) -> SuiteOptions:
     from hpcvm.bench.suites import SuiteOptions
 
     hpcc_size, quanta = _size(o.size)
+    for flag, value in (
+        ("--noise-quanta", o.noise_quanta),
+        ("--noise-quantum-us", o.noise_quantum_us),
+    ):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be a positive number, not {value}: e.g. {flag} 1000")
     stray = _metric_flags(o) if o.cmd is None else []
     if stray:
         raise UsageError(
@@ -157,7 +164,7 @@ def _suite_options(o: BenchOptions) -> SuiteOptions:
     return SuiteOptions(
         bind=o.bind,
         hpcc_size=hpcc_size,
-        noise_quanta=o.noise_quanta or quanta,
+        noise_quanta=quanta if o.noise_quanta is None else o.noise_quanta,
         noise_quantum_us=o.noise_quantum_us,
         npb_dir=Path(npb_dir).absolute() if npb_dir else None,
         npb_kernels=tuple(k for k in (o.npb_kernels or "").split(",") if k),
@@ -406,19 +413,29 @@ class _Bar:
     "--out",
     default="results",
     show_default=True,
-    type=click.Path(path_type=Path),
+    type=str,
+    callback=path_option,
     help="Results directory.",
 )
 def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
     """Run benchmarks natively and in VMs, interleaved, into OUT/hpcvm.db; print tables."""
+    from hpcvm.bench.outdir import check_results_dir, removed_if_refused
     from hpcvm.bench.session import results_writer
 
-    with results_writer(out, warn):
-        return _bench(out, resume, cast("Method", interval), BenchOptions(**kw))
+    options = BenchOptions(**kw)
+    # refused before the lock is taken, a directory made or a VM booted: the path, then
+    # the options (a resumed run's are read from its database, under the lock)
+    check_results_dir(out, "--out")
+    config = None if resume and not options.env else _config(options)
+    with removed_if_refused(out), results_writer(out, warn):
+        return _bench(out, resume, cast("Method", interval), options, config)
 
 
-def _bench(out: Path, resume: bool, interval: Method, o: BenchOptions) -> int:
-    """The bench command while this process is the one writer of ``out``."""
+def _bench(
+    out: Path, resume: bool, interval: Method, o: BenchOptions, config: BenchConfig | None
+) -> int:
+    """The bench command while this process is the one writer of ``out``; ``config``,
+    the run's settings (None: those of the run recorded in ``out``, to resume)."""
     from hpcvm.bench.export import write_exports
     from hpcvm.bench.failures import cell_failures
     from hpcvm.bench.launch import across
@@ -427,7 +444,8 @@ def _bench(out: Path, resume: bool, interval: Method, o: BenchOptions) -> int:
     from hpcvm.cli.bench_view import print_report
     from hpcvm.store import Store
 
-    config = _stopping_overrides(recorded_config(out), o) if resume and not o.env else _config(o)
+    if config is None:
+        config = _stopping_overrides(recorded_config(out), o)
     makers, spread = _across_nodes(config, o)
     with across(spread):
         prep = prepare(config, out, resume=resume, environments=makers)
@@ -513,9 +531,16 @@ def _judge(failures: list[CellFailures], samples: list[SampleRecord], out: Path)
 
 
 @click.command("results")
-@click.argument("results_dir", type=click.Path(path_type=Path))
+@click.argument("results_dir", type=str, callback=path_option)
 @click.option("--json", "as_json", is_flag=True, help="Print the summaries as JSON.")
-@click.option("--csv", "csv_file", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--csv",
+    "csv_file",
+    type=str,
+    callback=path_option,
+    default=None,
+    help="Write the summaries as CSV to this file.",
+)
 @click.option("--run", "run_id", type=int, default=None, help="Run id (default: latest).")
 @click.option("--interval", type=click.Choice(["fieller", "bootstrap"]), default="fieller")
 def results_cmd(
@@ -524,10 +549,13 @@ def results_cmd(
     """Recompute the summaries of a results directory from its database."""
     from hpcvm.bench.export import rows_csv, rows_json, write_atomic
     from hpcvm.bench.failures import cell_failures
+    from hpcvm.bench.outdir import check_writable_file
     from hpcvm.bench.results import summaries
     from hpcvm.cli.bench_view import print_report
     from hpcvm.store import Store
 
+    if csv_file is not None:
+        check_writable_file(csv_file, "--csv")  # before any work, as bench --out
     with Store.open(results_dir) as store:
         run = store.run(run_id)
         rows = summaries(store, run.id, method=cast("Method", interval))

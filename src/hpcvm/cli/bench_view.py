@@ -12,7 +12,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import (
+    Console,
+    ConsoleOptions,
+    Group,
+    JustifyMethod,
+    OverflowMethod,
+    RenderableType,
+    RenderResult,
+)
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -27,6 +36,10 @@ SIGNIFICANT = "*"
 TOO_NOISY = "(too noisy)"
 DISTRUST = "!"
 WIDE = 160
+# A cell too narrow for a word (a terminal of 80 columns, eleven conditions) folds the
+# word onto the next line rather than cutting it with an ellipsis: no value is lost.
+FOLD: OverflowMethod = "fold"
+NATURAL = 10_000  # columns: wider than any table, to measure one's natural width
 
 
 def _num(value: float | None, digits: int = 4) -> str:
@@ -111,6 +124,54 @@ def differs_in(env: EnvironmentRecord) -> str:
     return ", ".join(parts) or "-"
 
 
+CONDITIONS = (
+    "env",
+    "accel",
+    "runtime",
+    "CPU model",
+    "vCPUs",
+    "host PUs",
+    "memory",
+    "pages host/guest",
+    "differs in",
+    "n (reps)",
+    "failed",
+)
+
+
+class _Conditions:
+    """The conditions table, one row per environment where the console is wide enough
+    for it, else turned on its side (one row per condition, one column per environment):
+    eleven columns squeezed into 80 would fold every value into slivers."""
+
+    def __init__(self, title: str, cells: list[list[str]]) -> None:
+        self.title = title
+        self.cells = cells  # one list per environment, in CONDITIONS order
+
+    def wide(self) -> Table:
+        table = Table(title=self.title, box=None, header_style="bold")
+        for col in CONDITIONS:
+            table.add_column(col, overflow=FOLD)
+        for row in self.cells:
+            table.add_row(*row)
+        return table
+
+    def tall(self) -> Table:
+        table = Table(title=self.title, box=None, header_style="bold")
+        table.add_column("env", style="bold", overflow=FOLD)
+        for row in self.cells:
+            table.add_column(row[0], overflow=FOLD)
+        for k, name in enumerate(CONDITIONS[1:], start=1):
+            table.add_row(name, *(row[k] for row in self.cells))
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        wide = self.wide()
+        unbounded = options.update_width(NATURAL)  # a measure is capped at the width given
+        fits = Measurement.get(console, unbounded, wide).maximum <= options.max_width
+        yield wide if fits else self.tall()
+
+
 def conditions(
     run: RunRecord,
     envs: Sequence[EnvironmentRecord],
@@ -118,26 +179,26 @@ def conditions(
     failures: Sequence[CellFailures] = (),
 ) -> RenderableType:
     """Accelerator, CPU model, confidence, n and stopping rule, in a small table."""
-    table = Table(title=f"run {run.id}: conditions", box=None, header_style="bold")
-    columns = ("env", "accel", "runtime", "CPU model", "vCPUs", "host PUs", "memory")
-    for col in (*columns, "pages host/guest", "differs in", "n (reps)", "failed"):
-        table.add_column(col)
+    cells = []
     for e in envs:
         ns = [r.n for r in rows if r.env == e.name and not r.detail]
         failed = sum(f.failed for f in failures if f.env == e.name)
-        table.add_row(
-            e.name,
-            e.accel,
-            runtime_of(e),
-            e.cpu_model or "-",
-            str(e.vcpus),
-            host_pus(run, e),
-            f"{e.memory_bytes / 2**30:.1f} GiB",
-            pages_of(e),
-            differs_in(e),
-            f"{min(ns)}-{max(ns)}" if ns and min(ns) != max(ns) else str(ns[0] if ns else 0),
-            str(failed) if failed else "-",
+        cells.append(
+            [
+                e.name,
+                e.accel,
+                runtime_of(e),
+                e.cpu_model or "-",
+                str(e.vcpus),
+                host_pus(run, e),
+                f"{e.memory_bytes / 2**30:.1f} GiB",
+                pages_of(e),
+                differs_in(e),
+                f"{min(ns)}-{max(ns)}" if ns and min(ns) != max(ns) else str(ns[0] if ns else 0),
+                str(failed) if failed else "-",
+            ]
         )
+    table = _Conditions(f"run {run.id}: conditions", cells)
     stop = run.stop_reason or "-"
     if run.stop_detail:
         stop += f" ({run.stop_detail})"
@@ -255,18 +316,18 @@ def metric_tables(rows: Sequence[ResultRow]) -> list[tuple[Table, list[str]]]:
             title_justify="left",
             title_style="bold",
         )
-        table.add_column("env", no_wrap=True)
-        table.add_column("np", justify="right")
-        table.add_column("n", justify="right")
-        table.add_column("mean ± half-width [interval]")
-        table.add_column("overhead [interval]")
-        table.add_column("sig")
-        table.add_column("robust overhead [interval]")
-        table.add_column("irq/s", justify="right")
-        table.add_column("noise")
+        table.add_column("env", overflow=FOLD)
+        table.add_column("np", justify="right", overflow=FOLD)
+        table.add_column("n", justify="right", overflow=FOLD)
+        table.add_column("mean ± half-width [interval]", overflow=FOLD)
+        table.add_column("overhead [interval]", overflow=FOLD)
+        table.add_column("sig", overflow=FOLD)
+        table.add_column("robust overhead [interval]", overflow=FOLD)
+        table.add_column("irq/s", justify="right", overflow=FOLD)
+        table.add_column("noise", overflow=FOLD)
         facts = any(r.facts for r in members)
         if facts:
-            table.add_column("the runs say")
+            table.add_column("the runs say", overflow=FOLD)
         for r in members:
             cells = [
                 r.env,
@@ -301,7 +362,8 @@ def failure_table(failures: Sequence[CellFailures]) -> Table:
     # warm-ups count here (a failing warm-up tells as much as a failing repetition);
     # the metric tables' "+N failed" and results' JSON count measured repetitions only
     for col in ("env", "suite", "np", FAILED_ALL, "valid", "most frequent reason"):
-        table.add_column(col, justify="right" if col in ("np", FAILED_ALL, "valid") else "left")
+        justify: JustifyMethod = "right" if col in ("np", FAILED_ALL, "valid") else "left"
+        table.add_column(col, justify=justify, overflow=FOLD)
     for f in failures:
         reason = f.reason if f.reason_count == f.failed else f"{f.reason} ({f.reason_count}x)"
         if f.given_up:

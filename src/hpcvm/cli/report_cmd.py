@@ -3,11 +3,13 @@ result sets compared side by side."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from hpcvm.bench.outdir import path_option
 from hpcvm.cli.common import warn
 from hpcvm.errors import UsageError
 from hpcvm.report.formats import FORMATS
@@ -16,21 +18,35 @@ if TYPE_CHECKING:
     from hpcvm.report.model import ReportData
 
 
-def _load(results: Path, run_id: int | None, option: str) -> ReportData:
-    from hpcvm.report.load import load_report
-
-    if not results.exists():
+def _exists(results: Path, option: str) -> None:
+    """Refuse a RESULTS (or --compare) path that does not exist, before any work (one
+    this user may not enter is said by the store, as for ``hpcvm results``)."""
+    try:
+        os.stat(results)
+    except FileNotFoundError:
         raise UsageError(
             f"{option} {results} does not exist: give the --out directory of an `hpcvm bench` run"
-        )
+        ) from None
+    except OSError:
+        pass  # Store.open names what is wrong with it
+
+
+def _load(results: Path, run_id: int | None) -> ReportData:
+    from hpcvm.report.load import load_report
+
     return load_report(results, run_id)
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 @click.command("report")
-@click.argument("results", type=click.Path(path_type=Path))
+@click.argument("results", type=str, callback=path_option)
 @click.option(
     "--out",
-    type=click.Path(path_type=Path),
+    type=str,
+    callback=path_option,
     default=None,
     help="Directory for the report files (default: RESULTS/report).",
 )
@@ -45,7 +61,8 @@ def _load(results: Path, run_id: int | None, option: str) -> ReportData:
 @click.option(
     "--compare",
     "other",
-    type=click.Path(path_type=Path),
+    type=str,
+    callback=path_option,
     default=None,
     help="A second results directory: compare it (B) with RESULTS (A) side by side.",
 )
@@ -71,27 +88,32 @@ def report_command(
     from hpcvm.report.compare import compare
     from hpcvm.report.write import check_out_dir, write_comparison, write_report
 
+    _exists(results, "RESULTS")
+    if other is not None:
+        _exists(other, "--compare")
     out_dir = out if out is not None else results / "report"
     check_out_dir(out_dir)
     chosen: tuple[str, ...] = formats or ("html",)
-    data = _load(results, run_id, "RESULTS")
+    data = _load(results, run_id)
     if other is None:
         written = write_report(data, out_dir, chosen)
         warnings = [w.text for w in data.warnings if w.kind == "tcg"]
     else:
-        b = _load(other, compare_run, "--compare")
+        b = _load(other, compare_run)
         comparison = compare(data, b)
         written = write_comparison(comparison, out_dir, chosen)
         warnings = [w.text for w in (*data.warnings, *b.warnings) if w.kind == "tcg"]
         click.echo(
-            f"compared {len(comparison.rows)} figures: "
+            f"compared {_plural(len(comparison.rows), 'figure')}: "
             f"{sum(r.significant for r in comparison.rows)} changed significantly"
         )
     for text in dict.fromkeys(warnings):
         warn(text)
     figures = [p for p in written if p.suffix == ".png"]
     if figures:
-        click.echo(f"figures: {len(figures)} PNG files in {figures[0].parent.absolute()}")
+        click.echo(
+            f"figures: {_plural(len(figures), 'PNG file')} in {figures[0].parent.absolute()}"
+        )
     for path in written:
         if path.suffix != ".png":
             click.echo(f"{path.suffix.lstrip('.')}: {path.absolute()}")

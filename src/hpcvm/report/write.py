@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpcvm.errors import UsageError
+from hpcvm.bench.outdir import check_writable_dir
 from hpcvm.report.compare import Comparison
 from hpcvm.report.figures import render_compare_figures, render_figures
 from hpcvm.report.formats import ReportFormat, get
@@ -45,9 +45,9 @@ def write_text(path: Path, content: str) -> None:
 
 
 def check_out_dir(out_dir: Path) -> None:
-    """Refuse an output path that exists and is not a directory, before any work."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir} exists and is not a directory: choose another path")
+    """Refuse, before any work, an output path that is not a directory this process can
+    write into or make (bench/outdir.py says why in one line)."""
+    check_writable_dir(out_dir, "--out")
 
 
 def _formats(out_dir: Path, names: Sequence[str]) -> list[ReportFormat]:
