@@ -228,12 +228,15 @@ class VmEnvironment:
         return self.sampler.machine if self.sampler is not None else None
 
     def start(self) -> None:
-        from hpcvm.runtime import lifecycle
+        """Boot the VM as this process's (runtime/state.py ``owned_by_this_process``):
+        a bench killed outright leaves it "orphaned" in ``hpcvm ps``, for ``hpcvm down
+        --orphans`` (or the run's ``--resume``) to take down."""
+        from hpcvm.runtime import lifecycle, state
         from hpcvm.runtime.options import UpOptions
 
-        machine = lifecycle.up(
-            self.plan, UpOptions(name=self.vm_name, backend=self.backend_name, shares=self.shares)
-        )
+        options = UpOptions(name=self.vm_name, backend=self.backend_name, shares=self.shares)
+        with state.owned_by_this_process("hpcvm bench"):
+            machine = lifecycle.up(self.plan, options)
         self.sampler = GuestSampler(machine, self.name)
         try:
             self.sampler.learn()

@@ -2,7 +2,10 @@
 
 Thin: options become a VmRequest (cli/vm_options.py), runtime/lifecycle.py does the work.
 Exit codes: errors as in errors.py; `exec` and `run` exit with the guest command's code
-(128+N when a signal killed it) and 124 when it outlives --timeout, like timeout(1).
+(128+N when a signal killed it), 124 when it outlives --timeout, like timeout(1), 130
+when interrupted (Ctrl-C, SIGTERM), 127 and 126 for a program the guest does not have
+or cannot execute, as a shell. A command timed out or interrupted is ended in the guest
+first (runtime/guest_process.py), and one line says so.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from hpcvm.cli.common import console, err_console, seconds, warn
-from hpcvm.cli.vm_options import vm_options, vm_request
+from hpcvm.cli.vm_options import no_stdin_option, vm_options, vm_request
 from hpcvm.runtime.timeouts import DOWN_TIMEOUT
 from hpcvm.signals import interrupting
 from hpcvm.units import format_size
@@ -25,8 +28,11 @@ from hpcvm.units import format_size
 if TYPE_CHECKING:  # imported where a command runs, so that --help imports no runtime
     from rich.console import Console
 
+    from hpcvm.runtime.agent import ExecInterrupted
     from hpcvm.runtime.model import ExecResult, Machine
     from hpcvm.runtime.options import VmRequest
+
+INTERRUPTED_EXIT = 130  # as a shell reports Ctrl-C (cli/main.py)
 
 
 def _start(name: str, request: VmRequest, *, out: Console = console) -> Machine:
@@ -60,6 +66,31 @@ def _start(name: str, request: VmRequest, *, out: Console = console) -> Machine:
         soft_wrap=True,
     )
     return machine
+
+
+def _command_input(program: str, read: bool) -> bytes | None:
+    """What the guest command gets on stdin: ours, unless it is a terminal (a user at a
+    prompt types nothing for the command, so it is not read), or not there, or
+    ``read`` is off (``--no-stdin``: a script whose stdin never ends). Read to its end
+    first: the agent takes a command's input in one message, so at most MAX_INPUT."""
+    from hpcvm.errors import UsageError
+    from hpcvm.runtime.agent import MAX_INPUT, check_input
+
+    stream = sys.stdin
+    if not read or stream is None or stream.isatty():
+        return None
+    try:
+        data = stream.buffer.read(MAX_INPUT + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read stdin: {exc.strerror}; give --no-stdin") from exc
+    check_input(program, data)
+    return data
+
+
+def _interrupted(exc: ExecInterrupted) -> int:
+    """The one line that says what became of the interrupted guest command."""
+    click.echo(f"hpcvm: interrupted; {exc.what}", err=True)
+    return INTERRUPTED_EXIT
 
 
 def _print_result(result: ExecResult) -> int:
@@ -135,19 +166,35 @@ def _duration(seconds: float | None) -> str:
     default=None,
     help="Seconds before giving up (exit 124).",
 )
+@no_stdin_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
-def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
-    """Run a command in the guest (no shell) and exit with its exit code."""
+def exec_cmd(name: str, timeout: float | None, no_stdin: bool, argv: tuple[str, ...]) -> int:
+    """Run a command in the guest (no shell) and exit with its exit code.
+
+    stdin, unless a terminal, is the command's. Interrupted (Ctrl-C, SIGTERM) or past
+    --timeout, the command is ended in the guest too."""
+    from hpcvm.runtime.agent import ExecInterrupted
     from hpcvm.runtime.guest_exec import exec_in
     from hpcvm.runtime.state import load_machine
 
     machine = load_machine(name)
-    return _print_result(exec_in(machine, argv, timeout))
+    try:
+        with interrupting():
+            data = _command_input(argv[0], not no_stdin)
+            return _print_result(exec_in(machine, argv, timeout, input=data))
+    except ExecInterrupted as exc:
+        return _interrupted(exc)
 
 
 @click.command("down")
 @click.argument("name", required=False)
 @click.option("--all", "all_", is_flag=True, help="Stop every VM.")
+@click.option(
+    "--orphans",
+    is_flag=True,
+    help="Stop every VM whose owning hpcvm process (a bench, a run) died without taking "
+    "it down (`hpcvm ps` shows them as orphaned).",
+)
 @click.option(
     "--timeout",
     type=str,
@@ -157,17 +204,20 @@ def exec_cmd(name: str, timeout: float | None, argv: tuple[str, ...]) -> int:
     show_default=True,
     help="Seconds for a clean shutdown before QEMU is killed.",
 )
-def down_cmd(name: str | None, all_: bool, timeout: float) -> int:
+def down_cmd(name: str | None, all_: bool, orphans: bool, timeout: float) -> int:
     """Shut a VM down (guest shutdown, QMP quit, then kill) and remove its files."""
     from hpcvm.runtime import inventory, stopping
 
-    if all_ == (name is not None):
-        raise click.UsageError("give a VM name or --all")
+    if [name is not None, all_, orphans].count(True) != 1:
+        raise click.UsageError("give a VM name, --all or --orphans")
     if name is not None:
         stopping.down(name, timeout)
         console.print(f"{name}: down", highlight=False)
         return 0
-    for machine in inventory.running_machines():
+    machines = inventory.orphaned_machines() if orphans else inventory.running_machines()
+    if orphans and not machines:
+        console.print("no orphaned VMs", highlight=False)
+    for machine in machines:
         stopping.stop(machine, timeout)
         console.print(f"{machine.name}: down", highlight=False)
     inventory.list_vms()  # cleans what is stale
@@ -183,22 +233,34 @@ def down_cmd(name: str | None, all_: bool, timeout: float) -> int:
     default=None,
     help="Seconds for the command (exit 124).",
 )
+@no_stdin_option
 @vm_options
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
-def run_cmd(name: str | None, timeout: float | None, argv: tuple[str, ...], **kw: Any) -> int:
-    """Boot a VM, run one command in it, and always take the VM down again."""
-    from hpcvm.runtime import stopping
+def run_cmd(
+    name: str | None, timeout: float | None, no_stdin: bool, argv: tuple[str, ...], **kw: Any
+) -> int:
+    """Boot a VM, run one command in it, and always take the VM down again.
+
+    stdin, unless a terminal, is the command's. The VM is this process's: killed
+    outright (SIGKILL), it leaves the VM "orphaned" for `hpcvm down --orphans`."""
+    from hpcvm.runtime import state, stopping
+    from hpcvm.runtime.agent import ExecInterrupted
     from hpcvm.runtime.guest_exec import exec_in
 
     request = vm_request(kw)
     vm_name = name or f"run-{os.getpid()}"
     command = _absolute_program(argv)
-    with interrupting():
-        machine = _start(vm_name, request, out=err_console)  # stdout is the command's
-        try:
-            result = exec_in(machine, command, timeout)
-        finally:
-            stopping.stop(machine)
+    try:
+        with interrupting():
+            data = _command_input(command[0], not no_stdin)  # refused before any boot
+            with state.owned_by_this_process("hpcvm run"):
+                machine = _start(vm_name, request, out=err_console)  # stdout: the command's
+            try:
+                result = exec_in(machine, command, timeout, input=data)
+            finally:
+                stopping.stop(machine)
+    except ExecInterrupted as exc:
+        return _interrupted(exc)
     return _print_result(result)
 
 

@@ -123,6 +123,17 @@ def _vm_options(func: F, *, shape_required: bool) -> F:
     return func
 
 
+def no_stdin_option(func: F) -> F:
+    """``exec``'s and ``run``'s ``--no-stdin``, as ssh's ``-n``: a non-terminal stdin
+    is otherwise read to its end for the guest command, which a script whose stdin
+    stays open (a pipe nobody closes) would wait on forever."""
+    return click.option(
+        "--no-stdin",
+        is_flag=True,
+        help="Do not pass stdin to the command (it is passed unless a terminal).",
+    )(func)
+
+
 def vm_request(values: Mapping[str, Any]) -> VmRequest:
     """The typed request of the VM options among ``values`` (cli/vm_values.py)."""
     from hpcvm.cli.vm_values import VmOptionValues

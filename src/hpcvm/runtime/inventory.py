@@ -1,6 +1,8 @@
 """What VMs this user has (``hpcvm ps``): one line each from its record and its QEMU,
 and the records of VMs whose QEMU is gone cleaned on the way (what their backend made,
-their NICs' host side, their run directory)."""
+their NICs' host side, their run directory). A VM whose owning hpcvm process died
+without taking it down (runtime/state.py ``Owner``) is "orphaned", its note naming the
+owner; ``orphaned_machines`` lists them for ``down --orphans``."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ class VmStatus:
 
     name: str
     backend: str
-    state: str  # running, paused, starting, stale
+    state: str  # running, paused, starting, stale, orphaned
     pid: int | None
     uptime: float | None
     profile: str | None
@@ -29,6 +31,7 @@ class VmStatus:
     note: str = ""
     addresses: tuple[str, ...] = ()  # the guest's planned IPv4 addresses (--address)
     nics: tuple[dict[str, object], ...] = ()  # bootspec.Nic as JSON, for `ps --json`
+    owner: str = ""  # the process it lives with ("pid 412 (hpcvm bench)"); "" for none
 
 
 def list_vms(*, clean: bool = True) -> list[VmStatus]:
@@ -37,10 +40,16 @@ def list_vms(*, clean: bool = True) -> list[VmStatus]:
     for entry in state.list_entries():
         m = entry.machine
         status: str = entry.state
-        if entry.state == "stale" and clean:
-            clean_stale(entry)
+        note = ""
+        if entry.state == "stale":
+            note = f"{entry.reason}; cleaned" if clean else entry.reason
+            if clean:
+                clean_stale(entry)
         elif entry.state == "running" and m is not None:
             status = _live_status(m)
+            if entry.orphaned and entry.owner is not None:
+                note = f"{status}; its owner {entry.owner.describe()} is gone"
+                status = "orphaned"
         out.append(
             VmStatus(
                 name=entry.name,
@@ -51,11 +60,10 @@ def list_vms(*, clean: bool = True) -> list[VmStatus]:
                 profile=m.plan.profile if m else None,
                 vcpus=m.plan.vcpus if m else None,
                 memory_bytes=m.plan.memory_bytes if m else None,
-                note=(f"{entry.reason}; cleaned" if clean else entry.reason)
-                if entry.state == "stale"
-                else "",
+                note=note,
                 addresses=tuple(n.address for n in m.boot.nics if n.address) if m else (),
                 nics=tuple(n.model_dump() for n in m.boot.nics) if m else (),
+                owner=entry.owner.describe() if entry.owner else "",
             )
         )
     return out
@@ -87,3 +95,8 @@ def _live_status(machine: Machine) -> str:
 def running_machines() -> list[Machine]:
     """Records of the VMs whose QEMU runs (for ``down --all`` and ``bench``)."""
     return [e.machine for e in state.list_entries() if e.state == "running" and e.machine]
+
+
+def orphaned_machines() -> list[Machine]:
+    """Records of running VMs whose owning process is gone (``down --orphans``)."""
+    return [e.machine for e in state.list_entries() if e.orphaned and e.machine]

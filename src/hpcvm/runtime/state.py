@@ -5,17 +5,27 @@ a reader never sees half a record, and as soon as QEMU has a pid, so that ``down
 clean up after an ``up`` that was interrupted. While ``up`` is starting a VM it holds an
 exclusive ``flock`` on ``<run_dir>/up.lock``: other processes then see the VM as
 "starting" instead of mistaking the half-built directory for a stale one.
+
+A VM that lives only as long as the hpcvm process that started it (a ``bench``'s, a
+``run``'s) has that process as its owner: ``<run_dir>/owner.json`` holds its pid and
+start time, written with the first record (before QEMU starts) by a process that said
+so (``owned_by_this_process``). When the owner dies without taking the VM down (it was
+killed with SIGKILL) the VM is "orphaned" (``Entry.orphaned``); the start time keeps a
+reused pid from passing for the owner. A VM of plain ``up`` has no owner: it is meant
+to outlive the ``up``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
+import json
 import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +40,29 @@ EntryState = Literal["running", "paused", "starting", "stale"]
 
 # A pid whose process started this long after the record's start time is a reused pid.
 _PID_START_SLACK = 30.0
+OWNER_FILE = "owner.json"
+# /proc/stat's btime is computed from the clock and the uptime and may differ by a
+# second between two reads; a reused pid starts later than that.
+_OWNER_START_SLACK = 1.5
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The process a VM lives and dies with (``owner.json``)."""
+
+    pid: int
+    started: float  # its start time (process_start_time), which a reused pid lacks
+    command: str
+
+    def describe(self) -> str:
+        return f"pid {self.pid} ({self.command})"
+
+    def alive(self) -> bool:
+        """Whether this very process still runs (not another one with its pid)."""
+        if not pid_alive(self.pid):
+            return False
+        started = process_start_time(self.pid)
+        return started is not None and abs(started - self.started) <= _OWNER_START_SLACK
 
 
 @dataclass(frozen=True)
@@ -41,10 +74,61 @@ class Entry:
     machine: Machine | None  # None when machine.json is missing or unreadable
     state: EntryState
     reason: str = ""  # why it is stale
+    owner: Owner | None = None  # the process it lives with; None: it lives on its own
+
+    @property
+    def orphaned(self) -> bool:
+        """Its QEMU runs but the process that owned it is gone."""
+        return self.state == "running" and self.owner is not None and not self.owner.alive()
+
+
+# The owner ``save_machine`` records for a VM made in this context (owned_by_this_process).
+_OWNER: contextvars.ContextVar[Owner | None] = contextvars.ContextVar("vm_owner", default=None)
+
+
+@contextlib.contextmanager
+def owned_by_this_process(command: str) -> Iterator[None]:
+    """VMs first recorded inside the block are this process's (``command`` says what it
+    is, "hpcvm bench"): they are to end with it, and are shown "orphaned" should it die
+    without taking them down. Set by the caller of ``lifecycle.up``, so that the owner
+    is on disk before QEMU starts, not only once ``up`` returns."""
+    me = Owner(
+        pid=os.getpid(), started=process_start_time(os.getpid()) or time.time(), command=command
+    )
+    token = _OWNER.set(me)
+    try:
+        yield
+    finally:
+        _OWNER.reset(token)
+
+
+def _save_owner(run_dir: Path, owner: Owner) -> None:
+    path = run_dir / OWNER_FILE
+    if path.exists():
+        return
+    tmp = path.with_suffix(".json.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(asdict(owner), fh)
+    os.replace(tmp, path)
+
+
+def read_owner(run_dir: Path) -> Owner | None:
+    """The owner recorded in ``run_dir``; None when there is none (or it is unreadable)."""
+    try:
+        data = json.loads((run_dir / OWNER_FILE).read_text())
+        return Owner(
+            pid=int(data["pid"]), started=float(data["started"]), command=str(data["command"])
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def save_machine(machine: Machine) -> None:
-    """Write the record atomically, readable by its owner only."""
+    """Write the record atomically, readable by its owner only; inside
+    ``owned_by_this_process`` the owner first."""
+    if (owner := _OWNER.get()) is not None:
+        _save_owner(Path(machine.run_dir), owner)
     target = Path(machine.run_dir) / paths.MACHINE_FILE
     tmp = target.with_suffix(".json.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -174,7 +258,7 @@ def entry_for(run_dir: Path) -> Entry:
         return Entry(run_dir.name, run_dir, None, "stale", "no readable machine.json")
     alive, reason = machine_process_alive(machine)
     if alive:
-        return Entry(run_dir.name, run_dir, machine, "running")
+        return Entry(run_dir.name, run_dir, machine, "running", owner=read_owner(run_dir))
     return Entry(run_dir.name, run_dir, machine, "stale", reason)
 
 
