@@ -148,8 +148,11 @@ def test_check_for_a_running_vm_uses_its_pinned_pus(
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         wanted = {r["name"]: r["wanted"] for r in json.loads(done.stdout)}
-        assert wanted["nohz_full"] == f"nohz_full={pu}"
-        assert wanted["isolcpus"] == f"isolcpus=managed_irq,domain,{pu}"
+        if pu == 0:  # the kernel's boot CPU is never isolated at boot (issue 36)
+            assert all(wanted[n].startswith("none") for n in ("nohz_full", "isolcpus")), wanted
+        else:
+            assert wanted["nohz_full"] == f"nohz_full={pu}"
+            assert wanted["isolcpus"] == f"isolcpus=managed_irq,domain,{pu}"
         assert str(pu) not in wanted["irqaffinity"].removeprefix("irqaffinity=").split(",")
     finally:
         subprocess.run([HPCVM, "down", "tq"], capture_output=True, timeout=300)

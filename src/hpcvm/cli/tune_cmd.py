@@ -76,6 +76,7 @@ def _boot_tokens(t: TuneTarget) -> dict[str, str]:
 
 
 def print_check(t: TuneTarget, directory: Path) -> None:
+    from hpcvm.plan.tuning import BOOT_CPU
     from hpcvm.tune import engine
     from hpcvm.tune.settings.boot import boot_advice
 
@@ -85,6 +86,12 @@ def print_check(t: TuneTarget, directory: Path) -> None:
         f"housekeeping PUs {','.join(map(str, t.housekeeping_pus))}"
     )
     say(title)
+    if set(t.vcpu_pus) - set(t.isolated_pus()):
+        say(
+            f"  CPU {BOOT_CPU} runs a vCPU but is never isolated at boot: it is the kernel's "
+            "boot CPU (timekeeping, interrupts that cannot move); run-time settings still "
+            "move what can move off it"
+        )
     console.print(rows_table(rows))
     for r in rows:
         if r.note and r.ok is not True:

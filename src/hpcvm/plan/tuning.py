@@ -15,6 +15,17 @@ from hpcvm.plan.notes import Notes
 from hpcvm.plan.profiles import SMALL_PAGE, page_dir_name
 from hpcvm.units import GIB, format_cpu_list
 
+# The kernel's boot CPU: it keeps timekeeping and the interrupts that cannot move, so it
+# is never isolated (isolcpus, nohz_full, rcu_nocbs), whatever runs on it; Linux itself
+# drops it from nohz_full ("Clearing 0 from nohz_full range for timekeeping").
+BOOT_CPU = 0
+
+
+def isolatable(vcpu_pus: Sequence[int], housekeeping_pus: Sequence[int] = ()) -> list[int]:
+    """The vCPU PUs that boot-time isolation may name: never CPU 0, never a
+    housekeeping PU."""
+    return [p for p in vcpu_pus if p != BOOT_CPU and p not in set(housekeeping_pus)]
+
 
 def host_tuning(
     host: HostTopology,
@@ -25,15 +36,19 @@ def host_tuning(
     notes: Notes,
 ) -> tuple[str, ...]:
     cpus = format_cpu_list(list(vcpu_pus))
+    isolated = format_cpu_list(isolatable(vcpu_pus, housekeeping_pus))
+    house = format_cpu_list(list(housekeeping_pus))
     lines = [
-        f"host kernel command line: isolcpus=managed_irq,domain,{cpus}"
-        f"{_nohz_full(host, cpus, notes)} "
-        f"rcu_nocbs={cpus} irqaffinity={format_cpu_list(list(housekeeping_pus))}"
+        f"host kernel command line: isolcpus=managed_irq,domain,{isolated}"
+        f"{_nohz_full(host, isolated, notes)} rcu_nocbs={isolated} irqaffinity={house}"
         + (
             ""
             if host.nohz_full is not None
             else "  # nohz_full needs a kernel with CONFIG_NO_HZ_FULL (not recorded here)"
-        ),
+        )
+        if isolated
+        else f"host kernel command line: irqaffinity={house}  # the only vCPU PU is CPU 0, "
+        "which the kernel keeps (timekeeping): nothing to isolate",
         "systemctl disable --now irqbalance  # it would move device interrupts back onto "
         "the vCPU PUs",
         f"cpupower -c {cpus} frequency-set -g performance  # no frequency ramp on vCPU PUs",

@@ -24,6 +24,14 @@ class TuneTarget(Frozen):
     hugetlbfs: bool = False  # guest RAM on hugetlbfs: THP only has to stay out of the way
     source: str  # where the sets came from, for people ("VM vm1", "plan p.json", ...)
 
+    def isolated_pus(self) -> tuple[int, ...]:
+        """The PUs isolated at boot (isolcpus, nohz_full, rcu_nocbs): the vCPU PUs but
+        CPU 0, the kernel's boot CPU, which keeps timekeeping and the interrupts that
+        cannot move (a VM pinned there is quieted at run time only)."""
+        from hpcvm.plan.tuning import isolatable
+
+        return tuple(isolatable(self.vcpu_pus, self.housekeeping_pus))
+
 
 class Row(Frozen):
     """One setting as ``--check`` shows it. ``ok`` is None when the host lacks it."""

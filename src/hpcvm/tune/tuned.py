@@ -7,6 +7,7 @@ explicitly what hpcvm wants beyond it or differently. Pure: text in, text out.
 
 from __future__ import annotations
 
+from hpcvm.errors import UsageError
 from hpcvm.tune import cpumask
 from hpcvm.tune.model import TuneTarget
 from hpcvm.tune.settings.cpu import LATENCY_LIMIT_US
@@ -15,7 +16,14 @@ from hpcvm.tune.settings.kernel import STAT_INTERVAL
 
 def tuned_profile(target: TuneTarget) -> str:
     """tuned.conf text for ``target``."""
-    vcpus = cpumask.show(target.vcpu_pus)
+    isolated = target.isolated_pus()
+    if not isolated:
+        raise UsageError(
+            f"{target.source}: nothing for tuned's cpu-partitioning to isolate: the only "
+            "vCPU PU is CPU 0, which the kernel keeps for itself (timekeeping, interrupts "
+            "that cannot move); `hpcvm tune --apply` quiets it at run time"
+        )
+    vcpus = cpumask.show(isolated)
     house = cpumask.show(target.housekeeping_pus)
     thp = "madvise"
     return "\n".join(

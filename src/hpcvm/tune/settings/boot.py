@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from hpcvm.host.sysfs import has_nohz_full
+from hpcvm.plan.tuning import BOOT_CPU
 from hpcvm.tune import cpumask, files
 from hpcvm.tune.model import Change, Row, TuneTarget
 from hpcvm.tune.settings.base import Setting
@@ -82,21 +83,35 @@ class BootParam(Setting):
         return "not set" if value is None else value
 
 
+NOTHING_TO_ISOLATE = "none (CPU 0, the only vCPU PU, stays the kernel's)"
+
+
 class _IsolatingParam(BootParam):
-    """Parameters that name the PUs to isolate: they must cover the vCPU PUs and must
-    never name a housekeeping PU."""
+    """Parameters that name the PUs to isolate: they must cover the vCPU PUs but CPU 0
+    (``TuneTarget.isolated_pus``) and must never name CPU 0 or a housekeeping PU. With
+    no PU to isolate (a VM on CPU 0 alone), none is wanted."""
 
     def cpus(self, value: str) -> frozenset[int]:
         return cpumask.parse_list(value)
 
     def wanted(self, target: TuneTarget) -> str:
-        return cpumask.show(target.vcpu_pus)
+        return cpumask.show(target.isolated_pus())
+
+    def token(self, target: TuneTarget) -> str:
+        return super().token(target) if target.isolated_pus() else ""
+
+    def check(self, target: TuneTarget) -> Row:
+        row = super().check(target)
+        if target.isolated_pus():
+            return row
+        return row.model_copy(update={"wanted": NOTHING_TO_ISOLATE})
 
     def is_ok(self, value: str | None, target: TuneTarget) -> bool:
-        if value is None:
+        cpus = frozenset() if value is None else self.cpus(value)
+        if cpus & ({BOOT_CPU} | set(target.housekeeping_pus)):
             return False
-        cpus = self.cpus(value)
-        return set(target.vcpu_pus) <= cpus and not cpus & set(target.housekeeping_pus)
+        isolated = set(target.isolated_pus())
+        return not isolated or (value is not None and isolated <= cpus)
 
 
 class Isolcpus(_IsolatingParam):
@@ -111,10 +126,11 @@ class Isolcpus(_IsolatingParam):
         return split_isolcpus(value)[1]
 
     def wanted(self, target: TuneTarget) -> str:
-        return f"{ISOLCPUS_FLAGS},{cpumask.show(target.vcpu_pus)}"
+        return f"{ISOLCPUS_FLAGS},{cpumask.show(target.isolated_pus())}"
 
     def is_ok(self, value: str | None, target: TuneTarget) -> bool:
-        if value is None or "managed_irq" not in split_isolcpus(value)[0].split(","):
+        flags_ok = value is not None and "managed_irq" in split_isolcpus(value)[0].split(",")
+        if target.isolated_pus() and not flags_ok:
             return False
         return super().is_ok(value, target)
 
@@ -162,11 +178,14 @@ def boot_advice(rows: list[Row], tokens: dict[str, str]) -> list[str]:
     missing = [r for r in rows if r.when == "boot" and r.ok is False]
     if not missing:
         return []
-    line = " ".join(tokens[r.name] for r in missing)
+    line = " ".join(tokens[r.name] for r in missing if tokens[r.name])
     replace = [r.has for r in missing if r.has != "not set"]
-    advice = [f"boot: add to the host kernel command line: {line}"]
+    advice = [f"boot: add to the host kernel command line: {line}"] if line else []
     if replace:
-        advice.append(f"boot: and remove what they replace: {' '.join(replace)}")
+        head = (
+            "and remove what they replace" if line else "remove from the host kernel command line"
+        )
+        advice.append(f"boot: {head}: {' '.join(replace)}")
     advice.append(
         'boot: on Debian, append them inside GRUB_CMDLINE_LINUX="..." in /etc/default/grub, '
         "run `update-grub` and reboot; `hpcvm tune --check` then shows them ok"
