@@ -16,6 +16,8 @@ import grp
 import json
 import os
 import pwd
+import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm.store import Store
 from tests import cluster_support
 
 pytestmark = pytest.mark.integration
@@ -192,3 +195,47 @@ def test_without_the_grants_each_is_refused_naming_the_admins_fix(
     assert [ln for ln in links(netns) if ln.get("master") == "br0"] == []
     root = Path(f"/tmp/hpcvm-{uid}")
     assert not root.exists() or [p.name for p in root.iterdir() if p.name != ".failed"] == []
+
+
+def readme_main_job() -> tuple[list[str], list[str]]:
+    """The README's first command's ``bench`` and ``report`` steps, as written there."""
+    text = (cluster_support.REPO / "README.md").read_text()
+    first = re.search(r"```sh\n(.*?)\n```", text, re.S)
+    assert first is not None, "the README starts with no sh block"
+    steps = [shlex.split(step) for step in first.group(1).split("&&")]
+    bench = next(s for s in steps if s[1:2] == ["bench"])
+    report = next(s for s in steps if s[1:2] == ["report"])
+    return bench[1:], report[1:]
+
+
+def test_the_readmes_main_job_runs_for_a_member_with_native_on_the_vms_pus(
+    users: tuple[str, str], hpcvm: str, netns: str, workdir: Path
+) -> None:
+    """Issue 36: the README's main job as a member of the group, who may make no cgroup
+    cpuset. Its own options, then a shorter --max-time and --max-reps (the CI budget;
+    later options win). Native must run on vm:hpc's PUs: the oracle is the noise program,
+    which reports each PU it ran on as the kernel gave it (sched_getaffinity)."""
+    member = users[0]
+    bench, report = readme_main_job()
+    job = as_user(member, netns, workdir, hpcvm, *bench, "--max-time", "60s", "--max-reps", "20")
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    assert "affinity" in job.stdout  # the conditions table says how native was held
+    with Store.open(workdir / "results") as store:
+        run = store.run()
+        envs = {e.name: e for e in store.environments(run.id)}
+        pins = {p["host_pu"] for p in (envs["vm:hpc"].plan or {})["placements"]}
+        native_pus = {
+            int(m.metric.rsplit("@cpu", 1)[1])
+            for s in store.samples(run.id)
+            if s.env == "native" and s.suite == "noise"
+            for m in s.metrics
+            if "@cpu" in m.metric
+        }
+    assert run.status == "finished" and run.args["native"]["confine"] == "affinity"
+    assert native_pus == pins, (native_pus, pins)
+    drawn = as_user(member, netns, workdir, hpcvm, *report)
+    assert drawn.returncode == 0, drawn.stderr
+    assert (workdir / "results" / "report" / "report.html").stat().st_uid == pwd.getpwnam(
+        member
+    ).pw_uid
+    assert qemus_of(pwd.getpwnam(member).pw_uid) == []
