@@ -447,8 +447,12 @@ class GuestAgent:
             if timeout is not None and time.monotonic() - begin > timeout:
                 from hpcvm.runtime.guest_process import end
 
-                with signals_deferred():
-                    ended = end(self, pid)
+                ended = "may still be running in the guest"
+                try:
+                    with signals_deferred():
+                        ended = end(self, pid)
+                except KeyboardInterrupt as exc:  # came while it was being ended
+                    raise ExecInterrupted(f"{argv[0]!r} (pid {pid} in the guest) {ended}") from exc
                 raise CommandTimedOut(
                     f"{argv[0]!r} timed out after {timeout:g} s in the guest (pid {pid}) "
                     f"and {ended}",

@@ -126,10 +126,23 @@ def why_not_started(agent: GuestAgent, program: str, desc: str) -> AgentCommandE
         found = None
     code = found.exit_code if found is not None else None
     if code == NOT_FOUND_EXIT:
-        where = "in the guest" if "/" in program else "in the guest's PATH"
-        return ProgramNotFound(f"{program}: command not found {where} (exit 127)", desc)
+        if "/" in program:
+            return ProgramNotFound(
+                f"{program}: no such file in the guest (exit 127); the guest sees the "
+                "host's system directories, the working directory and --share "
+                "directories, each at its host path unless --share says otherwise",
+                desc,
+            )
+        return ProgramNotFound(
+            f"{program}: command not found in the guest's PATH (exit 127); give its full path",
+            desc,
+        )
     if code == NOT_EXECUTABLE_EXIT:
-        return ProgramNotExecutable(f"{said}; it is not an executable file (exit 126)", desc)
+        return ProgramNotExecutable(
+            f"{said}; it is not an executable file (exit 126): make it one (chmod +x) "
+            "or run it through its interpreter",
+            desc,
+        )
     if code == 0:
         return ProgramNotExecutable(f"{said} (exit 126)", desc)
     return AgentCommandError(said, desc)
