@@ -12,6 +12,7 @@ the VM down completely before the error propagates: a failed ``up`` leaves nothi
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
 import tempfile
@@ -173,38 +174,41 @@ def up(
             kernel=options.kernel, initrd=options.initrd, image=options.image
         )
     nics = nics_for(options, name, warn)
-    if isinstance(target, PlanRequest):
-        request = _with_vfs(target.model_copy(update={"name": name}), nics)
-        plan = make_plan(request, host=host, kernel=media.kernel, warn=warn)
-        timeline.mark("up: planned")
-    else:
-        plan = _plan_has_vfs(target, nics)
-    backend = get_backend(options.backend, options.connect_uri)
-    user = backend.qemu_user()
-    media = with_shares(
-        media,
-        requests,
-        workdir=options.workdir or os.getcwd(),
-        user=user,
-        opened_by_root=backend.opens_shares_as_root and user.switch,
-        warn=warn,
-    )
-    media = _with_nics(media, nics, warn)
-    for region in plan.memory:
-        if region.backend == "file" and region.mem_path:
-            hugetlbfs.ensure_mount(region.mem_path, region.page_size_bytes)
-    ready_timeout = _ready_timeout(options, plan, media)
-    with _claimed_run_dir(name) as run_dir:
-        machine = _new_machine(name, run_dir, plan, media, backend, options, user)
-        try:
-            return _start(machine, backend, ready_timeout, load_state)
-        except BaseException as exc:
-            with signals_deferred():
-                teardown(machine, backend, keep_logs=not _interrupted(exc))
-            failure = _as_failure(exc, machine, backend)
-            if failure is exc:
-                raise
-            raise failure from exc
+    with contextlib.ExitStack() as placing:
+        if isinstance(target, PlanRequest):
+            placing.enter_context(_placement_lock())
+            request = _with_vfs(target.model_copy(update={"name": name}), nics)
+            plan = make_plan(request, host=host, kernel=media.kernel, warn=warn)
+            timeline.mark("up: planned")
+        else:
+            plan = _plan_has_vfs(target, nics)
+        backend = get_backend(options.backend, options.connect_uri)
+        user = backend.qemu_user()
+        media = with_shares(
+            media,
+            requests,
+            workdir=options.workdir or os.getcwd(),
+            user=user,
+            opened_by_root=backend.opens_shares_as_root and user.switch,
+            warn=warn,
+        )
+        media = _with_nics(media, nics, warn)
+        for region in plan.memory:
+            if region.backend == "file" and region.mem_path:
+                hugetlbfs.ensure_mount(region.mem_path, region.page_size_bytes)
+        ready_timeout = _ready_timeout(options, plan, media)
+        with _claimed_run_dir(name) as run_dir:
+            machine = _new_machine(name, run_dir, plan, media, backend, options, user)
+            placing.close()  # its record is written: the next up plans beside this VM
+            try:
+                return _start(machine, backend, ready_timeout, load_state)
+            except BaseException as exc:
+                with signals_deferred():
+                    teardown(machine, backend, keep_logs=not _interrupted(exc))
+                failure = _as_failure(exc, machine, backend)
+                if failure is exc:
+                    raise
+                raise failure from exc
 
 
 def nics_for(options: VmOptions, name: str, warn: Warn | None = None) -> tuple[Nic, ...]:
@@ -272,6 +276,20 @@ def _refuse_if_in_use(name: str) -> None:
         f"a VM named {name!r} already exists ({entry.state}{pid}): choose another --name "
         f"or stop it with `hpcvm down {name}`"
     )
+
+
+@contextlib.contextmanager
+def _placement_lock() -> Iterator[None]:
+    """One ``up`` at a time from reading the live VMs' PUs to writing its own record
+    (which the next one reads: runtime/taken.py), so two ``up`` started together do not
+    both take the same free PU. An flock on the runtime directory itself: no file is
+    left, and the kernel drops it with the process."""
+    fd = os.open(paths.ensure_root(), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
