@@ -19,6 +19,7 @@ import shutil
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +196,7 @@ def test_an_older_database_is_upgraded_in_memory_only(shared: Path) -> None:
     assert all(e["variant"] == {} for e in seen[1])
     assert len(seen[2]) == 6
     assert snapshot(results) == before  # still schema 3 on disk
-    with sqlite3.connect(db) as raw:
+    with closing(sqlite3.connect(db)) as raw:
         assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
 
 
