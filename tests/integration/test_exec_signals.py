@@ -2,12 +2,12 @@
 with SIGINT or SIGTERM, or past --timeout, it ends the command in the guest (checked
 from inside the guest with another exec reading /proc) and exits 130 or 124 with one
 line; stdin piped in arrives; a missing program is 127, one not executable 126. And a
-VM whose owning hpcvm process (`hpcvm run`) is killed with SIGKILL is "orphaned" in
-`hpcvm ps`, which `hpcvm down --orphans` takes down (its QEMU gone from /proc), while a
-VM of plain `hpcvm up` is not an orphan.
+VM whose owning hpcvm process (`hpcvm run`, bench's VM environment) is killed with
+SIGKILL is "orphaned" in `hpcvm ps`, which `hpcvm down --orphans` takes down (its QEMU
+gone from /proc), while a VM of plain `hpcvm up` is not an orphan.
 
-One VM (plain `up`) serves every test of the module; the orphan test boots a second,
-owned one. The guest command writes its pid into a shared directory, so the test
+One VM (plain `up`) serves every test of the module; the orphan tests boot one owned
+VM each. The guest command writes its pid into a shared directory, so the test
 signals hpcvm only once the command runs in the guest (QEMU's agent socket serves one
 client at a time: no second exec can ask while the first waits).
 """
@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -66,6 +67,17 @@ class Vm:
             text=True,
             env=self.env(),
             preexec_fn=interruptible,
+        )
+
+    def popen_python(self, script: str, *args: str) -> subprocess.Popen[str]:
+        """This Python (hpcvm's) running ``script`` with this module's runtime dir."""
+        return subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env(),
         )
 
     def ps(self) -> dict[str, dict[str, object]]:
@@ -172,18 +184,37 @@ def test_a_missing_program_is_127_and_a_non_executable_126(vm: Vm) -> None:
     assert "Traceback" not in missing.stderr + data_file.stderr
 
 
-def test_a_killed_owner_leaves_an_orphan_that_down_orphans_takes_down(vm: Vm) -> None:
-    name = f"own{os.getpid()}"
-    owner = vm.popen("run", "--name", name, *SHAPE, "--", "sleep", "600")
+# bench's VM environment as `hpcvm bench` starts it (bench/vm.py), in a process that
+# then waits as a bench between samples does; argv[1] is the VM's name.
+BENCH_OWNER = """
+import sys, time
+from hpcvm.bench.vm import VmEnvironment, plan_vm
+plan, _ = plan_vm("naive", vcpus=1, memory_bytes=256 << 20)
+VmEnvironment(plan, vm_name=sys.argv[1]).start()
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("owner_kind", ["run", "bench"])
+def test_a_killed_owner_leaves_an_orphan_that_down_orphans_takes_down(
+    vm: Vm, owner_kind: str
+) -> None:
+    name = f"own{os.getpid()}{owner_kind[0]}"
+    if owner_kind == "run":
+        owner = vm.popen("run", "--name", name, *SHAPE, "--", "sleep", "600")
+        settled = "running"
+    else:
+        owner = vm.popen_python(BENCH_OWNER, name)
+        settled = "paused"  # bench pauses a VM while it is not measured
     try:
-        row = _wait_running(vm, name, owner)
-        assert row["owner"] == f"pid {owner.pid} (hpcvm run)"
+        row = _wait_for(vm, name, settled, owner)
+        assert row["owner"] == f"pid {owner.pid} (hpcvm {owner_kind})"
         qemu = int(str(row["pid"]))
         os.kill(owner.pid, signal.SIGKILL)
         owner.communicate(timeout=60)
         rows = vm.ps()
         assert rows[name]["state"] == "orphaned", rows[name]
-        assert f"pid {owner.pid} (hpcvm run) is gone" in str(rows[name]["note"])
+        assert rows[name]["note"] == f"{settled}; its owner {row['owner']} is gone"
         assert rows[vm.name]["state"] == "running" and rows[vm.name]["owner"] == ""
         table = vm.hpcvm("ps").stdout
         assert "orphaned" in table, table
@@ -202,11 +233,12 @@ def test_a_killed_owner_leaves_an_orphan_that_down_orphans_takes_down(vm: Vm) ->
         vm.hpcvm("down", name)
 
 
-def _wait_running(vm: Vm, name: str, owner: subprocess.Popen[str]) -> dict[str, object]:
+def _wait_for(vm: Vm, name: str, state: str, owner: subprocess.Popen[str]) -> dict[str, object]:
+    """``name``'s row of ``ps --json`` once its state is ``state``."""
     deadline = time.monotonic() + 600
     while True:
         row = vm.ps().get(name)
-        if row is not None and row["state"] == "running":
+        if row is not None and row["state"] == state:
             return row
         assert owner.poll() is None, owner.communicate()
         assert time.monotonic() < deadline, f"{name} did not come up in 600 s"
