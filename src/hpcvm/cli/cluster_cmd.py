@@ -8,9 +8,10 @@ on one machine with ``--batch local --nodes N``.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,6 +21,9 @@ from hpcvm.cluster.addresses import AUTO
 from hpcvm.cluster.batches import BATCH_SYSTEMS, DEFAULT_BATCH
 from hpcvm.errors import UsageError
 from hpcvm.signals import interrupting
+
+if TYPE_CHECKING:
+    from hpcvm.runtime.options import VmOptions
 
 DEFAULT_UP_TIMEOUT = 300.0
 DEFAULT_NETWORK = "bridge=br0"
@@ -131,6 +135,7 @@ def up_cmd(
     vm = values.vm().model_copy(
         update={"network": values.network or DEFAULT_NETWORK, "address": None}
     )
+    _check_vm_paths(vm)
     request = ClusterRequest(
         plan=values.plan_request(),
         vm=vm,
@@ -145,6 +150,48 @@ def up_cmd(
         ready = control.up(request, timeout, _say)
     _say(f"{name}: {len(ready)} VM(s) up")
     return 0
+
+
+def _check_vm_paths(vm: VmOptions) -> None:
+    """What every node's ``up`` would refuse about the VM's paths (``--share``,
+    ``--kernel``, ``--initrd``, ``--image``), refused here, in one line and before any
+    node starts: this is the first node, and a job's paths are the same on every node.
+    Without it a bad path came back from each node as its VM failing to start (exit 5)."""
+    from hpcvm.guest.disk import check_image
+    from hpcvm.guest.kernel import kernel_release
+    from hpcvm.runtime.backends import get_backend
+    from hpcvm.runtime.shares import parse_shares, reachable
+
+    for flag, path in (("--kernel", vm.kernel), ("--initrd", vm.initrd), ("--image", vm.image)):
+        problem = None if path is None else _unreadable_file(path)
+        if problem is not None:
+            raise UsageError(f"{flag} {path}: {problem}; give a file you may read")
+    if vm.image is not None and (vm.kernel or vm.initrd):  # as runtime/boot.py pairs them
+        raise UsageError("give either --image or --kernel/--initrd, not both")
+    if vm.initrd is not None and vm.kernel is None:
+        raise UsageError("--initrd needs --kernel")
+    if vm.kernel is not None:
+        kernel_release(Path(vm.kernel))  # refuses a file that is not a kernel
+    if vm.image is not None:
+        check_image(vm.image)
+    requests = parse_shares(vm.shares)
+    if requests:
+        backend = get_backend(vm.backend, vm.connect_uri)
+        user = backend.qemu_user()
+        reachable(requests, user, opened_by_root=backend.opens_shares_as_root and user.switch)
+
+
+def _unreadable_file(path: str) -> str | None:
+    """Why this user cannot read the file ``path``, or None."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "it does not exist"
+    except OSError as exc:
+        return f"it cannot be reached ({os.strerror(exc.errno or 0)})"
+    if not stat.S_ISREG(mode):
+        return "it is not a file"
+    return None if os.access(path, os.R_OK) else "it is not readable by you"
 
 
 def _refuse_vm_options(kw: dict[str, Any]) -> None:

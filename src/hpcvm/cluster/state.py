@@ -164,8 +164,10 @@ def claimed(name: str) -> Iterator[Path]:
 
 
 def mark_taking_down(name: str) -> None:
-    """Tell the holder that this process removes the directory (module doc)."""
-    (cluster_dir(name) / TAKING_DOWN).touch()
+    """Tell the holder that this process removes the directory (module doc). A holder
+    whose step already ended may have removed it: then there is nothing to tell."""
+    with contextlib.suppress(FileNotFoundError):
+        (cluster_dir(name) / TAKING_DOWN).touch()
 
 
 def remove(name: str) -> None:
