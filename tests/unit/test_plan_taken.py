@@ -146,3 +146,34 @@ def test_qemu_threads_of_another_vm_count_as_held() -> None:
     p = plan(host, request, [TakenPus(vm="a", vcpu_pus=(), qemu_pus=(first,))])
     assert first not in p.vcpu_pus()
     assert any(f"held PUs {first} kept free" in d.text for d in p.decisions)
+
+
+def test_a_restored_guest_keeps_its_layout_and_says_it_shares(snapshot: Snapshot) -> None:
+    """A restore re-plans the host side beside the live VMs, unless that changes the
+    guest the checkpoint saved (its ABI, as the restore compares it): then the guest's
+    own layout, on PUs the live VMs hold, with a warning. Here: numa guests whose node
+    count would change if every node's first PU were avoided."""
+    from hpcvm.bootspec import BootSpec
+    from hpcvm.runtime.checkpoint_model import abi_differences, guest_abi
+    from hpcvm.runtime.lifecycle import plan_same_guest
+
+    host, _ = _host_and_cores(snapshot)
+    nodes = sorted({pu.node for pu in host.usable_pus() if pu.node is not None})
+    boot = BootSpec()
+    request = PlanRequest(profile="numa", vcpus=2, memory_bytes=GIB, accel="tcg")
+    saved = guest_abi(plan(host, request), boot)
+    first_pus = {n: min(p.os_index for p in host.usable_pus() if p.node == n) for n in nodes}
+    held = [TakenPus(vm=f"n{n}", vcpu_pus=(pu,)) for n, pu in first_pus.items()]
+    warned: list[str] = []
+
+    def differ(p: VMPlan) -> list[str]:
+        return abi_differences(saved, guest_abi(p, boot))
+
+    restored, found = plan_same_guest(request, differ, host=host, warn=warned.append, taken=held)
+    assert found == []  # the same guest, always
+    beside = plan(host, request, held)
+    if not differ(beside):
+        assert restored == beside and not warned  # beside the live VMs where it can be
+    else:
+        assert restored.vcpu_pus() == plan(host, request).vcpu_pus()
+        assert len(warned) == 1 and "your running VMs hold too" in warned[0]

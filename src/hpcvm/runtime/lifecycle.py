@@ -112,14 +112,16 @@ def plan_same_guest(
     *,
     host: HostTopology | None = None,
     warn: Warn | None = None,
+    taken: Sequence[TakenPus] | None = None,
 ) -> tuple[VMPlan, list[str]]:
     """Re-plan the host side of a guest that exists already (a restore, a migration's
-    receiving side): beside the live VMs where that keeps the guest the same, else on
-    the PUs the guest's own layout needs, shared or not (the running guest cannot
-    change its topology). Returns the plan and its ``differences`` from the guest."""
+    receiving side): beside the live VMs (``taken``, read from their records unless
+    given) where that keeps the guest the same, else on the PUs the guest's own layout
+    needs, shared or not (the running guest cannot change its topology). Returns the
+    plan and its ``differences`` from the guest."""
     from hpcvm.runtime.taken import live_taken
 
-    held = live_taken()
+    held = live_taken() if taken is None else tuple(taken)
     plan = make_plan(request, host=host, warn=warn, taken=held)
     found = differences(plan)
     if not found or not held:
