@@ -415,6 +415,7 @@ class _Bar:
     show_default=True,
     type=str,
     callback=path_option,
+    metavar="DIRECTORY",
     help="Results directory.",
 )
 def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
@@ -539,6 +540,7 @@ def _judge(failures: list[CellFailures], samples: list[SampleRecord], out: Path)
     type=str,
     callback=path_option,
     default=None,
+    metavar="FILE",
     help="Write the summaries as CSV to this file.",
 )
 @click.option("--run", "run_id", type=int, default=None, help="Run id (default: latest).")

@@ -48,6 +48,7 @@ def _plural(count: int, noun: str) -> str:
     type=str,
     callback=path_option,
     default=None,
+    metavar="DIRECTORY",
     help="Directory for the report files (default: RESULTS/report).",
 )
 @click.option(
@@ -64,6 +65,7 @@ def _plural(count: int, noun: str) -> str:
     type=str,
     callback=path_option,
     default=None,
+    metavar="DIRECTORY",
     help="A second results directory: compare it (B) with RESULTS (A) side by side.",
 )
 @click.option(
