@@ -3,7 +3,8 @@
 Separate ``hpcvm`` processes (``up``, ``ps``, ``exec``, ``down``) find a VM only through
 this directory, so its location is computed in one place. The root is
 ``$HPCVM_RUNTIME_DIR`` if set (tests use a temporary one), else ``/run/hpcvm`` for root,
-else ``$XDG_RUNTIME_DIR/hpcvm``, else ``/tmp/hpcvm-UID``. VM directories are 0700 and
+else ``$XDG_RUNTIME_DIR/hpcvm`` where that is a directory of the user's, else
+``/tmp/hpcvm-UID``. VM directories are 0700 and
 sockets 0600: the QMP and agent sockets give full control of the guest, so no other user
 may reach them.
 
@@ -59,9 +60,21 @@ def runtime_location() -> tuple[Path, str]:
     if os.geteuid() == 0:
         return Path("/run/hpcvm"), "default"
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg:
+    if xdg and _is_own_dir(xdg):
         return Path(xdg).absolute() / "hpcvm", "XDG_RUNTIME_DIR"
     return Path(tempfile.gettempdir()) / f"hpcvm-{os.geteuid()}", "default"
+
+
+def _is_own_dir(path: str) -> bool:
+    """Whether ``path`` is a directory of this user's. An XDG_RUNTIME_DIR that is not
+    (a batch job on a compute node inherits the login node's /run/user/UID, which
+    nobody made there) is not used, as the XDG Base Directory spec says, rather than
+    refused: the per-user directory in /tmp takes its place."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def runtime_root() -> Path:
