@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.runtime.agent import (
+from hpcvm.runtime.agent import GuestAgent
+from hpcvm.runtime.agent_errors import (
     MAX_INPUT,
     AgentCommandError,
     CommandTimedOut,
     ExecInterrupted,
-    GuestAgent,
     InputTooLarge,
     ProgramNotExecutable,
     ProgramNotFound,

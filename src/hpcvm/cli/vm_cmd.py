@@ -28,7 +28,7 @@ from hpcvm.units import format_size
 if TYPE_CHECKING:  # imported where a command runs, so that --help imports no runtime
     from rich.console import Console
 
-    from hpcvm.runtime.agent import ExecInterrupted
+    from hpcvm.runtime.agent_errors import ExecInterrupted
     from hpcvm.runtime.model import ExecResult, Machine
     from hpcvm.runtime.options import VmRequest
 
@@ -74,7 +74,7 @@ def _command_input(program: str, read: bool) -> bytes | None:
     ``read`` is off (``--no-stdin``: a script whose stdin never ends). Read to its end
     first: the agent takes a command's input in one message, so at most MAX_INPUT."""
     from hpcvm.errors import UsageError
-    from hpcvm.runtime.agent import MAX_INPUT, check_input
+    from hpcvm.runtime.agent_errors import MAX_INPUT, check_input
 
     stream = sys.stdin
     if not read or stream is None or stream.isatty():
@@ -173,7 +173,7 @@ def exec_cmd(name: str, timeout: float | None, no_stdin: bool, argv: tuple[str, 
 
     stdin, unless a terminal, is the command's. Interrupted (Ctrl-C, SIGTERM) or past
     --timeout, the command is ended in the guest too."""
-    from hpcvm.runtime.agent import ExecInterrupted
+    from hpcvm.runtime.agent_errors import ExecInterrupted
     from hpcvm.runtime.guest_exec import exec_in
     from hpcvm.runtime.state import load_machine
 
@@ -244,7 +244,7 @@ def run_cmd(
     stdin, unless a terminal, is the command's. The VM is this process's: killed
     outright (SIGKILL), it leaves the VM "orphaned" for `hpcvm down --orphans`."""
     from hpcvm.runtime import state, stopping
-    from hpcvm.runtime.agent import ExecInterrupted
+    from hpcvm.runtime.agent_errors import ExecInterrupted
     from hpcvm.runtime.guest_exec import exec_in
 
     request = vm_request(kw)

@@ -65,7 +65,7 @@ def exec_on(
     ``alive`` says whether the VM runs (default: its backend's answer). Interrupted
     (KeyboardInterrupt) or past ``timeout``, the command is ended in the guest first:
     ExecInterrupted or ExecTimeout then say how, naming the VM."""
-    from hpcvm.runtime.agent import CommandTimedOut, ExecInterrupted
+    from hpcvm.runtime.agent_errors import CommandTimedOut, ExecInterrupted
 
     if not argv:
         raise UsageError("nothing to run: give a command after --")

@@ -18,10 +18,10 @@ so any Linux guest can run it, the built-in one's static busybox included):
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hpcvm.errors import RuntimeFailure
-from hpcvm.runtime.agent import (
+from hpcvm.runtime.agent_errors import (
     NOT_EXECUTABLE_EXIT,
     NOT_FOUND_EXIT,
     AgentCommandError,
@@ -30,8 +30,25 @@ from hpcvm.runtime.agent import (
 )
 
 if TYPE_CHECKING:
-    from hpcvm.runtime.agent import GuestAgent
     from hpcvm.runtime.model import ExecResult
+
+
+class Agent(Protocol):
+    """What this module asks of runtime/agent.py's GuestAgent (which calls it)."""
+
+    timeout: float
+
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        input: bytes | None = None,
+        env: list[str] | None = None,
+        explain: bool = True,
+    ) -> int: ...
+
+    def exit_status(self, pid: int) -> ExecResult | None: ...
+
 
 END_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 _TERM_ENDED = 0  # END_SCRIPT's exit codes: SIGTERM ended all
@@ -79,7 +96,7 @@ exit 0
 """
 
 
-def end(agent: GuestAgent, pid: int, grace: float = END_GRACE) -> str:
+def end(agent: Agent, pid: int, grace: float = END_GRACE) -> str:
     """End guest process ``pid`` and every process it started: SIGTERM, then SIGKILL
     for those still there ``grace`` seconds later. Returns what was done, as a phrase
     for a message ("was ended with SIGTERM"); never raises for a guest that does not
@@ -104,7 +121,7 @@ def end(agent: GuestAgent, pid: int, grace: float = END_GRACE) -> str:
     return f"may still be running in the guest (the kill exited {done.exit_code})"
 
 
-def _wait(agent: GuestAgent, pid: int, limit: float) -> ExecResult | None:
+def _wait(agent: Agent, pid: int, limit: float) -> ExecResult | None:
     """The result of guest process ``pid``, or None if it runs ``limit`` s from now."""
     until = time.monotonic() + limit
     while True:
@@ -114,7 +131,7 @@ def _wait(agent: GuestAgent, pid: int, limit: float) -> ExecResult | None:
         time.sleep(0.05)
 
 
-def why_not_started(agent: GuestAgent, program: str, desc: str) -> AgentCommandError:
+def why_not_started(agent: Agent, program: str, desc: str) -> AgentCommandError:
     """The error for ``program``, which the agent could not start (its error ``desc``):
     ProgramNotFound (127) or ProgramNotExecutable (126) as the guest says, else the
     agent's refusal as it came."""
