@@ -222,3 +222,21 @@ def test_paths_a_user_cannot_use_are_refused_in_one_line_leaving_nothing(
         assert absent is None or not absent.exists(), f"{what} left {absent}"
         assert list(own.iterdir()) == [], f"{what} left {list(own.iterdir())}"
     assert snapshot(others) == before
+
+
+def test_a_noise_sample_the_user_may_not_read_is_left_out_and_said(
+    hpcvm: str, user: str, own: Path, place: Path
+) -> None:
+    """Another user's results whose one noise work directory is private (0700): the
+    report still draws the rest and says what it could not read."""
+    results = measure_database(place / "private-work", envs=("native",), cells=(("noise", None),))
+    hidden = sorted(results.glob("work/native-noise-None-*"))[-1]
+    hidden.chmod(0o700)
+    ok(run_as(user, own, hpcvm, "report", str(results), "--out", "rep", "--format", "json"))
+    report = json.loads((own / "rep" / "report.json").read_text())["report"]
+    assert report["notes"] == [
+        "native: raw noise durations of 1 noise sample(s) cannot be read (their work "
+        "directory no longer holds noise-raw.txt, or this user may not read it); the detour "
+        "distribution uses the rest"
+    ]
+    assert [curve["env"] for curve in report["noise"]] == ["native"]

@@ -231,9 +231,9 @@ def _noise_curves(
                 missing += 1
         if missing:
             notes.append(
-                f"{env.name}: raw noise durations of {missing} noise sample(s) are gone "
-                f"(their work directory no longer holds {RAW_FILE}); the detour "
-                "distribution uses the rest"
+                f"{env.name}: raw noise durations of {missing} noise sample(s) cannot be "
+                f"read (their work directory no longer holds {RAW_FILE}, or this user may "
+                "not read it); the detour distribution uses the rest"
             )
         if runs:
             curves.append(detour_curve(env.name, runs))
