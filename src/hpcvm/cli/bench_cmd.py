@@ -355,8 +355,9 @@ class _Bar:
 @click.option(
     "--native-cpus",
     default=None,
-    help="PUs native runs are confined to (a cpuset), e.g. 2-5, or all. Default: the PUs "
-    "and memory nodes of the most tuned VM's vCPUs.",
+    help="PUs native runs are confined to (a cpuset where this process may make one, "
+    "else CPU affinity and memory binding), e.g. 2-5, or all. Default: the PUs and memory "
+    "nodes of the most tuned VM's vCPUs.",
 )
 @click.option(
     "--size", default="small", show_default=True, help="quick, small, medium or a fraction."

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from hpcvm.bench.placement import CONFINEMENT_TEXT
 from hpcvm.model import Frozen
 from hpcvm.report.compare import CompareRow
 from hpcvm.report.labels import label
@@ -190,7 +191,9 @@ def _conditions(args: dict[str, object]) -> list[str]:
             if isinstance(cpus, list) and cpus
             else "every PU the process could use"
         )
-        lines.append(f"Native runs were confined to {where} ({native.get('source', '')}).")
+        how = CONFINEMENT_TEXT.get(str(native.get("confine", "cpuset")), "cgroup cpuset")
+        held = f" by {how}" if isinstance(cpus, list) and cpus else ""
+        lines.append(f"Native runs were confined to {where}{held} ({native.get('source', '')}).")
     tuning = args.get("tuning")
     if isinstance(tuning, dict):
         lines.append(f"Host tuning when the run started: {tuning_text(args)}.")
