@@ -102,7 +102,14 @@ def owned_by_this_process(command: str) -> Iterator[None]:
         _OWNER.reset(token)
 
 
-def _save_owner(run_dir: Path, owner: Owner) -> None:
+def current_owner() -> Owner | None:
+    """The owner a VM recorded now gets (``owned_by_this_process``), None outside it."""
+    return _OWNER.get()
+
+
+def save_owner(run_dir: Path, owner: Owner) -> None:
+    """Write ``owner.json`` atomically, readable by the user only; a VM's first owner
+    stays (a later save of its record does not change it)."""
     path = run_dir / OWNER_FILE
     if path.exists():
         return
@@ -127,8 +134,8 @@ def read_owner(run_dir: Path) -> Owner | None:
 def save_machine(machine: Machine) -> None:
     """Write the record atomically, readable by its owner only; inside
     ``owned_by_this_process`` the owner first."""
-    if (owner := _OWNER.get()) is not None:
-        _save_owner(Path(machine.run_dir), owner)
+    if (owner := current_owner()) is not None:
+        save_owner(Path(machine.run_dir), owner)
     target = Path(machine.run_dir) / paths.MACHINE_FILE
     tmp = target.with_suffix(".json.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
