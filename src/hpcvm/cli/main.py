@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 # check named it first (each such case should get its own message at its source, naming
 # the option and the fix): a usage error, as in the README's "Exit codes".
 OS_ERROR_EXIT = UsageError.exit_code
+OS_ERROR_FIX = "check the path and its permissions"  # ends the line: a test looks for it
 
 
 def os_error_message(exc: OSError) -> str:
@@ -175,7 +176,7 @@ def os_error_message(exc: OSError) -> str:
     where = [str(os.fsdecode(f)) for f in (exc.filename, exc.filename2) if f is not None]
     if not where:
         return f"{reason}: a file or directory hpcvm needs could not be used"
-    return f"{' -> '.join(where)}: {reason}: check the path and its permissions"
+    return f"{' -> '.join(where)}: {reason}: {OS_ERROR_FIX}"
 
 
 def click_message(exc: click.ClickException) -> str:
