@@ -100,12 +100,13 @@ def build_command(
 @click.option("--json", "as_json", is_flag=True, help="Print the GuestImage as JSON.")
 def info_command(kernel: Path | None, cache_dir: Path | None, bzimage: bool, as_json: bool) -> int:
     """Show the cached guest image, without building or downloading anything."""
-    from hpcvm.guest.image import cached_guest, default_cache_dir
+    from hpcvm.guest.image import SYSTEM_CACHE, cached_guest, default_cache_dir
 
     image = cached_guest(kernel=kernel, cache_dir=cache_dir, pvh=not bzimage)
-    if image is None:
-        where = cache_dir or default_cache_dir()
-        click.echo(f"no current guest image in {where}: run `hpcvm guest build`", err=True)
+    if image is None:  # README: exit 1, nothing to show (not an error)
+        where = (cache_dir or default_cache_dir()).expanduser().absolute()
+        site = "" if where == SYSTEM_CACHE else f" nor in the site's {SYSTEM_CACHE}"
+        click.echo(f"no current guest image in {where}{site}: run `hpcvm guest build`", err=True)
         return 1
     if as_json:
         click.echo(image.model_dump_json(indent=2))

@@ -114,11 +114,11 @@ def _check_root(root: Path, source: str) -> None:
             f"{what} cannot be reached ({_reason(exc)}): {_elsewhere(source)}"
         ) from exc
     if st.st_uid != os.geteuid():
-        remove = "" if source == ENV_RUNTIME_DIR else for_admin(f"remove it (`rm -r {root}`) or ")
+        remove = "" if source == ENV_RUNTIME_DIR else for_admin(f"remove it (`rm -r {root}`), or ")
         raise UsageError(
             f"{what} belongs to {_user_name(st.st_uid)}, not to you "
-            f"({_user_name(os.geteuid())}): that user could reach your VMs' control "
-            f"sockets there; {remove}{_elsewhere(source)}"
+            f"({_user_name(os.geteuid())}): hpcvm keeps your VMs' control sockets only in a "
+            f"directory of your own; {remove}{_elsewhere(source)}"
         )
     if not stat.S_ISDIR(st.st_mode):
         kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
