@@ -4,6 +4,7 @@ result sets compared side by side."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from hpcvm.report.formats import FORMATS
 
 if TYPE_CHECKING:
     from hpcvm.report.model import ReportData
+    from hpcvm.report.scale import ScaleRequest
 
 
 def _exists(results: Path, option: str) -> None:
@@ -31,10 +33,31 @@ def _exists(results: Path, option: str) -> None:
         pass  # Store.open names what is wrong with it
 
 
-def _load(results: Path, run_id: int | None) -> ReportData:
+def _load(results: Path, run_id: int | None, scale: ScaleRequest | None = None) -> ReportData:
     from hpcvm.report.load import load_report
 
-    return load_report(results, run_id)
+    return load_report(results, run_id, scale)
+
+
+def _scale_request(
+    cores: str | None, grains: str | None, latency: str | None, other: Path | None
+) -> ScaleRequest | None:
+    """The prediction ``--scale`` asks for, or None; its companions without it, or with
+    ``--compare``, are a usage error rather than silently ignored."""
+    from hpcvm.report.scale import ScaleRequest, parse_cores, parse_grains, parse_time_ns
+
+    if cores is None:
+        if grains is not None or latency is not None:
+            raise UsageError("--grain and --scale-latency go with --scale CORES")
+        return None
+    if other is not None:
+        raise UsageError("--scale predicts one run: leave out --compare")
+    request = ScaleRequest(cores=parse_cores(cores))
+    if grains is not None:
+        request = replace(request, grains_ns=parse_grains(grains))
+    if latency is not None:
+        request = replace(request, latency_ns=parse_time_ns(latency, "--scale-latency"))
+    return request
 
 
 def _plural(count: int, noun: str) -> str:
@@ -77,6 +100,29 @@ def _plural(count: int, noun: str) -> str:
     default=None,
     help="Run id in the --compare directory (default: latest).",
 )
+@click.option(
+    "--scale",
+    "scale_cores",
+    default=None,
+    metavar="CORES",
+    help="Predict what each environment's measured noise costs a bulk-synchronous code "
+    "at these core counts (e.g. 1024,4096,16384) from the noise suite's raw quanta: a "
+    "table, and a figure from 1 to 16,384 cores (docs/scale.md).",
+)
+@click.option(
+    "--grain",
+    "grains",
+    default=None,
+    metavar="TIMES",
+    help="With --scale: the work between collectives (default: 10us,100us,1ms,10ms).",
+)
+@click.option(
+    "--scale-latency",
+    default=None,
+    metavar="TIME",
+    help="With --scale: one stage of the collective (e.g. 1.5us; default: the run's "
+    "netpipe 1-byte latency per environment, else 1.5us).",
+)
 def report_command(
     results: Path,
     out: Path | None,
@@ -84,19 +130,26 @@ def report_command(
     other: Path | None,
     run_id: int | None,
     compare_run: int | None,
+    scale_cores: str | None,
+    grains: str | None,
+    scale_latency: str | None,
 ) -> None:
     """Draw the studies' figures (overhead bars with intervals, absolute values,
-    interrupts against overhead, noise detours) and write the report of RESULTS."""
+    interrupts against overhead, noise detours) and write the report of RESULTS.
+
+    With --scale, also predict what each environment's measured noise costs a
+    bulk-synchronous code at those core counts (docs/scale.md)."""
     from hpcvm.report.compare import compare
     from hpcvm.report.write import check_out_dir, write_comparison, write_report
 
+    scale = _scale_request(scale_cores, grains, scale_latency, other)
     _exists(results, "RESULTS")
     if other is not None:
         _exists(other, "--compare")
     out_dir = out if out is not None else results / "report"
     check_out_dir(out_dir)
     chosen: tuple[str, ...] = formats or ("html",)
-    data = _load(results, run_id)
+    data = _load(results, run_id, scale)
     if other is None:
         written = write_report(data, out_dir, chosen)
         warnings = [w.text for w in data.warnings if w.kind == "tcg"]
@@ -111,6 +164,8 @@ def report_command(
         )
     for text in dict.fromkeys(warnings):
         warn(text)
+    if data.scale is not None:
+        _echo_scale(data)
     figures = [p for p in written if p.suffix == ".png"]
     if figures:
         click.echo(
@@ -119,6 +174,22 @@ def report_command(
     for path in written:
         if path.suffix != ".png":
             click.echo(f"{path.suffix.lstrip('.')}: {path.absolute()}")
+
+
+def _echo_scale(data: ReportData) -> None:
+    """The headline: each VM's predicted overhead at the largest core count asked, per
+    grain, beside the note of what could not be predicted."""
+    scale = data.scale
+    assert scale is not None
+    top = max(scale.asked)
+    for o in scale.overheads:
+        if o.cores == top:
+            click.echo(
+                f"at {top:,} cores, grain {o.grain_ns / 1e3:g} us: {o.env} "
+                f"{o.overhead_pct:+.1f}% [{o.low_pct:+.1f}, {o.high_pct:+.1f}] against native"
+            )
+    for note in scale.notes:
+        warn(note)
 
 
 def register(group: click.Group) -> None:

@@ -10,7 +10,9 @@
 - noise: detour distribution per environment (survival function, log axes);
 - sizes (one per suite with metrics per message size, NetPIPE's): latency and bandwidth
   against message size per environment (``sizes.py``); those metrics then leave the
-  absolute figure, which would otherwise hold one panel per size.
+  absolute figure, which would otherwise hold one panel per size;
+- scale (``report --scale`` only): predicted overhead against cores, log axis, one panel
+  per grain, interval bands, the 10 %-at-1,024-cores target and the measured points.
 
 Every bar and point carries its environment's name as ``gid`` (what tests use to check
 colours). Figures are built on ``matplotlib.figure.Figure`` with an Agg canvas, not
@@ -31,6 +33,7 @@ from typing import Literal
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from hpcvm.bench.suites import memory_bound
@@ -38,12 +41,20 @@ from hpcvm.model import Frozen
 from hpcvm.report.compare import Comparison
 from hpcvm.report.drawing import DPI, TCG_NOTE, fit_tick_labels, new_figure, text
 from hpcvm.report.labels import env_colours, env_order, label, short_name
-from hpcvm.report.model import NATIVE, NoiseCurve, ReportData, Row
+from hpcvm.report.model import NATIVE, NoiseCurve, ReportData, Row, ScaleReport
 from hpcvm.report.sizes import sized_rows, sizes_figure
 from hpcvm.report.variables import differs_line, page_combination
 
 FigureKind = Literal[
-    "overhead", "overview", "pages", "absolute", "sizes", "interrupts", "noise", "compare"
+    "overhead",
+    "overview",
+    "pages",
+    "absolute",
+    "sizes",
+    "interrupts",
+    "noise",
+    "scale",
+    "compare",
 ]
 MAX_GROUPS_PER_PANEL = 12
 UNBOUNDED_NOTE = "hatched bar with arrow: interval unbounded (no finite interval exists)"
@@ -431,6 +442,115 @@ def noise_figure(curves: Sequence[NoiseCurve], colours: dict[str, str], tcg: boo
     return fig
 
 
+TARGET_PCT, TARGET_CORES = 10.0, 1024  # the HPC-cloud study's goal
+
+
+def _scale_series(
+    scale: ScaleReport, grain: float
+) -> dict[str, tuple[list[int], list[float], list[float], list[float]]]:
+    """Per environment: cores, value, low, high. Each VM's overhead against native when
+    native was predicted; otherwise every environment's slowdown against a quiet machine."""
+    out: dict[str, tuple[list[int], list[float], list[float], list[float]]] = {}
+    overheads = [o for o in scale.overheads if o.grain_ns == grain]
+    if overheads:
+        for env in env_order(o.env for o in overheads):
+            mine = [o for o in overheads if o.env == env]
+            out[env] = (
+                [o.cores for o in mine],
+                [o.overhead_pct for o in mine],
+                [o.low_pct for o in mine],
+                [o.high_pct for o in mine],
+            )
+        return out
+    for c in scale.curves:
+        if c.grain_ns == grain:
+            out[c.env] = (
+                [p.cores for p in c.points],
+                [p.slowdown_pct for p in c.points],
+                [p.slowdown_low_pct for p in c.points],
+                [p.slowdown_high_pct for p in c.points],
+            )
+    return out
+
+
+def _grain_text(ns: float) -> str:
+    return f"{ns / 1e6:g} ms" if ns >= 1e6 else f"{ns / 1e3:g} µs"
+
+
+def _scale_panel(ax: Axes, scale: ScaleReport, grain: float, colours: dict[str, str]) -> bool:
+    """One grain's curves with bands and measured points; whether they are overheads."""
+    series = _scale_series(scale, grain)
+    against_native = bool(scale.overheads) and any(o.grain_ns == grain for o in scale.overheads)
+    for env, (cores, value, low, high) in series.items():
+        ax.fill_between(cores, low, high, color=colours[env], alpha=0.2, linewidth=0)
+        ax.plot(cores, value, color=colours[env], marker=".", gid=env, label=text(env))
+    for m in scale.measured:
+        y = m.overhead_pct if against_native else m.slowdown_pct
+        if m.grain_ns != grain or y is None or m.env not in series:
+            continue
+        ax.scatter(
+            m.cores,
+            y,
+            color=colours[m.env],
+            marker="D",
+            s=40,
+            edgecolor="black",
+            zorder=5,
+            gid=m.env,
+        )
+    ax.axhline(TARGET_PCT, color="#c62828", linestyle="--", linewidth=1.0)
+    ax.axvline(TARGET_CORES, color="#c62828", linestyle=":", linewidth=1.0)
+    ax.scatter([TARGET_CORES], [TARGET_PCT], color="#c62828", marker="*", s=90, zorder=6)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_xlim(1, max(scale.cores))
+    ax.set_title(f"grain {_grain_text(grain)}", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    return against_native
+
+
+def scale_figure(scale: ScaleReport, colours: dict[str, str], tcg: bool) -> Figure | None:
+    """Predicted overhead (or slowdown) against core count, one panel per grain."""
+    grains = [g for g in scale.grains_ns if _scale_series(scale, g)]
+    if not grains:
+        return None
+    cols = min(2, len(grains))
+    nrows = math.ceil(len(grains) / cols)
+    fig = new_figure(6.0 * cols, 1.4 + 3.6 * nrows)
+    against = False
+    for k, grain in enumerate(grains):
+        ax = fig.add_subplot(nrows, cols, k + 1)
+        against |= _scale_panel(ax, scale, grain, colours)
+        ax.set_xlabel("cores (ranks), log scale")
+        ax.set_ylabel("predicted overhead vs native (%)" if against else "slowdown vs quiet (%)")
+    envs = env_order({e for g in grains for e in _scale_series(scale, g)})
+    handles = legend_handles(envs, colours, False)
+    handles.append(
+        Line2D(
+            [],
+            [],
+            color="#c62828",
+            linestyle="--",
+            marker="*",
+            label=f"target: {TARGET_PCT:g} % at {TARGET_CORES} cores",
+        )
+    )
+    if scale.measured:
+        handles.append(
+            Line2D(
+                [], [], color="black", marker="D", linestyle="none", label="measured (bsp suite)"
+            )
+        )
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4))
+    what = "overhead against native" if against else "slowdown against a quiet machine"
+    title = f"Bulk-synchronous code at scale: predicted {what} from measured noise"
+    if tcg:
+        title += f"\n{TCG_NOTE}"
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
 # -- writing ---------------------------------------------------------------------------
 
 
@@ -548,6 +668,20 @@ def render_figures(data: ReportData, out_dir: Path, subdir: str = "figures") -> 
         "Fraction of fixed work quanta delayed by more than x, over all CPUs and runs.",
         [c.env for c in data.noise],
     )
+    if data.scale is not None:
+        conf_pct = f"{data.scale.curves[0].confidence * 100:g}%" if data.scale.curves else ""
+        emit(
+            scale_figure(data.scale, colours, any(e.accel == "tcg" for e in data.envs)),
+            "scale",
+            "scale-overhead",
+            "At scale: predicted overhead against cores",
+            "Lines: predicted overhead of a bulk-synchronous code (a grain of work between "
+            "allreduces) against native, from each environment's measured noise "
+            f"(docs/scale.md); bands: {conf_pct} bootstrap interval over the measured "
+            "traces; dashed red: the 10 % target at 1,024 cores; diamonds: measured by the "
+            "bsp suite at the ranks the run had. Symmetric-log y axis (linear below 1 %).",
+            [c.env for c in data.scale.curves],
+        )
     return made
 
 

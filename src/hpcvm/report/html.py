@@ -31,7 +31,7 @@ from hpcvm.report.fmt import (
     when,
 )
 from hpcvm.report.labels import env_colours
-from hpcvm.report.model import EnvInfo, ReportData, ReportWarning, Row
+from hpcvm.report.model import EnvInfo, ReportData, ReportWarning, Row, ScaleReport
 from hpcvm.units import human_size
 
 STYLE = """
@@ -219,6 +219,99 @@ def _evidence(data: ReportData) -> str:
     return "".join(parts)
 
 
+def _span(value: float, low: float, high: float) -> str:
+    return f"{value:+.2f} [{low:+.2f}, {high:+.2f}]"
+
+
+def _scale_columns(scale: ScaleReport) -> list[int]:
+    return sorted({scale.ran, *scale.asked})
+
+
+def _cores_head(scale: ScaleReport) -> list[str]:
+    return [f"{c:,} cores" + (" (ran)" if c == scale.ran else "") for c in _scale_columns(scale)]
+
+
+def _measured_text(scale: ScaleReport, env: str, grain: float, overhead: bool) -> str:
+    found = [m for m in scale.measured if m.env == env and m.grain_ns == grain]
+    parts = []
+    for m in found:
+        value = m.overhead_pct if overhead else m.slowdown_pct
+        if value is None:
+            continue
+        bounds = (
+            f" [{m.low_pct:+.2f}, {m.high_pct:+.2f}]"
+            if not overhead and m.low_pct is not None and m.high_pct is not None
+            else ""
+        )
+        parts.append(f"np {m.cores}: {value:+.2f}{bounds}")
+    return "; ".join(parts) or "-"
+
+
+def _scale_tables(scale: ScaleReport) -> str:
+    cols = _scale_columns(scale)
+    parts = []
+    if scale.overheads:
+        rows = []
+        for env in dict.fromkeys(o.env for o in scale.overheads):
+            for grain in scale.grains_ns:
+                mine = {o.cores: o for o in scale.overheads if o.env == env and o.grain_ns == grain}
+                if not mine:
+                    continue
+                spans = [(mine[c].overhead_pct, mine[c].low_pct, mine[c].high_pct) for c in cols]
+                cells = [_span(*span) for span in spans]
+                rows.append(
+                    [env, f"{grain / 1e3:g}", *cells, _measured_text(scale, env, grain, True)]
+                )
+        head = ["env", "grain (us)", *_cores_head(scale), "measured (bsp)"]
+        parts.append("<h3>Predicted overhead against native (%)</h3>")
+        parts.append(table(head, rows, set(range(2, len(head) - 1))))
+    rows = []
+    for c in scale.curves:
+        by = {p.cores: p for p in c.points}
+        cells = [
+            _span(by[k].slowdown_pct, by[k].slowdown_low_pct, by[k].slowdown_high_pct) for k in cols
+        ]
+        rows.append(
+            [
+                c.env,
+                f"{c.grain_ns / 1e3:g}",
+                str(c.traces),
+                *cells,
+                _measured_text(scale, c.env, c.grain_ns, False),
+            ]
+        )
+    head = ["env", "grain (us)", "traces", *_cores_head(scale), "measured (bsp)"]
+    parts.append("<h3>Predicted slowdown against a quiet machine (%)</h3>")
+    parts.append(table(head, rows, set(range(2, len(head) - 1))))
+    return "".join(parts)
+
+
+def _scale(data: ReportData) -> str:
+    scale = data.scale
+    if scale is None:
+        return ""
+    first = scale.curves[0] if scale.curves else None
+    how = (
+        f"{first.steps:,} simulated steps per bootstrap replicate, {first.resamples} "
+        f"replicates over the measured traces, {first.confidence * 100:g}% interval"
+        if first
+        else "no environment could be predicted (see the notes)"
+    )
+    latency = "; ".join(
+        f"{x.env}: {x.latency_ns / 1e3:.3g} us ({x.source})" for x in scale.latencies
+    )
+    intro = (
+        "A bulk-synchronous code: every rank computes a grain of work, then all meet in a "
+        "collective; a step lasts as long as its slowest rank plus the collective "
+        "(latency x ceil(log2 cores)). Each rank's delay per step is drawn from the "
+        f"environment's own measured noise quanta (docs/scale.md). {how}. The run itself "
+        f"had {scale.ran} CPU(s) per noise run. Collective latency per stage: {latency}."
+    )
+    return (
+        f'<section id="scale"><h2>At scale</h2><p>{_e(intro)}</p>{_scale_tables(scale)}</section>'
+    )
+
+
 def page(title: str, body: str) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -238,6 +331,7 @@ def render_html(data: ReportData, figures: Sequence[FigureFile], out_dir: Path) 
             _envs(data),
             _method(data),
             _figures(figures, out_dir),
+            _scale(data),
             _results(data),
             _evidence(data),
         ]

@@ -35,6 +35,7 @@ from hpcvm.report.model import (
     RunInfo,
 )
 from hpcvm.report.rows import summary_rows, tcg_warning
+from hpcvm.report.scale import ScaleRequest, scale_report
 from hpcvm.stats import DRIFT_LIMIT
 from hpcvm.store import EnvironmentRecord, RunRecord, SampleRecord, Store
 
@@ -42,15 +43,18 @@ NOISE_SUITE = "noise"
 TOP_SOURCES = 3
 
 
-def load_report(results: Path, run_id: int | None = None) -> ReportData:
+def load_report(
+    results: Path, run_id: int | None = None, scale: ScaleRequest | None = None
+) -> ReportData:
     """The report of run ``run_id`` (default: the latest) of the database in ``results``
-    (a results directory or its ``hpcvm.db``). BenchmarkError when there is none."""
+    (a results directory or its ``hpcvm.db``), with the prediction at scale when
+    ``scale`` asks for one. BenchmarkError when there is none."""
     with Store.open(results) as store:
         run = store.run(run_id)
         envs = store.environments(run.id)
         samples = store.samples(run.id)
         directory = store.path.parent
-    return build_report(run, envs, samples, directory)
+    return build_report(run, envs, samples, directory, scale)
 
 
 def build_report(
@@ -58,22 +62,26 @@ def build_report(
     envs: Sequence[EnvironmentRecord],
     samples: Sequence[SampleRecord],
     results_dir: Path,
+    scale: ScaleRequest | None = None,
 ) -> ReportData:
     """Assemble the report model from store records (reads only noise raw files)."""
     measured = [s for s in samples if not s.warmup]
-    noise, notes = _noise_curves(envs, measured)
+    noise_runs, notes = _noise_runs(envs, measured)
+    rows = tuple(summary_rows(run, envs, samples))
+    scale_part = None if scale is None else scale_report(noise_runs, rows, scale, run.confidence)
     drift = _drift(envs, measured)
     failures = _failures(samples)
     data = ReportData(
         run=_run_info(run, measured, samples, results_dir),
         host=host_summary(run.host),
         envs=tuple(_env_info(e) for e in envs),
-        rows=tuple(summary_rows(run, envs, samples)),
+        rows=rows,
         interrupts=tuple(_interrupts(measured)),
         drift=tuple(drift),
         failures=tuple(failures),
-        noise=tuple(noise),
+        noise=tuple(_noise_curves(noise_runs)),
         notes=tuple(notes),
+        scale=scale_part,
     )
     return data.model_copy(update={"warnings": tuple(_warnings(run, envs, drift, failures))})
 
@@ -213,10 +221,13 @@ def _failures(samples: Sequence[SampleRecord]) -> list[FailedSamples]:
     return out
 
 
-def _noise_curves(
+def _noise_runs(
     envs: Sequence[EnvironmentRecord], measured: Sequence[SampleRecord]
-) -> tuple[list[NoiseCurve], list[str]]:
-    curves, notes = [], []
+) -> tuple[dict[str, list[dict[int, list[int]]]], list[str]]:
+    """Per environment, every readable noise sample's raw durations (CPU -> ns per
+    quantum), and a note for each environment with samples whose file is gone."""
+    found: dict[str, list[dict[int, list[int]]]] = {}
+    notes = []
     for env in envs:
         runs, missing = [], 0
         for s in measured:
@@ -236,8 +247,12 @@ def _noise_curves(
                 "not read it); the detour distribution uses the rest"
             )
         if runs:
-            curves.append(detour_curve(env.name, runs))
-    return curves, notes
+            found[env.name] = runs
+    return found, notes
+
+
+def _noise_curves(runs: dict[str, list[dict[int, list[int]]]]) -> list[NoiseCurve]:
+    return [detour_curve(env, env_runs) for env, env_runs in runs.items()]
 
 
 def _warnings(

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from hpcvm.model import Frozen
+from hpcvm.stats.scale import ScaleCurve, ScaleOverhead
 
 NATIVE = "native"
 WarningKind = Literal["tcg", "drift", "failed", "run", "summary"]
@@ -178,6 +179,43 @@ class NoiseCurve(Frozen):
     fraction_above: tuple[float, ...]
 
 
+class ScaleMeasured(Frozen):
+    """A slowdown measured at the scale the run had (the ``bsp`` suite: ranks computing
+    a grain between allreduces), to set beside the prediction made from the noise."""
+
+    env: str
+    cores: int
+    grain_ns: float
+    slowdown_pct: float
+    low_pct: float | None = None
+    high_pct: float | None = None
+    overhead_pct: float | None = None  # against native's measured step, noise part only
+
+
+class ScaleLatency(Frozen):
+    """The collective's per-stage latency used for one environment, and where from."""
+
+    env: str
+    latency_ns: float
+    source: str  # "netpipe latency_1B", "--scale-latency", "default"
+
+
+class ScaleReport(Frozen):
+    """``report --scale``: per environment and grain, the predicted step time and
+    slowdown against core count (stats/scale.py); per VM, its predicted overhead against
+    native; and what was measured at the run's own scale."""
+
+    cores: tuple[int, ...]  # every core count predicted (the figure's x)
+    asked: tuple[int, ...]  # the core counts asked for (the table's columns)
+    ran: int  # CPUs per noise run: the scale the run itself had
+    grains_ns: tuple[float, ...]
+    latencies: tuple[ScaleLatency, ...]
+    curves: tuple[ScaleCurve, ...]
+    overheads: tuple[ScaleOverhead, ...]
+    measured: tuple[ScaleMeasured, ...] = ()
+    notes: tuple[str, ...] = ()  # what could not be predicted, and why
+
+
 class ReportWarning(Frozen):
     kind: WarningKind
     text: str
@@ -215,6 +253,7 @@ class ReportData(Frozen):
     noise: tuple[NoiseCurve, ...] = ()
     warnings: tuple[ReportWarning, ...] = ()
     notes: tuple[str, ...] = ()  # what the report could not show and why
+    scale: ScaleReport | None = None  # only when asked (``report --scale``)
 
     @property
     def env_names(self) -> tuple[str, ...]:

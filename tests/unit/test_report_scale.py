@@ -1,0 +1,172 @@
+"""``hpcvm report --scale`` on a real results database (tests/report_support.py: the
+noise suite really run natively, under nice 19 and under QEMU's TCG, raw quanta kept).
+
+The prediction is checked against what the raw files say on their own: at one core a
+step's expected delay is the mean detour per quantum of work (no maximum to take), and
+the expectation can only grow with the number of ranks. The figure is checked as drawn
+(one line per environment over 1 to 16,384 cores on a log axis, the 10 % target), the
+HTML and JSON for the section and the figure, and bad options for their one-line error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from hpcvm.bench.noise import RAW_FILE, read_raw
+from hpcvm.cli.main import main
+from hpcvm.report.figures import TARGET_CORES, TARGET_PCT, scale_figure
+from hpcvm.report.labels import env_colours
+from hpcvm.report.load import load_report
+from hpcvm.report.scale import ScaleRequest, figure_cores, parse_grains
+from hpcvm.store import Store
+from tests.report_support import measured
+
+ASKED = "1024,4096,16384"
+QUICK = ScaleRequest(cores=(1024, 16384), grains_ns=(100_000.0,), resamples=40, steps=200)
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return measured(tmp_path_factory, "main")
+
+
+@pytest.fixture(scope="module")
+def written(db: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("scale-report")
+    argv = ["report", str(db), "--out", str(out), "--scale", ASKED]
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main([*argv, "--format", "html", "--format", "json"]) == 0
+    return out, buffer.getvalue()
+
+
+def _json(out: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((out / "report.json").read_text())
+    return loaded
+
+
+def test_every_environment_predicted_at_every_grain_and_core_count(
+    written: tuple[Path, str],
+) -> None:
+    out, printed = written
+    data = _json(out)
+    scale = data["report"]["scale"]
+    assert scale["cores"][0] == 1 and scale["cores"][-1] == 16384
+    assert {1024, 4096, 16384} <= set(scale["cores"])
+    envs = {e["name"] for e in data["report"]["envs"]}
+    predicted = {(c["env"], c["grain_ns"]) for c in scale["curves"]}
+    said = " ".join(scale["notes"])
+    for env in envs:
+        for grain in scale["grains_ns"]:
+            assert (env, grain) in predicted or f"{env}: no prediction at a grain" in said
+    # every environment is predicted at the issue's finer grains
+    assert {(e, g) for e in envs for g in (10_000.0, 100_000.0)} <= predicted
+    overheads = {(o["env"], o["grain_ns"], o["cores"]) for o in scale["overheads"]}
+    assert ("tcg-user", 100_000.0, 16384) in overheads
+    assert all(o["env"] != "native" for o in scale["overheads"])
+    assert "at 16,384 cores, grain 100 us: tcg-user" in printed
+    assert all(x["source"] == "default" for x in scale["latencies"])  # no netpipe run
+
+
+def test_the_figure_and_the_section_are_written(written: tuple[Path, str]) -> None:
+    out, _ = written
+    figures = {f["kind"]: f for f in _json(out)["figures"]}
+    png = out / figures["scale"]["path"]
+    assert imread(png).shape[1] > 600
+    html = (out / "report.html").read_text()
+    assert '<section id="scale">' in html
+    assert f'data-figure="{figures["scale"]["path"]}"' in html
+    assert "Predicted overhead against native (%)" in html
+    assert "16,384 cores" in html
+
+
+def _mean_detour_fraction(db: Path, env: str) -> float:
+    """Mean over traces (run x CPU) of mean detour / fastest quantum, from the raw files."""
+    with Store.open(db) as store:
+        samples = store.samples(store.run().id)
+    fractions = []
+    for s in samples:
+        if s.env == env and s.suite == "noise" and s.ok and not s.warmup:
+            assert s.workdir is not None
+            for durations in read_raw(Path(s.workdir) / RAW_FILE).values():
+                d = np.asarray(durations, dtype=np.float64)
+                fractions.append((d - d.min()).mean() / d.min())
+    assert fractions
+    return float(np.mean(fractions))
+
+
+@pytest.mark.parametrize("env", ["native", "tcg-user"])
+def test_one_core_costs_the_mean_detour(db: Path, env: str) -> None:
+    """At one rank and a grain of exactly one quantum, the expected delay is the mean
+    detour: the time-lost fraction of the raw durations, computed here on its own."""
+    data = load_report(db, scale=QUICK)
+    assert data.scale is not None
+    curve = next(c for c in data.scale.curves if c.env == env)
+    grain = curve.grain_ns
+    one = next(p for p in curve.points if p.cores == 1)
+    expected = 100.0 * _mean_detour_fraction(db, env)
+    # windows of round(G/q) quanta rescaled to G: the mean over sliding windows differs
+    # from the trace's mean only by the windows' edges
+    assert one.slowdown_pct == pytest.approx(expected, rel=0.1, abs=0.05), grain
+    steps = [p.step_ns for p in curve.points]
+    assert steps == sorted(steps)  # the slowest of more ranks is never faster
+    assert curve.points[-1].slowdown_pct >= one.slowdown_pct
+
+
+def test_figure_draws_each_environment_from_1_to_16384_cores(db: Path) -> None:
+    data = load_report(db, scale=QUICK)
+    assert data.scale is not None
+    fig = scale_figure(data.scale, env_colours(data.env_names), tcg=True)
+    assert fig is not None
+    (ax,) = fig.axes
+    assert ax.get_xscale() == "log"
+    lines = {line.get_gid(): line for line in ax.get_lines() if line.get_gid()}
+    assert set(lines) == {"native-nice19", "tcg-user"}  # overheads against native
+    for line in lines.values():
+        xs = np.asarray(line.get_xdata()).tolist()
+        assert xs[0] == 1 and xs[-1] == 16384
+    target = [
+        line for line in ax.get_lines() if np.asarray(line.get_ydata()).tolist() == [TARGET_PCT] * 2
+    ]
+    assert target and TARGET_CORES == 1024
+
+
+def test_figure_cores_and_grains() -> None:
+    assert figure_cores((1000,), 2)[:3] == (1, 2, 4)
+    assert 1000 in figure_cores((1000,), 2) and figure_cores((1000,), 2)[-1] == 16384
+    assert figure_cores((65536,), 3)[-1] == 65536 and 3 in figure_cores((65536,), 3)
+    assert parse_grains("1ms,10us, 100µs") == (10_000.0, 100_000.0, 1_000_000.0)
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--scale", "1024,lots"], "--scale: 'lots' is not a core count"),
+        (["--scale", "0"], "--scale: core counts lie between 1"),
+        (["--grain", "1ms"], "--grain and --scale-latency go with --scale"),
+        (["--scale", "1024", "--grain", "fast"], "--grain: 'fast' is not a time"),
+        (["--scale", "1024", "--grain", "0us"], "--grain: a grain of work must be longer"),
+        (["--scale", "1024", "--scale-latency", "-1us"], "--scale-latency: '-1us' is not"),
+        (["--scale", "1024", "--compare", "."], "--scale predicts one run"),
+    ],
+)
+def test_bad_scale_options_are_one_line(
+    db: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    said: str,
+) -> None:
+    out = tmp_path / "rep"
+    assert main(["report", str(db), "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hpcvm: error: ") and said in err[0], err
+    assert not out.exists()
