@@ -6,6 +6,7 @@ Snapshots are extracted once per test session into a temporary directory; tests 
 
 from __future__ import annotations
 
+import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGIES = REPO.parent / "shared" / "topologies"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every command a test starts reads an empty stdin unless the test gives it one:
+    ``hpcvm exec`` and ``run`` pass a stdin that is not a terminal to the guest command,
+    reading it to its end first, so a runner whose stdin is a pipe that stays open (a CI
+    job, an editor) would otherwise hang them."""
+    del config
+    if not os.isatty(0):
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
 
 
 @dataclass(frozen=True)
