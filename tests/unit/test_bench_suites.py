@@ -18,7 +18,16 @@ from hpcvm.errors import UsageError
 
 
 def test_registry_names() -> None:
-    assert set(suite_names()) == {"hpcc", "noise", "npb", "netpipe", "cmd", "openfoam", "lammps"}
+    assert set(suite_names()) == {
+        "hpcc",
+        "noise",
+        "npb",
+        "netpipe",
+        "cmd",
+        "openfoam",
+        "lammps",
+        "bsp",
+    }
 
 
 def test_build_hpcc_and_noise_in_order_without_duplicates() -> None:

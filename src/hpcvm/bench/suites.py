@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcvm.bench.bsp import METRICS as BSP_METRICS
+from hpcvm.bench.bsp import BspSuite
 from hpcvm.bench.cmd import CmdSuite
 from hpcvm.bench.hpcc import COMMUNICATION_METRICS, HpccSize, HpccSuite
 from hpcvm.bench.hpcc import METRICS as HPCC_METRICS
@@ -44,6 +46,8 @@ class SuiteOptions(Frozen):
     noise_quanta: int = 20000
     noise_quantum_us: int = 50
     noise_iterations: int | None = None  # one quantum's work, fixed once per bench run
+    bsp_steps: int = 2000  # bench has no option for these yet: the defaults of bsp.py
+    bsp_grain_us: int = 100
     npb_dir: Path | None = None
     npb_kernels: tuple[str, ...] = ()
     npb_size: str | float = "small"  # --size as given: picks one NPB class per kernel
@@ -71,6 +75,10 @@ def _noise(options: SuiteOptions) -> list[Suite]:
             iterations=options.noise_iterations,
         )
     ]
+
+
+def _bsp(options: SuiteOptions) -> list[Suite]:
+    return [BspSuite(steps=options.bsp_steps, grain_us=options.bsp_grain_us, bind=options.bind)]
 
 
 def _netpipe(options: SuiteOptions) -> list[Suite]:
@@ -217,6 +225,18 @@ register(
         "LAMMPS's Lennard-Jones benchmark, checked against native's final energy",
         metrics=LAMMPS_METRICS,
         packages=LAMMPS_PACKAGES,
+    )
+)
+
+
+register(
+    SuiteKind(
+        "bsp",
+        _bsp,
+        "hpcvm's bulk-synchronous microbenchmark (csrc/bsp.c): grains of work between "
+        "allreduces on --np ranks, each step timed (what report --scale checks against)",
+        metrics=BSP_METRICS,
+        packages=("openmpi-bin",),
     )
 )
 
