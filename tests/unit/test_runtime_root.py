@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.errors import UsageError
-from hpcvm.fixes import for_admin
+from hpcvm.host.privilege import for_admin
 from hpcvm.runtime import net_vf, paths
 
 ROOT = os.geteuid() == 0

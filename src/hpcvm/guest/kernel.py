@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from hpcvm.errors import RuntimeFailure, UsageError
-from hpcvm.fixes import for_admin
+from hpcvm.host.privilege import for_admin
 
 KERNEL_META_PACKAGE = "linux-image-amd64"
 APT_LISTS = Path("/var/lib/apt/lists")

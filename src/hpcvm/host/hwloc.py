@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcvm.errors import TopologyError
-from hpcvm.fixes import for_admin
+from hpcvm.host.privilege import for_admin
 
 LSTOPO = "lstopo-no-graphics"
 _TIMEOUT_S = 300  # the machine is shared and slow; hwloc itself takes milliseconds

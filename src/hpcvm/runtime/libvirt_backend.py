@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpcvm.errors import RuntimeFailure, UsageError
-from hpcvm.fixes import for_admin
+from hpcvm.host.privilege import for_admin
 from hpcvm.runtime import network, paths, state
 from hpcvm.runtime.confine import (
     QemuUser,

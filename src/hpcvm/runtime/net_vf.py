@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hpcvm.bootspec import Nic
 from hpcvm.errors import UsageError
-from hpcvm.fixes import for_admin
+from hpcvm.host.privilege import for_admin
 from hpcvm.runtime.netlink import (
     NetworkRequest,
     NicFds,

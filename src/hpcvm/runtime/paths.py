@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from hpcvm.errors import UsageError
-from hpcvm.fixes import for_admin
+from hpcvm.host.privilege import for_admin
 from hpcvm.plan.validate import check_vm_name
 
 ENV_RUNTIME_DIR = "HPCVM_RUNTIME_DIR"

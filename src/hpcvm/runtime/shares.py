@@ -36,7 +36,7 @@ from pathlib import Path
 import hpcvm
 from hpcvm.bootspec import GuestLink, Share
 from hpcvm.errors import UsageError
-from hpcvm.fixes import for_admin
+from hpcvm.host.privilege import for_admin
 from hpcvm.runtime import paths
 from hpcvm.runtime.confine import QemuUser, can_access, describe_mode
 
