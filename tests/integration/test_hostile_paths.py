@@ -12,13 +12,14 @@ each of them to every command.
 
 Each run, as the unprivileged test user (groups hpcvm and kvm), runs the user's
 installed hpcvm's own ``main`` in a process forked for it from one that imported hpcvm
-once (tests/hostile_driver.py: a process per case, without a second of imports each),
-and must end with a
-documented exit code (README "Exit codes": 2-10, 124, 130; 0 where the path is fine for
-that command), no traceback, at most one ``hpcvm: error:`` line on stderr besides
-warnings, and nothing new at the hostile paths, in the runtime directory or in the
-working directory. Most cases are refused before anything is planned or started; a case
-that would boot a VM must be refused first, which is the point, so the walk is fast.
+once (tests/hostile_driver.py: a process per case, without a second of imports each).
+It must end with a documented exit code (README "Exit codes": 2-10, 124, 130; 0 where
+the path is fine for that command), no traceback, nothing on stderr but warnings and
+one ``hpcvm: error:`` line, which is not the CLI's last resort for an OSError (that
+names the path, not the option and the fix), and nothing new or gone at the hostile
+paths, in the runtime directory or in the working directory. Most cases are refused
+before anything is planned or started; a case that would boot a VM must be refused
+first, which is the point, so the walk is fast (under a minute).
 
 Oracles independent of hpcvm: the exit status, stderr's text, and lstat(2) of every
 path under the test's directories before and after each run. Real users (the test user,
