@@ -486,7 +486,7 @@ def _scale_panel(ax: Axes, scale: ScaleReport, grain: float, colours: dict[str, 
         ax.plot(cores, value, color=colours[env], marker=".", gid=env, label=text(env))
     for m in scale.measured:
         y = m.overhead_pct if against_native else m.slowdown_pct
-        if m.grain_ns != grain or y is None or m.env not in series:
+        if scale.grain_of(m) != grain or y is None or m.env not in series:
             continue
         ax.scatter(
             m.cores,
@@ -504,7 +504,7 @@ def _scale_panel(ax: Axes, scale: ScaleReport, grain: float, colours: dict[str, 
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("symlog", linthresh=1.0)
-    ax.set_xlim(1, max(scale.cores))
+    ax.set_xlim(0.8, max(scale.cores) * 1.25)  # the end points' markers whole
     ax.set_title(f"grain {_grain_text(grain)}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     return against_native

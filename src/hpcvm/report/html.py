@@ -232,24 +232,60 @@ def _cores_head(scale: ScaleReport) -> list[str]:
 
 
 def _measured_text(scale: ScaleReport, env: str, grain: float, overhead: bool) -> str:
-    found = [m for m in scale.measured if m.env == env and m.grain_ns == grain]
+    """What bsp measured at this grain, per rank count: against native (overhead) or
+    against the quiet step, then with the prediction's interval and whether it holds it."""
     parts = []
-    for m in found:
-        value = m.overhead_pct if overhead else m.slowdown_pct
-        if value is None:
+    for m in scale.measured:
+        if m.env != env or scale.grain_of(m) != grain:
             continue
+        if overhead:
+            if m.overhead_pct is not None:
+                parts.append(f"np {m.cores}: {m.overhead_pct:+.2f}")
+            continue
+        said = f"np {m.cores}, grain {m.grain_ns / 1e3:.3g} us: {m.slowdown_pct:+.2f}"
+        if m.predicted_low_pct is not None and m.predicted_high_pct is not None:
+            inside = "inside" if m.contained else "OUTSIDE"
+            said += f" ({inside} [{m.predicted_low_pct:+.2f}, {m.predicted_high_pct:+.2f}])"
+        parts.append(said)
+    return "; ".join(parts) or "-"
+
+
+def _check_table(scale: ScaleReport) -> str:
+    """Each bsp measurement beside the prediction from the same run's noise."""
+    if not scale.measured:
+        return ""
+    rows = []
+    for m in scale.measured:
         bounds = (
             f" [{m.low_pct:+.2f}, {m.high_pct:+.2f}]"
-            if not overhead and m.low_pct is not None and m.high_pct is not None
+            if m.low_pct is not None and m.high_pct is not None
             else ""
         )
-        parts.append(f"np {m.cores}: {value:+.2f}{bounds}")
-    return "; ".join(parts) or "-"
+        predicted = (
+            "-"
+            if m.predicted_pct is None
+            or m.predicted_low_pct is None
+            or m.predicted_high_pct is None
+            else _span(m.predicted_pct, m.predicted_low_pct, m.predicted_high_pct)
+        )
+        verdict = {True: "yes", False: "no", None: "-"}[m.contained]
+        rows.append(
+            [
+                m.env,
+                str(m.cores),
+                f"{m.grain_ns / 1e3:.3g}",
+                f"{m.slowdown_pct:+.2f}{bounds}",
+                predicted,
+                verdict,
+            ]
+        )
+    head = ["env", "np", "grain (us)", "measured slowdown %", "predicted %", "inside"]
+    return "<h3>Prediction checked against the bsp suite</h3>" + table(head, rows, {1, 2})
 
 
 def _scale_tables(scale: ScaleReport) -> str:
     cols = _scale_columns(scale)
-    parts = []
+    parts = [_check_table(scale)]
     if scale.overheads:
         rows = []
         for env in dict.fromkeys(o.env for o in scale.overheads):

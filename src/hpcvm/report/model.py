@@ -13,6 +13,7 @@ interval): figures and tables show it as such and never invent bounds.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field
@@ -190,6 +191,17 @@ class ScaleMeasured(Frozen):
     low_pct: float | None = None
     high_pct: float | None = None
     overhead_pct: float | None = None  # against native's measured step, noise part only
+    # the prediction from the same run's noise at these cores and this grain
+    predicted_pct: float | None = None
+    predicted_low_pct: float | None = None
+    predicted_high_pct: float | None = None
+
+    @property
+    def contained(self) -> bool | None:
+        """Whether the predicted interval holds the measured slowdown (None: no prediction)."""
+        if self.predicted_low_pct is None or self.predicted_high_pct is None:
+            return None
+        return self.predicted_low_pct <= self.slowdown_pct <= self.predicted_high_pct
 
 
 class ScaleLatency(Frozen):
@@ -214,6 +226,12 @@ class ScaleReport(Frozen):
     overheads: tuple[ScaleOverhead, ...]
     measured: tuple[ScaleMeasured, ...] = ()
     notes: tuple[str, ...] = ()  # what could not be predicted, and why
+
+    def grain_of(self, m: ScaleMeasured) -> float | None:
+        """The predicted grain a measured point is shown with: the nearest on a log scale
+        within a factor of two of its own (the bsp grain is calibrated, so never exact)."""
+        near = [g for g in self.grains_ns if 0.5 <= g / m.grain_ns <= 2.0]
+        return min(near, key=lambda g: abs(math.log(g / m.grain_ns)), default=None)
 
 
 class ReportWarning(Frozen):

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from hpcvm.bench.bsp import GRAIN, SLOWDOWN, BspSuite
 from hpcvm.errors import BenchmarkError, UsageError
 from hpcvm.report.labels import env_order
 from hpcvm.report.model import NATIVE, Row, ScaleLatency, ScaleMeasured, ScaleReport
@@ -23,6 +24,8 @@ from hpcvm.stats.scale import (
     DEFAULT_RESAMPLES,
     DEFAULT_STEPS,
     Prediction,
+    ScaleCurve,
+    ScaleOverhead,
     ScaleParams,
     overhead_at_scale,
     predict,
@@ -34,8 +37,8 @@ FIGURE_TOP = 16384  # the figure runs from 1 core to at least this many
 # a small message's one-way latency of about 1.5 us. Used only without a netpipe run.
 DEFAULT_LATENCY_NS = 1500.0
 LATENCY_SUITE, LATENCY_METRIC = "netpipe", "latency_1B"
-BSP_SUITE = "bsp"
-BSP_SLOWDOWN, BSP_GRAIN = "BspSlowdown_pct", "BspGrain_usec"
+BSP_SUITE = BspSuite.name
+BSP_SLOWDOWN, BSP_GRAIN = SLOWDOWN.name, GRAIN.name
 MAX_CORES = 1 << 24
 
 RawRun = Mapping[int, Sequence[int]]
@@ -138,12 +141,13 @@ def _measured(rows: Sequence[Row]) -> list[ScaleMeasured]:
 
 
 def _with_overhead(measured: list[ScaleMeasured]) -> list[ScaleMeasured]:
-    """Each VM's measured noise overhead against native at the same ranks:
-    (1 + s_vm) / (1 + s_native) - 1, the same definition as the prediction's."""
-    native = {(m.cores, m.grain_ns): m.slowdown_pct for m in measured if m.env == NATIVE}
+    """Each VM's measured noise overhead against native at the same ranks (the same
+    work, whose quiet time is each environment's own): (1 + s_vm) / (1 + s_native) - 1,
+    the same definition as the prediction's."""
+    native = {m.cores: m.slowdown_pct for m in measured if m.env == NATIVE}
     out = []
     for m in measured:
-        base = native.get((m.cores, m.grain_ns))
+        base = native.get(m.cores)
         if m.env != NATIVE and base is not None:
             m = m.model_copy(
                 update={"overhead_pct": 100.0 * ((100 + m.slowdown_pct) / (100 + base) - 1)}
@@ -152,41 +156,36 @@ def _with_overhead(measured: list[ScaleMeasured]) -> list[ScaleMeasured]:
     return out
 
 
-def scale_report(
+def _checked(
+    m: ScaleMeasured, traces: Sequence[Sequence[int]], params: ScaleParams
+) -> ScaleMeasured:
+    """A measured point with the prediction from the same run's noise beside it, at its
+    own ranks and grain (the quiet grain the bsp suite measured in that environment)."""
+    p = predict(m.env, traces, replace(params, grain_ns=m.grain_ns, cores=(m.cores,)))
+    (point,) = p.curve.points
+    return m.model_copy(
+        update={
+            "predicted_pct": point.slowdown_pct,
+            "predicted_low_pct": point.slowdown_low_pct,
+            "predicted_high_pct": point.slowdown_high_pct,
+        }
+    )
+
+
+def _predict_all(
     runs: Mapping[str, Sequence[RawRun]],
-    rows: Sequence[Row],
-    request: ScaleRequest,
-    confidence: float,
-) -> ScaleReport:
-    """Predict every environment with noise traces at every grain and core count; what
-    could not be predicted is said in the report's notes."""
-    notes: list[str] = []
-    if not runs:
-        notes.append(
-            "no noise traces in this run: run the noise suite (hpcvm bench --suite noise) "
-            "for a prediction at scale"
-        )
-    envs = env_order(runs)
-    ran = max((len(run) for env_runs in runs.values() for run in env_runs), default=1)
-    measured = _with_overhead(_measured(rows))
-    grains = tuple(sorted({*request.grains_ns, *(m.grain_ns for m in measured)}))
-    cores = figure_cores(request.cores, ran)
-    latencies = {e: _latency(e, rows, request.latency_ns) for e in envs}
-    curves, overheads = [], []
+    grains: Sequence[float],
+    params: Mapping[str, ScaleParams],
+    notes: list[str],
+) -> tuple[list[ScaleCurve], list[ScaleOverhead]]:
+    """Every environment at every grain; each VM against native where both are."""
+    curves: list[ScaleCurve] = []
+    overheads: list[ScaleOverhead] = []
     for grain in grains:
         done: dict[str, Prediction] = {}
-        for env in envs:
-            params = ScaleParams(
-                grain_ns=grain,
-                cores=cores,
-                latency_ns=latencies[env].latency_ns,
-                steps=request.steps,
-                resamples=request.resamples,
-                confidence=confidence,
-                seed=request.seed,
-            )
+        for env, env_params in params.items():
             try:
-                done[env] = predict(env, _traces(runs[env]), params)
+                done[env] = predict(env, _traces(runs[env]), replace(env_params, grain_ns=grain))
             except BenchmarkError as exc:
                 notes.append(
                     f"{env}: no prediction at a grain of {grain / 1e3:g} us: {exc.message}"
@@ -196,17 +195,59 @@ def scale_report(
             for env, p in done.items():
                 if env != NATIVE:
                     overheads += overhead_at_scale(p, done[NATIVE])
+    return curves, overheads
+
+
+def scale_report(
+    runs: Mapping[str, Sequence[RawRun]],
+    rows: Sequence[Row],
+    request: ScaleRequest,
+    confidence: float,
+) -> ScaleReport:
+    """Predict every environment with noise traces at every grain and core count, and
+    beside each bsp measurement; what could not be predicted is said in the notes."""
+    notes: list[str] = []
+    if not runs:
+        notes.append(
+            "no noise traces in this run: run the noise suite (hpcvm bench --suite noise) "
+            "for a prediction at scale"
+        )
+    envs = env_order(runs)
+    ran = max((len(run) for env_runs in runs.values() for run in env_runs), default=1)
+    cores = figure_cores(request.cores, ran)
+    latencies = {e: _latency(e, rows, request.latency_ns) for e in envs}
+    params = {
+        env: ScaleParams(
+            grain_ns=request.grains_ns[0],
+            cores=cores,
+            latency_ns=latencies[env].latency_ns,
+            steps=request.steps,
+            resamples=request.resamples,
+            confidence=confidence,
+            seed=request.seed,
+        )
+        for env in envs
+    }
+    curves, overheads = _predict_all(runs, request.grains_ns, params, notes)
+    measured = []
+    for m in _with_overhead(_measured(rows)):
+        try:
+            if m.env not in runs:
+                raise BenchmarkError("no noise traces of this environment in the run")
+            m = _checked(m, _traces(runs[m.env]), params[m.env])
+        except BenchmarkError as exc:
+            notes.append(f"{m.env}: bsp np {m.cores} has no prediction beside it: {exc.message}")
+        measured.append(m)
     if runs and NATIVE not in runs:
         notes.append("no native noise traces: no overhead against native, only slowdowns")
-    report = ScaleReport(
+    return ScaleReport(
         cores=cores,
         asked=tuple(request.cores),
         ran=ran,
-        grains_ns=grains,
+        grains_ns=tuple(request.grains_ns),
         latencies=tuple(latencies.values()),
         curves=tuple(curves),
         overheads=tuple(overheads),
         measured=tuple(measured),
         notes=tuple(notes),
     )
-    return report
