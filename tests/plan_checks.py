@@ -89,13 +89,15 @@ def housekeeping_cores(request: PlanRequest) -> int:
 
 
 def vcpu_capacity(host: HostTopology, request: PlanRequest) -> dict[int | None, int]:
-    """node -> PUs available for vCPUs (usable, minus the hpc housekeeping cores)."""
+    """node -> PUs available for vCPUs (usable, minus the hpc housekeeping cores; with
+    --smt require only cores that have siblings, as the policy allows)."""
     k = housekeeping_cores(request)
-    return {
-        n: sum(len(c) for c in cores[k:])
+    siblings_only = request.smt == "require"
+    counts = {
+        n: sum(len(c) for c in cores[k:] if not siblings_only or len(c) > 1)
         for n, cores in usable_cores(host).items()
-        if sum(len(c) for c in cores[k:]) > 0
     }
+    return {n: count for n, count in counts.items() if count > 0}
 
 
 def check_plan(host: HostTopology, request: PlanRequest, plan: VMPlan) -> None:
