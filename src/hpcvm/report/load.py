@@ -8,7 +8,8 @@ clock check (``evidence["clock"]``), failed samples with their logs, and the noi
 suite's raw per-quantum durations. The store does not hold those durations: they are
 read from the ``noise-raw.txt`` each noise sample left in its kept work directory (a VM
 run copies it back to the host), so a report of moved or pruned results draws no
-detour distribution and says why.
+detour distribution and says why. The same raw durations feed ``report --scale``'s
+prediction at scale (report/scale.py), when it is asked for.
 """
 
 from __future__ import annotations
