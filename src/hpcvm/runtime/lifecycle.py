@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import math
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -366,6 +367,7 @@ def _new_machine(
         connect_uri=options.connect_uri,
         hugetlbfs_dirs=tuple(vm_dirs),
         options=VmOptions.model_validate(options.model_dump(include=set(VmOptions.model_fields))),
+        host=socket.gethostname(),
     )
     state.save_machine(machine)
     return machine

@@ -34,6 +34,10 @@ class Machine(Frozen):
     connect_uri: str | None = None  # libvirt connection URI (libvirt backend)
     hugetlbfs_dirs: tuple[str, ...] = ()  # where QEMU's hugetlbfs files live (cleanup)
     options: VmOptions | None = None  # how it was booted (a checkpoint restores it so)
+    # the host it runs on (its hostname): a runtime directory another host can see (a
+    # shared file system, the one-machine test cluster's nodes) does not make its VMs
+    # this host's; "" in records written before it was kept
+    host: str = ""
 
 
 class ExecResult(Frozen):
