@@ -212,15 +212,44 @@ class ScaleParams:
         check_confidence(self.confidence)
 
 
+MAX_BINS = 4096
+
+
+def binned_delays(d: Delays) -> tuple[Floats, Floats]:
+    """The delays on at most MAX_BINS log-spaced bins (zero kept apart), each bin's value
+    the weighted mean of what fell in it: (support, weights[trace, bin]). A bootstrap
+    replicate then costs traces x bins, not the millions of windows of long grains; a bin
+    is under 0.5 % wide for detours from 1 ns to 10 s."""
+    positive = d.values > 0
+    if d.values.size <= MAX_BINS or not positive.any():
+        index = np.arange(d.values.size)
+    else:
+        edges = np.geomspace(d.values[positive][0], d.values[-1], MAX_BINS)
+        index = np.where(positive, np.searchsorted(edges, d.values, side="left") + 1, 0)
+    bins = int(index.max()) + 1
+    per_trace = np.zeros((d.traces, bins))
+    np.add.at(per_trace, (d.trace, index), d.weights)
+    total = per_trace.sum(axis=0)
+    used = total > 0
+    sums = np.bincount(index, weights=d.weights * d.values, minlength=bins)
+    return sums[used] / total[used], per_trace[:, used]
+
+
 def _replicates(d: Delays, p: ScaleParams, rng: np.random.Generator) -> Floats:
     """Mean delay of the slowest rank per replicate and core count (B x cores): one
     sorted lookup per replicate for every core count's steps (sorted keys keep the
     binary searches in cache)."""
     cores = np.repeat(np.asarray(p.cores, dtype=np.float64), p.steps)
+    values, per_trace = binned_delays(d)
+    support = np.concatenate(([0.0], values))
     out = np.empty((p.resamples, len(p.cores)))
     for b in range(p.resamples):
         counts = np.bincount(rng.integers(0, d.traces, d.traces), minlength=d.traces)
-        support, cum = d.cdf(counts.astype(np.float64))
+        weights = counts.astype(np.float64) @ per_trace
+        total = float(counts.sum())
+        cum = np.cumsum(np.concatenate(([max(total - float(weights.sum()), 0.0)], weights)))
+        cum /= total
+        cum[-1] = 1.0
         v = np.exp(np.log1p(-rng.random(cores.size)) / cores)
         order = np.argsort(v)
         drawn = np.empty_like(v)
