@@ -85,17 +85,18 @@ def check_writable_file(path: Path, option: str) -> None:
     existing directory it can write into (the file is written to a temporary name
     there and renamed into place)."""
     where = path.absolute()
-    if _stat(where, option) is not None and os.path.isdir(where):
+    hint = f"~/{where.name}"
+    if _stat(where, option, hint) is not None and os.path.isdir(where):
         raise UsageError(
             f"{option} {path} is a directory: give a file name, e.g. {option} {path}/out.csv"
         )
     parent = where.parent
-    if _stat(parent, option) is None or not os.path.isdir(parent):
+    if _stat(parent, option, hint) is None or not os.path.isdir(parent):
         raise UsageError(
             f"{option} {path}: the directory {parent} does not exist: make it first or "
             f"give a file in an existing directory"
         )
-    _need_write(parent, where, option, path, hint=f"~/{where.name}")
+    _need_write(parent, where, option, path, hint=hint)
 
 
 @contextlib.contextmanager
@@ -142,7 +143,7 @@ def _why_not(directory: Path) -> str:
     return f"not writable by this user, owner {owner}"
 
 
-def _stat(path: Path, option: str) -> os.stat_result | None:
+def _stat(path: Path, option: str, hint: str = HINT_DIR) -> os.stat_result | None:
     """``stat(path)``, None when it does not exist; a directory on the way this user
     may not enter is said in one line (Path.exists raises PermissionError there)."""
     try:
@@ -154,7 +155,7 @@ def _stat(path: Path, option: str) -> os.stat_result | None:
     except PermissionError as exc:
         raise UsageError(
             f"{option} {path}: this user may not enter {_blocking(path)} ({exc.strerror}): "
-            f"give {option} a path of your own, e.g. {option} {HINT_DIR}"
+            f"give {option} a path of your own, e.g. {option} {hint}"
         ) from None
     except OSError as exc:
         if exc.errno == errno.ENAMETOOLONG:
