@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import uuid
@@ -101,18 +102,28 @@ def check_image(image: str | Path) -> ImageInfo:
 
 
 def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise UsageError(f"disk image {path} does not exist: check --image")
-    if path.is_dir():
+    """One stat: a path under a directory this user may not enter is said as such, not
+    as a missing image (``Path.exists`` raises PermissionError there on Python 3.11)."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise UsageError(f"disk image {path} does not exist: check --image") from None
+    except OSError as exc:
+        raise UsageError(
+            f"disk image {path} cannot be reached ({os.strerror(exc.errno or 0)}): give "
+            "--image an image file you may read"
+        ) from None
+    if stat.S_ISDIR(mode):
         raise UsageError(f"disk image {path} is a directory: give --image the image file")
-    if not path.is_file():
+    if not stat.S_ISREG(mode):
         raise UsageError(f"disk image {path} is not a regular file: give --image an image file")
     try:
         with path.open("rb"):
             pass
     except OSError as exc:
         raise UsageError(
-            f"disk image {path} is not readable ({exc.strerror}): fix its mode"
+            f"disk image {path} is not readable ({exc.strerror}): fix its mode, or give "
+            "--image an image file you may read"
         ) from exc
 
 

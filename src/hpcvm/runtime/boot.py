@@ -7,6 +7,8 @@ Checked before anything starts: a missing kernel, initrd or image, or a bad
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,8 +48,20 @@ def in_run_dir(media: BootMedia, run_dir: Path, name: str) -> BootSpec:
 
 
 def _existing(path: str, what: str, flag: str) -> str:
+    """``path`` resolved, if it is a file; a UsageError naming ``flag`` otherwise. A path
+    under a directory this user may not enter is said as such, not as a missing file
+    (``Path.is_file`` raises PermissionError there on Python 3.11)."""
     p = Path(path)
-    if not p.is_file():
+    try:
+        is_file = stat.S_ISREG(p.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        is_file = False
+    except OSError as exc:
+        raise UsageError(
+            f"{what} {path} cannot be reached ({os.strerror(exc.errno or 0)}): give {flag} "
+            "a file you may read"
+        ) from None
+    if not is_file:
         raise UsageError(f"{what} {path} does not exist or is not a file: check {flag}")
     return str(p.resolve())
 
