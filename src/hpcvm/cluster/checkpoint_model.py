@@ -17,6 +17,8 @@ node that restores it checks before its QEMU starts.
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -28,6 +30,9 @@ from hpcvm.model import Frozen
 MANIFEST = "job.json"
 KEY_FILE = "id_job"
 SCHEMA = 1
+# Every caller's directory is `cluster up --restore`'s; a job checkpoint's files are
+# private to the user who saved it, so another user's cannot be restored.
+_READABLE_FIX = "give --restore a job checkpoint you may read (one you saved)"
 
 
 def vm_dir_name(index: int) -> str:
@@ -79,18 +84,18 @@ def read(directory: Path) -> JobManifest:
     UsageError in one line for a directory that is not one, incomplete or damaged (each
     VM's own files are checked by the node that restores it)."""
     path = directory / MANIFEST
-    if not directory.is_dir():
-        raise UsageError(
-            f"{directory} is not a job checkpoint (no such directory): give the directory "
-            "hpcvm cluster checkpoint wrote"
-        )
+    _check_dir(directory)
     if not path.is_file():
         raise UsageError(
             f"{directory} is not a complete job checkpoint (no {MANIFEST}): it was not "
             "written by hpcvm cluster checkpoint, or that checkpoint did not finish"
         )
     try:
-        manifest = JobManifest.model_validate_json(path.read_text())
+        text = path.read_bytes()
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    try:
+        manifest = JobManifest.model_validate_json(text)
     except (ValidationError, ValueError) as exc:
         raise UsageError(f"{path} is damaged ({str(exc).splitlines()[0]})") from None
     if manifest.schema_version != SCHEMA:
@@ -99,7 +104,7 @@ def read(directory: Path) -> JobManifest:
         )
     for name, digest in manifest.key_sha256.items():
         key = directory / name
-        if not key.is_file() or sha256_of(key) != digest:
+        if not key.is_file() or _sha256_or_refuse(key) != digest:
             raise UsageError(f"job checkpoint {directory} is damaged: {name} is missing or changed")
     for vm in manifest.vms:
         if not (directory / vm_dir_name(vm.index)).is_dir():
@@ -108,3 +113,44 @@ def read(directory: Path) -> JobManifest:
                 f"(the VM of node {vm.node}) is missing"
             )
     return manifest
+
+
+def _check_dir(directory: Path) -> None:
+    """``directory`` must be a directory this user may read. One stat: a path under a
+    directory this user may not enter is said as such, not as a missing one
+    (``Path.is_dir`` raises PermissionError there on Python 3.11)."""
+    try:
+        mode = directory.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise UsageError(
+            f"{directory} is not a job checkpoint (no such directory): give the directory "
+            "hpcvm cluster checkpoint wrote"
+        ) from None
+    except OSError as exc:
+        raise UsageError(
+            f"job checkpoint {directory} cannot be reached ({os.strerror(exc.errno or 0)}): "
+            f"{_READABLE_FIX}"
+        ) from None
+    if not stat.S_ISDIR(mode):
+        raise UsageError(
+            f"{directory} is not a job checkpoint (not a directory): give the directory "
+            "hpcvm cluster checkpoint wrote"
+        )
+    if not os.access(directory, os.R_OK | os.X_OK):
+        raise UsageError(f"job checkpoint {directory} is not readable by you: {_READABLE_FIX}")
+
+
+def _sha256_or_refuse(path: Path) -> str:
+    try:
+        return sha256_of(path)
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: Path, exc: OSError) -> UsageError:
+    """A job checkpoint's file this user may not read (its key pair and manifests are
+    private to the user who saved it: most likely it is someone else's)."""
+    return UsageError(
+        f"job checkpoint {path.parent}: {path.name} cannot be read "
+        f"({os.strerror(exc.errno or 0)}): {_READABLE_FIX}"
+    )

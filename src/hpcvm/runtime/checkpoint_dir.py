@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from hpcvm.runtime.checkpoint_model import (
 )
 
 CHUNK = 4 * 1024 * 1024
+# A checkpoint's files are private to the user who saved it: another's cannot be read.
+_READABLE_FIX = "give a checkpoint directory you may read (one you saved)"
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ def check_target(target: Path) -> Path:
     """The target, absolute, if it does not exist and its parent is a writable
     directory; a UsageError naming the problem otherwise (checked again at writing)."""
     target = target.absolute()
-    if target.exists() or target.is_symlink():
+    if _lexists(target):
         raise UsageError(
             f"{target} already exists: give a new directory for the checkpoint (a "
             "checkpoint is never written over another)"
@@ -149,6 +152,22 @@ def check_target(target: Path) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write in {parent}: give a directory you may write in")
     return target
+
+
+def _lexists(path: Path) -> bool:
+    """Whether anything, a dangling link too, is at ``path``; a UsageError where that
+    cannot be told: a directory on the way this user may not enter (``Path.exists``
+    raises PermissionError there on Python 3.11)."""
+    try:
+        path.lstat()
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise UsageError(
+            f"{path} cannot be reached ({os.strerror(exc.errno or 0)}): give the checkpoint "
+            "a new directory in one you may write"
+        ) from None
+    return True
 
 
 @contextlib.contextmanager
@@ -187,9 +206,9 @@ def load(directory: Path) -> Checkpoint:
     """The checkpoint at ``directory`` after every check; UsageError naming what is
     missing or damaged otherwise. Reads every file once (the hashes)."""
     directory = directory.absolute()
-    if not directory.is_dir():
-        what = "is not a directory" if directory.exists() else "does not exist"
-        raise UsageError(f"no checkpoint at {directory}: it {what}")
+    problem = _not_a_readable_dir(directory)
+    if problem is not None:
+        raise UsageError(f"no checkpoint at {directory}: it {problem}")
     manifest = _manifest(directory)
     for name, entry in manifest.files.items():
         check_file(directory, name, entry)
@@ -211,6 +230,23 @@ def load(directory: Path) -> Checkpoint:
     return Checkpoint(directory=directory, manifest=manifest, plan=plan)
 
 
+def _not_a_readable_dir(directory: Path) -> str | None:
+    """Why ``directory`` cannot be read as a checkpoint's, or None. One stat: a path
+    under a directory this user may not enter is said as such, not as a missing one
+    (``Path.is_dir`` raises PermissionError there on Python 3.11)."""
+    try:
+        mode = directory.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be reached ({os.strerror(exc.errno or 0)}): {_READABLE_FIX}"
+    if not stat.S_ISDIR(mode):
+        return "is not a directory"
+    if not os.access(directory, os.R_OK | os.X_OK):
+        return f"is not readable by you: {_READABLE_FIX}"
+    return None
+
+
 def _manifest(directory: Path) -> Manifest:
     path = directory / MANIFEST
     if not path.is_file():
@@ -220,8 +256,12 @@ def _manifest(directory: Path) -> Manifest:
             f"last{partial}; give a checkpoint that `hpcvm checkpoint` completed"
         )
     try:
-        raw = Manifest.model_validate_json(path.read_text())
-    except (ValidationError, ValueError, OSError) as exc:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    try:
+        raw = Manifest.model_validate_json(text)
+    except (ValidationError, ValueError) as exc:
         version = _schema_version(path)
         if version is not None and version != CHECKPOINT_SCHEMA_VERSION:
             raise UsageError(
@@ -255,10 +295,22 @@ def check_file(directory: Path, name: str, entry: FileEntry) -> None:
     if size != entry.size:
         hint = " (truncated)" if size < entry.size else ""
         raise _damaged(path, f"{size} bytes where {entry.size} were saved{hint}")
-    with path.open("rb") as fh:
-        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    try:
+        with path.open("rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
     if digest != entry.sha256:
         raise _damaged(path, "its SHA-256 differs from the one recorded when it was saved")
+
+
+def _unreadable(path: Path, exc: OSError) -> UsageError:
+    """A checkpoint's file this user may not read: its files are private to the user
+    who saved it (``_private``), so most likely it is someone else's checkpoint."""
+    return UsageError(
+        f"checkpoint {path.parent}: {path.name} cannot be read "
+        f"({os.strerror(exc.errno or 0)}): {_READABLE_FIX}"
+    )
 
 
 def _damaged(path: Path, why: str) -> UsageError:
