@@ -7,14 +7,18 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpcvm.errors import RuntimeFailure
+from hpcvm.host.privilege import for_admin
 
 # The guest runs the agent from the host's root at this path (see scripts.AGENT).
 QEMU_GA = Path("/usr/sbin/qemu-ga")
 _PT_INTERP = 3
+# Installing a host package is root's to do: a user is told to ask the admin (for_admin).
+_INSTALL_BUSYBOX = "install busybox-static (`apt-get install busybox-static`)"
 
 
 @dataclass(frozen=True)
@@ -54,26 +58,33 @@ def _first_line(cmd: list[str]) -> str:
     return lines[0].strip() if lines else "unknown"
 
 
-def busybox() -> HostTool:
-    """The host's static busybox (Debian package busybox-static)."""
-    candidates = [shutil.which("busybox"), "/bin/busybox", "/usr/bin/busybox"]
+def busybox(candidates: Sequence[str | None] | None = None) -> HostTool:
+    """The host's static busybox (Debian package busybox-static): the first of
+    ``candidates`` that is a file (by default the one on PATH, then /bin's, /usr/bin's;
+    a test names others)."""
+    if candidates is None:
+        candidates = [shutil.which("busybox"), "/bin/busybox", "/usr/bin/busybox"]
     for found in candidates:
         if found and Path(found).is_file():
             path = Path(found).resolve()
             if not is_static_elf(path):
                 raise RuntimeFailure(
                     f"{path} is dynamically linked; the guest's initramfs needs a static "
-                    "busybox: apt-get install busybox-static"
+                    "busybox: " + for_admin(_INSTALL_BUSYBOX)
                 )
             banner = _first_line([str(path)])  # "BusyBox v1.35.0 (Debian ...) multi-call ..."
             version = banner.removeprefix("BusyBox ").split(" multi-call")[0]
             return HostTool(path, version, file_sha256(path))
-    raise RuntimeFailure("busybox not found: apt-get install busybox-static")
+    raise RuntimeFailure("busybox not found: " + for_admin(_INSTALL_BUSYBOX))
 
 
-def qemu_ga() -> HostTool:
-    """The host's qemu-guest-agent, which the guest runs from the shared root."""
-    if not QEMU_GA.is_file():
-        raise RuntimeFailure(f"{QEMU_GA} not found: apt-get install qemu-guest-agent")
-    version = _first_line([str(QEMU_GA), "--version"]).removeprefix("QEMU Guest Agent ")
-    return HostTool(QEMU_GA, version, file_sha256(QEMU_GA))
+def qemu_ga(path: Path = QEMU_GA) -> HostTool:
+    """The host's qemu-guest-agent, which the guest runs from the shared root (at
+    ``path``: a test names another)."""
+    if not path.is_file():
+        raise RuntimeFailure(
+            f"{path} not found: "
+            + for_admin("install qemu-guest-agent (`apt-get install qemu-guest-agent`)")
+        )
+    version = _first_line([str(path), "--version"]).removeprefix("QEMU Guest Agent ")
+    return HostTool(path, version, file_sha256(path))

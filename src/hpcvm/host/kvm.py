@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from hpcvm.host.model import KvmInfo
+from hpcvm.host.privilege import for_admin
 
 HW_VIRT_FLAGS = frozenset({"vmx", "svm"})
 
@@ -59,8 +60,9 @@ def _live_reason(*, device: bool, opens: bool, hw_virt: bool, pvm: bool, dev: Pa
         )
     if not opens:
         return (
-            f"{dev} cannot be opened by this user: add the user to the kvm group or run "
-            "as root; until then guests run under TCG emulation"
+            f"{dev} cannot be opened by this user: "
+            + for_admin("add this user to the kvm group (then log in again)")
+            + "; until then guests run under TCG emulation"
         )
     return f"{dev} opens and the CPU has hardware virtualization: guests can use KVM"
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hpcvm.bootspec import Nic, NicWiring
 from hpcvm.errors import UsageError
+from hpcvm.host.privilege import for_admin
 from hpcvm.runtime import bridge_helper
 from hpcvm.runtime.netlink import (
     TUN,
@@ -37,6 +38,15 @@ from hpcvm.runtime.netlink import (
 )
 
 
+def check_tun(tun: Path = TUN) -> None:
+    """A tap needs the tun device; loading its module is root's to do (``tun``: the
+    device node; a parameter so a test can name one that does not exist)."""
+    if not tun.exists():
+        raise UsageError(
+            f"{tun} does not exist: " + for_admin("load the tun module (`modprobe tun`)")
+        )
+
+
 class BridgeKind:
     """A tap in an existing Linux bridge (the host's NIC is in the bridge too)."""
 
@@ -50,17 +60,16 @@ class BridgeKind:
         info = link(bridge)
         if info is None:
             raise UsageError(
-                f"bridge {bridge!r} does not exist in this network namespace: create it "
-                f"(`ip link add {bridge} type bridge`) or name another with --network "
-                "bridge=NAME"
+                f"bridge {bridge!r} does not exist in this network namespace: "
+                + for_admin(f"create it (`ip link add {bridge} type bridge`)")
+                + " or name another with --network bridge=NAME"
             )
         if link_kind(info) != "bridge":
             raise UsageError(
                 f"{bridge!r} is not a bridge (it is a {link_kind(info) or 'plain device'}): "
                 "name a bridge with --network bridge=NAME"
             )
-        if not TUN.exists():
-            raise UsageError(f"{TUN} does not exist: load the tun module (`modprobe tun`)")
+        check_tun()
         helper = not is_root()
         if helper:
             bridge_helper.check_grant(bridge)
