@@ -72,21 +72,8 @@ _GIVEN = {
 # A path that takes the place of the VM's options (a saved job has them): given alone.
 _ALONE = frozenset({"restore"})
 # Failures in code another engineer owns (issue 36), expected until fixed there (then
-# strict xfail fails: unmark them); the key is the case's id, as pytest prints it. Each
-# is an unreachable path that ends in the CLI's last resort (one line naming the path,
-# not the option): Path.exists/is_dir/is_file raise PermissionError on Python 3.11.
-_LAST_RESORT = "the CLI's last resort, not a message naming the option: "
-OWNED_ELSEWHERE: dict[str, str] = {
-    "up|kernel|unreadable": _LAST_RESORT + "runtime/boot.py _existing (Path.is_file)",
-    "run|kernel|unreadable": _LAST_RESORT + "runtime/boot.py _existing (Path.is_file)",
-    "up|image|unreadable": _LAST_RESORT + "guest/disk.py _check_file (Path.exists)",
-    "run|image|unreadable": _LAST_RESORT + "guest/disk.py _check_file (Path.exists)",
-    "restore|directory|unreadable": _LAST_RESORT + "runtime/checkpoint_dir.py load (is_dir)",
-    "cluster checkpoint|directory|unreadable": _LAST_RESORT
-    + "runtime/checkpoint_dir.py check_target (Path.exists)",
-    "cluster up|restore|unreadable": _LAST_RESORT
-    + "cluster/checkpoint_model.py read (Path.is_dir)",
-}
+# strict xfail fails: unmark them); the key is the case's id, as pytest prints it.
+OWNED_ELSEWHERE: dict[str, str] = {}
 
 
 # -- what to walk -----------------------------------------------------------------------
