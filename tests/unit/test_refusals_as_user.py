@@ -7,8 +7,8 @@ last resort. Fixes only root can apply (load a module, install a package, join a
 are worded for the admin when the process is not root.
 
 Real directories and modes; the user is a child process dropped to ``nobody``
-(tests/unit/test_runtime_root.py ``as_nobody``), not simulated. What cannot exist here
-is named by a path that does not exist (a host without /dev/net/tun, qemu-ga or
+(tests/users.py, through test_runtime_root.py's ``as_nobody``), not simulated. What
+cannot exist here is named by a path that does not exist (a host without /dev/net/tun, qemu-ga or
 busybox) or stands in for it (a directory as /dev/kvm: it opens for no one).
 """
 
@@ -29,7 +29,8 @@ from hpcvm.host import kvm
 from hpcvm.runtime import boot, checkpoint_dir, net_bridge
 from hpcvm.runtime import checkpoint_model as vm_checkpoint
 from hpcvm.runtime.netlink import NetworkRequest
-from tests.unit.test_runtime_root import as_nobody, needs_root, open_dir
+from tests.unit.test_runtime_root import as_nobody, needs_root
+from tests.users import open_dir
 
 __all__ = ["open_dir"]  # the fixture, used here by name
 

@@ -9,14 +9,11 @@ dropped to ``nobody`` (fork, setgid, setuid), not simulated.
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,8 @@ import pytest
 from hpcvm.errors import UsageError
 from hpcvm.host.privilege import for_admin
 from hpcvm.runtime import net_vf, paths
+from tests.users import Raised, in_child_as
+from tests.users import open_dir as open_dir  # a fixture
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="chown and setuid: needs root")
@@ -32,39 +31,11 @@ NOBODY = pwd.getpwnam("nobody")
 
 def as_nobody(func: Callable[[], str]) -> str:
     """``func()`` in a child process running as ``nobody``: its result, or the text of
-    the HpcvmError it raised prefixed with "error: "."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read)
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY.pw_gid)
-            os.setuid(NOBODY.pw_uid)
-            try:
-                out = func()
-            except UsageError as exc:
-                out = f"error: {exc}"
-            except Exception as exc:  # shown by the test's assertion
-                out = f"unexpected {type(exc).__name__}: {exc}"
-            os.write(write, json.dumps(out).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    return str(json.loads(data))
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory (0755, in /var/tmp) that ``nobody`` can reach: pytest's tmp_path
-    lies under root's private /tmp/pytest-of-root."""
-    path = Path(tempfile.mkdtemp(prefix="hpcvm-test-root-", dir="/var/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    the UsageError it raised prefixed with "error: " (anything else: "unexpected ...")."""
+    out = in_child_as(NOBODY.pw_uid, NOBODY.pw_gid, func)
+    if isinstance(out, Raised):
+        return f"error: {out.message}" if out.usage else f"unexpected {out.name}: {out.message}"
+    return str(out)
 
 
 def _owned_by_nobody(path: Path, mode: int = 0o700) -> Path:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import shutil
 import sqlite3
 import tempfile
@@ -25,10 +24,11 @@ from typing import Any
 
 import pytest
 
-from hpcvm.errors import BenchmarkError, HpcvmError
+from hpcvm.errors import BenchmarkError
 from hpcvm.store import SCHEMA_VERSION, MetricRecord, NewEnvironment, NewSample, Store
 from tests.cluster_support import TEST_UID
 from tests.unit.test_store_environments import SCHEMA_3_ENVIRONMENTS
+from tests.users import Raised, in_child_as
 
 if os.geteuid() != 0:
     pytest.skip("switching to another user needs root", allow_module_level=True)
@@ -38,30 +38,12 @@ def as_other_user(work: Callable[[], Any], uid: int = TEST_UID, *, fails: bool =
     """``work()`` in a forked child running as ``uid`` (not root); its result or, when
     it ``fails`` as expected, the hpcvm error it raised as (class name, exit code,
     message). Anything else fails the test with its text."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        os.close(read)
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            try:
-                answer: Any = ("ok", work())
-            except HpcvmError as exc:
-                answer = ("error", (type(exc).__name__, exc.exit_code, str(exc)))
-            except BaseException as exc:
-                answer = ("crash", f"{type(exc).__name__}: {exc}")
-            os.write(write, pickle.dumps(answer))
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    kind, value = pickle.loads(data)
-    assert kind == ("error" if fails else "ok"), value
-    return value
+    out = in_child_as(uid, uid, work)
+    if not isinstance(out, Raised):
+        assert not fails, f"expected an error, got {out!r}"
+        return out
+    assert fails and out.exit_code is not None, f"{out.name}: {out.message}"
+    return (out.name, out.exit_code, out.message)
 
 
 @pytest.fixture
