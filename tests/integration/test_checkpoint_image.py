@@ -12,7 +12,11 @@ dropping the guest's page cache (so the files come from the restored disk, not f
 restored RAM), the guest's clock against the host's (with and without /sbin/hwclock
 in the guest, which qemu-ga's guest-set-time needs), ``sha256sum`` for the files.
 
-The image is tests/image_builder.py's (built once per machine, minutes).
+The image is tests/image_builder.py's (built once per machine, minutes). The running
+guest the story starts from is restored from a checkpoint of a freshly booted one,
+cached on disk (tests/booted_guests.py: boot once, restore many); the first session on
+a machine boots it and saves it. Booting a disk image is test_image_boot.py's subject.
+Every wait is a bounded poll (``wait_until``), not a fixed sleep.
 """
 
 from __future__ import annotations
@@ -33,13 +37,17 @@ import pytest
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.checkpoint_model import MANIFEST, PLAN_FILE, STATE_FILE, Manifest
 from tests import image_builder
+from tests.booted_guests import running_image_guest
 from tests.runtime_support import HPCVM, Residue, assert_nothing_left, one_line_error
+from tests.sites import wait_until
 
 pytestmark = pytest.mark.integration
 
 UP_ARGS = ["--profile", "pinned", "--vcpus", "1", "--memory", "512M"]
 BOOT_TIMEOUT = 1200.0  # a whole distribution under TCG on a shared 2-core machine
 STEP_TIMEOUT = 600.0
+POLL_TIMEOUT = 60.0  # a counter that moves every 0.2 s, seen through the agent
+CLOCK_GAP = 3.0  # seconds between a save and its restore, which the guest must not lose
 COUNTER = (
     "systemd-run --unit=hpcvm-counter sh -c "
     "'i=0; while :; do i=$((i+1)); echo $i > /run/counter; sleep 0.2; done'"
@@ -131,9 +139,8 @@ def story() -> Iterator[Story]:
     image_stat = image.stat()
     try:
         story = Story(root, work, (allowed[0], allowed[-1]))
-        up = run("up", "--name", "ck", *UP_ARGS, "--image", str(image), pu=story.pus[0],
-                 timeout=BOOT_TIMEOUT)  # fmt: skip
-        assert up.returncode == 0, up.stderr
+        pinned = ["taskset", "-c", str(story.pus[0])]
+        running_image_guest("ck", image, UP_ARGS, wrap=pinned, timeout=BOOT_TIMEOUT)
         yield story
         run("down", "--all", "--timeout", "20")
         assert_nothing_left(before)
@@ -148,16 +155,21 @@ def story() -> Iterator[Story]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def counter_goes_on(name: str, past: int) -> None:
+    """Poll (bounded) until the guest's counter is beyond ``past``: the guest runs."""
+    wait_until(f"{name}'s counter to pass {past}", lambda: counter(name) > past, POLL_TIMEOUT)
+
+
 def test_checkpoint_with_resume_keeps_the_guest_running(story: Story) -> None:
     assert vcpu_affinity("ck") == {story.pus[0]}
-    guest("ck", f"echo before > /root/marker && sync && {COUNTER} && sleep 1")
+    started = "for i in $(seq 100); do test -s /run/counter && break; sleep 0.1; done"
+    guest("ck", f"echo before > /root/marker && sync && {COUNTER} && {started}")
     story.before_a = counter("ck")
     assert story.before_a > 0
     done = run("checkpoint", "ck", str(story.work / "A"), "--resume")
     assert done.returncode == 0, done.stderr
     assert "running again" in done.stdout
-    time.sleep(1)
-    assert counter("ck") > story.before_a  # it runs on
+    counter_goes_on("ck", story.before_a)  # it runs on
     assert vm_state("ck") == "running"
     files = Manifest.model_validate_json((story.work / "A" / MANIFEST).read_text()).files
     for name, entry in files.items():
@@ -217,7 +229,8 @@ def test_damaged_checkpoints_are_refused_and_start_nothing(story: Story) -> None
 
 def test_restore_on_other_pus_verifies_and_the_guest_goes_on(story: Story) -> None:
     saved_at = Manifest.model_validate_json((story.work / "B" / MANIFEST).read_text()).saved_at
-    time.sleep(3)  # a gap the guest's clock must not lose
+    # a gap the guest's clock must not lose (the tests before usually made it already)
+    wait_until("the gap after the save", lambda: time.time() >= saved_at + CLOCK_GAP, 10)
     begin = time.time()
     done = run("restore", str(story.work / "B"), pu=story.pus[1])
     assert done.returncode == 0, done.stderr
@@ -228,8 +241,7 @@ def test_restore_on_other_pus_verifies_and_the_guest_goes_on(story: Story) -> No
     # The counter went on from where it was (a fresh process would start again at 1).
     first = counter("ck")
     assert first >= story.before_b
-    time.sleep(1)
-    assert counter("ck") > first
+    counter_goes_on("ck", first)
     # The files come back from the restored disk, not only from the restored RAM.
     assert guest("ck", "echo 3 > /proc/sys/vm/drop_caches; cat /root/marker /root/after") == (
         "before\nafter\n"
@@ -249,6 +261,5 @@ def test_an_earlier_checkpoint_restores_beside_it_as_it_was(story: Story) -> Non
     assert guest("ck-a", "test -e /root/after && echo yes || echo no") == "no\n"
     first = counter("ck-a")
     assert story.before_a <= first
-    time.sleep(1)
-    assert counter("ck-a") > first
+    counter_goes_on("ck-a", first)
     assert run("down", "ck-a").returncode == 0
