@@ -271,11 +271,14 @@ def _prepare(
     mac = made.boot.nics[0].mac if made.boot.nics else None
     options = UpOptions(**made.options.model_dump(), name=name, mac=mac)
     request = made.plan.request.model_copy(update={"name": name, "accel": made.plan.accel})
-    plan = lifecycle.make_plan(request, host=host, warn=warn)
     nics = lifecycle.nics_for(options, name)
-    differences = abi_differences(
-        made.abi, guest_abi(plan, made.boot.model_copy(update={"nics": nics}))
-    )
+    boot = made.boot.model_copy(update={"nics": nics})
+
+    def differ(plan: VMPlan) -> list[str]:
+        return abi_differences(made.abi, guest_abi(plan, boot))
+
+    # beside this host's running VMs where that keeps the guest, else its own layout
+    plan, differences = lifecycle.plan_same_guest(request, differ, host=host, warn=warn)
     if differences:
         raise InfeasiblePlanError(
             f"this host cannot take {what} with the guest it runs: {'; '.join(differences)}"
