@@ -131,9 +131,15 @@ def samples_csv(samples: Sequence[SampleRecord]) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole or keeps what it held: written beside it and renamed
+    into place; a write that fails (a full disk) leaves no temporary file behind."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_exports(
