@@ -6,6 +6,13 @@ hpcvm's back (os.sched_setaffinity for the QEMU backend; libvirt's live vcpupin 
 libvirt backend, whose cgroup cpuset would refuse a bare sched_setaffinity), and a
 machine record whose plan no longer describes the VM. vCPU thread ids come from QEMU's
 thread names in /proc, not from the code under test.
+
+The record-mismatch tests and the dead-VM test share one booted QEMU VM (module scope,
+``shared``): the first two change only the machine record and put it back (and check
+that verify passes again, which shows the VM is as it was); the dead-VM test, last in
+the file, kills it. ``shared`` boots it again if a test before found it dead (a run of
+selected tests in another order). The swapped-pins tests boot their own: they re-pin
+the VM's threads.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import libvirt
@@ -29,17 +37,53 @@ PAGE_2M = 2 * 1024 * 1024
 NUMA = ["--profile", "numa", "--vcpus", "2", "--memory", "512M", "--guest-nodes", "2"]
 
 
-@pytest.fixture
-def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guest: None) -> Iterator[Path]:
-    root = tmp_path / "rt"
-    monkeypatch.setenv(paths.ENV_RUNTIME_DIR, str(root))
-    monkeypatch.setenv("HPCVM_READY_TIMEOUT", "180")
-    before = Residue.take(root)
-    yield root
-    hpcvm("down", "--all", "--timeout", "10")
-    assert_nothing_left(before)
+@contextmanager
+def runtime_at(root: Path) -> Iterator[Path]:
+    """``root`` as hpcvm's runtime directory; afterwards every VM in it is stopped and
+    nothing of theirs may be left."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(paths.ENV_RUNTIME_DIR, str(root))
+        patch.setenv("HPCVM_READY_TIMEOUT", "180")
+        before = Residue.take(root)
+        yield root
+        hpcvm("down", "--all", "--timeout", "10")
+        assert_nothing_left(before)
     for log in Path("/var/log/libvirt/qemu").glob(f"hpcvm-vf{os.getpid()}-*.log"):
         log.unlink()  # libvirt's per-domain logs of this session's uniquely named VMs
+
+
+@pytest.fixture
+def runtime(tmp_path: Path, guest: None) -> Iterator[Path]:
+    with runtime_at(tmp_path / "rt") as root:
+        yield root
+
+
+@pytest.fixture(scope="module")
+def shared_runtime(tmp_path_factory: pytest.TempPathFactory, guest: None) -> Iterator[Path]:
+    with runtime_at(tmp_path_factory.mktemp("shared") / "rt") as root:
+        yield root
+
+
+@pytest.fixture
+def shared(shared_runtime: Path, hugepages: object) -> Iterator[str]:
+    """The name of the shared QEMU VM (see the module docstring), running, in its
+    runtime directory (which is the environment's for the test)."""
+    name = f"vf{os.getpid()}-shared"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(paths.ENV_RUNTIME_DIR, str(shared_runtime))
+        patch.setenv("HPCVM_READY_TIMEOUT", "180")
+        if not _running(name):
+            hpcvm("down", name, "--timeout", "10")  # a dead one's record and run dir
+            up(name, "qemu", hugepages)
+        record = state.load_machine(name)
+        yield name
+        if _running(name):  # the record as it was, whatever the test did to it
+            state.save_machine(record)
+
+
+def _running(name: str) -> bool:
+    machine = state.read_machine(paths.run_dir(name))
+    return machine is not None and machine.pid is not None and state.pid_alive(machine.pid)
 
 
 def vcpu_tids_by_name(pid: int) -> dict[int, int]:
@@ -120,11 +164,8 @@ def test_verify_passes_then_reports_swapped_vcpu_pins(
     assert table.returncode == 6 and "FAIL" in table.stdout
 
 
-def test_record_claiming_three_vcpus_is_a_cpu_count_mismatch(
-    runtime: Path, hugepages: object
-) -> None:
-    name = f"vf{os.getpid()}-count"
-    up(name, "qemu", hugepages)
+def test_record_claiming_three_vcpus_is_a_cpu_count_mismatch(shared: str) -> None:
+    name = shared
     machine = state.load_machine(name)
     state.save_machine(
         machine.model_copy(update={"plan": machine.plan.model_copy(update={"vcpus": 3})})
@@ -136,30 +177,11 @@ def test_record_claiming_three_vcpus_is_a_cpu_count_mismatch(
     assert verify_json(name)[0] == 0
 
 
-def test_verify_of_a_dead_vm_and_of_no_vm(runtime: Path, hugepages: object) -> None:
-    missing = hpcvm("verify", "no-such-vm")
-    assert missing.returncode == 2 and missing.stderr.count("hpcvm: error:") == 1
-
-    name = f"vf{os.getpid()}-dead"
-    up(name, "qemu", hugepages)
-    machine = state.load_machine(name)
-    assert machine.pid is not None
-    os.kill(machine.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while state.pid_alive(machine.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    dead = hpcvm("verify", name)
-    assert dead.returncode == 5, dead.stderr
-    lines = [ln for ln in dead.stderr.splitlines() if ln.startswith("hpcvm: error:")]
-    assert len(lines) == 1 and "not running" in lines[0] and "Traceback" not in dead.stderr
-
-
-def test_record_saying_another_node_is_a_memory_mismatch(runtime: Path, hugepages: object) -> None:
+def test_record_saying_another_node_is_a_memory_mismatch(shared: str) -> None:
     """Issue 8: QEMU binds the guest's memory to host node 0 (this host's only node);
     the recorded plan is changed to say node 1. verify reads where the memory really is
     (numa_maps of the QEMU process, pages the kernel placed) and fails naming node 0."""
-    name = f"vf{os.getpid()}-mem"
-    up(name, "qemu", hugepages)
+    name = shared
     machine = state.load_machine(name)
     moved = tuple(r.model_copy(update={"host_nodes": (1,)}) for r in machine.plan.memory)
     state.save_machine(
@@ -172,3 +194,21 @@ def test_record_saying_another_node_is_a_memory_mismatch(runtime: Path, hugepage
     assert "memory bound to host node 1 (2M pages)" in failed
     state.save_machine(machine)
     assert verify_json(name)[0] == 0
+
+
+def test_verify_of_a_dead_vm_and_of_no_vm(shared: str) -> None:
+    """Last: it kills the shared VM."""
+    missing = hpcvm("verify", "no-such-vm")
+    assert missing.returncode == 2 and missing.stderr.count("hpcvm: error:") == 1
+
+    name = shared
+    machine = state.load_machine(name)
+    assert machine.pid is not None
+    os.kill(machine.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while state.pid_alive(machine.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    dead = hpcvm("verify", name)
+    assert dead.returncode == 5, dead.stderr
+    lines = [ln for ln in dead.stderr.splitlines() if ln.startswith("hpcvm: error:")]
+    assert len(lines) == 1 and "not running" in lines[0] and "Traceback" not in dead.stderr
