@@ -178,16 +178,25 @@ def report_command(
 
 def _echo_scale(data: ReportData) -> None:
     """The headline: each VM's predicted overhead at the largest core count asked, per
-    grain, beside the note of what could not be predicted."""
+    grain, beside the prediction at the scale the run had and what bsp measured there;
+    then what could not be predicted."""
     scale = data.scale
     assert scale is not None
     top = max(scale.asked)
+    ran = {(o.env, o.grain_ns): o for o in scale.overheads if o.cores == scale.ran}
     for o in scale.overheads:
-        if o.cores == top:
-            click.echo(
-                f"at {top:,} cores, grain {o.grain_ns / 1e3:g} us: {o.env} "
-                f"{o.overhead_pct:+.1f}% [{o.low_pct:+.1f}, {o.high_pct:+.1f}] against native"
-            )
+        if o.cores != top:
+            continue
+        here = ran[(o.env, o.grain_ns)]
+        line = (
+            f"at {top:,} cores, grain {o.grain_ns / 1e3:g} us: {o.env} "
+            f"{o.overhead_pct:+.1f}% [{o.low_pct:+.1f}, {o.high_pct:+.1f}] against native "
+            f"(at the {scale.ran} cores run: {here.overhead_pct:+.1f}%"
+        )
+        for m in scale.measured:
+            if m.env == o.env and m.overhead_pct is not None and scale.grain_of(m) == o.grain_ns:
+                line += f"; bsp measured {m.overhead_pct:+.1f}% at np {m.cores}"
+        click.echo(line + ")")
     for note in scale.notes:
         warn(note)
 
