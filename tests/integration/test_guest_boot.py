@@ -31,6 +31,7 @@ pytestmark = pytest.mark.integration
 
 BOOT_TIMEOUT = 180.0  # shared, loaded machine under TCG; a boot takes ~6 s when idle
 EXIT_TIMEOUT = 60.0
+NO_AGENT_WAIT = 5.0  # a VM without the agent's port: any wait ends in the timeout tested
 HOSTNAME = "guesttest"
 
 
@@ -265,6 +266,18 @@ def test_unshared_host_directory_is_absent(vm: Vm, tmp_path: Path) -> None:
     assert run(vm, ["cat", str(probe)])[0] != 0
 
 
+def unread_replies(sock: socket.socket, count: int, timeout: float = 60.0) -> None:
+    """Wait (a bounded poll, peeking: nothing is read) until ``count`` whole replies
+    (qemu-ga ends each with a newline) wait in ``sock``."""
+    deadline = time.monotonic() + timeout
+    waiting = b""
+    while waiting.count(b"\n") < count:
+        assert time.monotonic() < deadline, f"{count} replies not there in {timeout} s: {waiting!r}"
+        time.sleep(0.05)
+        with contextlib.suppress(BlockingIOError):
+            waiting = sock.recv(1 << 20, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+
+
 def test_stale_replies_from_a_departed_client_are_skipped(vm: Vm) -> None:
     """Commands sent by a client that left without reading (and half a command) must
     not desynchronise the next client: this only happens over virtio-serial."""
@@ -273,7 +286,7 @@ def test_stale_replies_from_a_departed_client_are_skipped(vm: Vm) -> None:
     for i in range(5):
         raw.sendall(json.dumps({"execute": "guest-sync", "arguments": {"id": i}}).encode())
     raw.sendall(b'{"execute": "guest-info"}\n{"execute": "guest-ping"')
-    time.sleep(1.0)
+    unread_replies(raw, 6)  # the five syncs' and guest-info's, left unread
     raw.close()
     assert run(vm, ["echo", "in step"]) == (0, "in step\n", "")
 
@@ -301,8 +314,8 @@ def test_agent_on_a_vm_without_agent_device_times_out_naming_the_log(
         agent = machine.agent()
         begin = time.monotonic()
         with pytest.raises(RuntimeFailure) as info:
-            agent.wait_ready(begin + 15.0, machine.alive)
-        assert time.monotonic() - begin < 15.0 + 10.0
+            agent.wait_ready(begin + NO_AGENT_WAIT, machine.alive)
+        assert time.monotonic() - begin < NO_AGENT_WAIT + 10.0
         message = str(info.value)
         assert str(machine.console) in message and "\n" not in message
         assert machine.alive()  # it was the agent that was missing, not the VM
