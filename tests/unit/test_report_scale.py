@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +141,20 @@ def test_figure_draws_each_environment_from_1_to_16384_cores(db: Path) -> None:
     assert target and TARGET_CORES == 1024
 
 
+def test_noise_traces_from_another_results_directory(db: Path, tmp_path: Path) -> None:
+    """--scale-noise: the same traces read from a copy of the database (its samples' work
+    directories are the same files) give the very same prediction, and say where from."""
+    copy = tmp_path / "elsewhere"
+    copy.mkdir()
+    with sqlite3.connect(db / "hpcvm.db") as src, sqlite3.connect(copy / "hpcvm.db") as dst:
+        src.backup(dst)
+    here = load_report(db, scale=QUICK).scale
+    there = load_report(db, scale=replace(QUICK, noise_from=copy)).scale
+    assert here is not None and there is not None
+    assert there.curves == here.curves and there.overheads == here.overheads
+    assert any(str(copy) in note for note in there.notes)
+
+
 def test_figure_cores_and_grains() -> None:
     assert figure_cores((1000,), 2)[:3] == (1, 2, 4)
     assert 1000 in figure_cores((1000,), 2) and figure_cores((1000,), 2)[-1] == 16384
@@ -151,7 +167,9 @@ def test_figure_cores_and_grains() -> None:
     [
         (["--scale", "1024,lots"], "--scale: 'lots' is not a core count"),
         (["--scale", "0"], "--scale: core counts lie between 1"),
-        (["--grain", "1ms"], "--grain and --scale-latency go with --scale"),
+        (["--grain", "1ms"], "--grain, --scale-latency and --scale-noise go with --scale"),
+        (["--scale-noise", "."], "go with --scale CORES"),
+        (["--scale", "1024", "--scale-noise", "/nonexistent"], "--scale-noise /nonexistent"),
         (["--scale", "1024", "--grain", "fast"], "--grain: 'fast' is not a time"),
         (["--scale", "1024", "--grain", "0us"], "--grain: a grain of work must be longer"),
         (["--scale", "1024", "--scale-latency", "-1us"], "--scale-latency: '-1us' is not"),

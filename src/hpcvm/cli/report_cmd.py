@@ -40,15 +40,19 @@ def _load(results: Path, run_id: int | None, scale: ScaleRequest | None = None) 
 
 
 def _scale_request(
-    cores: str | None, grains: str | None, latency: str | None, other: Path | None
+    cores: str | None,
+    grains: str | None,
+    latency: str | None,
+    noise: Path | None,
+    other: Path | None,
 ) -> ScaleRequest | None:
     """The prediction ``--scale`` asks for, or None; its companions without it, or with
     ``--compare``, are a usage error rather than silently ignored."""
     from hpcvm.report.scale import ScaleRequest, parse_cores, parse_grains, parse_time_ns
 
     if cores is None:
-        if grains is not None or latency is not None:
-            raise UsageError("--grain and --scale-latency go with --scale CORES")
+        if grains is not None or latency is not None or noise is not None:
+            raise UsageError("--grain, --scale-latency and --scale-noise go with --scale CORES")
         return None
     if other is not None:
         raise UsageError("--scale predicts one run: leave out --compare")
@@ -57,6 +61,9 @@ def _scale_request(
         request = replace(request, grains_ns=parse_grains(grains))
     if latency is not None:
         request = replace(request, latency_ns=parse_time_ns(latency, "--scale-latency"))
+    if noise is not None:
+        _exists(noise, "--scale-noise")
+        request = replace(request, noise_from=noise)
     return request
 
 
@@ -123,6 +130,15 @@ def _plural(count: int, noun: str) -> str:
     help="With --scale: one stage of the collective (e.g. 1.5us; default: the run's "
     "netpipe 1-byte latency per environment, else 1.5us).",
 )
+@click.option(
+    "--scale-noise",
+    type=str,
+    callback=path_option,
+    default=None,
+    metavar="DIRECTORY",
+    help="With --scale: take the noise traces from the latest run in this results "
+    "directory (e.g. a one-node noise run beside a bench --nodes bsp run).",
+)
 def report_command(
     results: Path,
     out: Path | None,
@@ -133,6 +149,7 @@ def report_command(
     scale_cores: str | None,
     grains: str | None,
     scale_latency: str | None,
+    scale_noise: Path | None,
 ) -> None:
     """Draw the studies' figures (overhead bars with intervals, absolute values,
     interrupts against overhead, noise detours) and write the report of RESULTS.
@@ -142,7 +159,7 @@ def report_command(
     from hpcvm.report.compare import compare
     from hpcvm.report.write import check_out_dir, write_comparison, write_report
 
-    scale = _scale_request(scale_cores, grains, scale_latency, other)
+    scale = _scale_request(scale_cores, grains, scale_latency, scale_noise, other)
     _exists(results, "RESULTS")
     if other is not None:
         _exists(other, "--compare")

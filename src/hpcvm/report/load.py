@@ -69,7 +69,10 @@ def build_report(
     measured = [s for s in samples if not s.warmup]
     noise_runs, notes = _noise_runs(envs, measured)
     rows = tuple(summary_rows(run, envs, samples))
-    scale_part = None if scale is None else scale_report(noise_runs, rows, scale, run.confidence)
+    scale_part = None
+    if scale is not None:
+        traces = noise_runs if scale.noise_from is None else _noise_elsewhere(scale.noise_from)
+        scale_part = scale_report(traces, rows, scale, run.confidence)
     drift = _drift(envs, measured)
     failures = _failures(samples)
     data = ReportData(
@@ -250,6 +253,17 @@ def _noise_runs(
         if runs:
             found[env.name] = runs
     return found, notes
+
+
+def _noise_elsewhere(results: Path) -> dict[str, list[dict[int, list[int]]]]:
+    """The noise traces of the latest run in another results directory (``report
+    --scale-noise``): a run across nodes cannot run the noise suite, one on a node can."""
+    with Store.open(results) as store:
+        run = store.run(None)
+        envs = store.environments(run.id)
+        samples = store.samples(run.id)
+    runs, _ = _noise_runs(envs, [s for s in samples if not s.warmup])
+    return runs
 
 
 def _noise_curves(runs: dict[str, list[dict[int, list[int]]]]) -> list[NoiseCurve]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from hpcvm.bench.bsp import GRAIN, SLOWDOWN, BspSuite
 from hpcvm.errors import BenchmarkError, UsageError
@@ -57,6 +58,7 @@ class ScaleRequest:
     steps: int = DEFAULT_STEPS
     resamples: int = DEFAULT_RESAMPLES
     seed: int = 0
+    noise_from: Path | None = None  # another results directory's noise traces
 
 
 def parse_cores(text: str) -> tuple[int, ...]:
@@ -207,10 +209,12 @@ def scale_report(
     """Predict every environment with noise traces at every grain and core count, and
     beside each bsp measurement; what could not be predicted is said in the notes."""
     notes: list[str] = []
+    if request.noise_from is not None:
+        notes.append(f"noise traces from the latest run in {request.noise_from}")
     if not runs:
         notes.append(
             "no noise traces in this run: run the noise suite (hpcvm bench --suite noise) "
-            "for a prediction at scale"
+            "for a prediction at scale, or give another run's with --scale-noise"
         )
     envs = env_order(runs)
     ran = max((len(run) for env_runs in runs.values() for run in env_runs), default=1)
