@@ -30,7 +30,9 @@ STATUS = ["/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"]
 
 
 def _cpusets() -> list[Path]:
-    return [p for p in CGROUP_ROOT.rglob(f"{PREFIX}*") if p.is_dir()]
+    """This test process's native cpusets (their names hold its pid: another bench on
+    the machine, a developer's or a parallel run's, has its own)."""
+    return [p for p in CGROUP_ROOT.rglob(f"{PREFIX}{os.getpid()}-*") if p.is_dir()]
 
 
 def _last_cpu() -> int:
