@@ -46,7 +46,7 @@ class SuiteOptions(Frozen):
     noise_quanta: int = 20000
     noise_quantum_us: int = 50
     noise_iterations: int | None = None  # one quantum's work, fixed once per bench run
-    bsp_steps: int = 2000  # bench has no option for these yet: the defaults of bsp.py
+    bsp_steps: int = 2000  # bench --bsp-steps and --bsp-grain-us
     bsp_grain_us: int = 100
     npb_dir: Path | None = None
     npb_kernels: tuple[str, ...] = ()

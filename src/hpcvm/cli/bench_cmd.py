@@ -76,6 +76,8 @@ class BenchOptions:
     size: str
     noise_quanta: int | None
     noise_quantum_us: int
+    bsp_grain_us: int
+    bsp_steps: int
     npb_dir: str | None
     npb_kernels: str | None
     cmd: str | None
@@ -151,6 +153,8 @@ def _suite_options(o: BenchOptions) -> SuiteOptions:
     for flag, value in (
         ("--noise-quanta", o.noise_quanta),
         ("--noise-quantum-us", o.noise_quantum_us),
+        ("--bsp-grain-us", o.bsp_grain_us),
+        ("--bsp-steps", o.bsp_steps),
     ):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be a positive number, not {value}: e.g. {flag} 1000")
@@ -166,6 +170,8 @@ def _suite_options(o: BenchOptions) -> SuiteOptions:
         hpcc_size=hpcc_size,
         noise_quanta=quanta if o.noise_quanta is None else o.noise_quanta,
         noise_quantum_us=o.noise_quantum_us,
+        bsp_grain_us=o.bsp_grain_us,
+        bsp_steps=o.bsp_steps,
         npb_dir=Path(npb_dir).absolute() if npb_dir else None,
         npb_kernels=tuple(k for k in (o.npb_kernels or "").split(",") if k),
         npb_size=o.size if o.size in _SIZES else hpcc_size,
@@ -364,6 +370,16 @@ class _Bar:
 )
 @click.option("--noise-quanta", type=int, default=None, help="Noise: quanta per CPU.")
 @click.option("--noise-quantum-us", type=int, default=50, show_default=True)
+@click.option(
+    "--bsp-grain-us",
+    type=int,
+    default=100,
+    show_default=True,
+    help="bsp: work between allreduces (us), calibrated once per run natively.",
+)
+@click.option(
+    "--bsp-steps", type=int, default=2000, show_default=True, help="bsp: steps per sample."
+)
 @click.option("--npb-dir", default=None, help="NPB bin directory (for --suite npb).")
 @click.option("--npb-kernels", default=None, help="NPB kernels, e.g. cg,ep.")
 @click.option("--cmd", default=None, help="A command to benchmark (suite cmd).")
