@@ -16,7 +16,8 @@ The image is tests/image_builder.py's (built once per machine, minutes). The run
 guest the story starts from is restored from a checkpoint of a freshly booted one,
 cached on disk (tests/booted_guests.py: boot once, restore many); the first session on
 a machine boots it and saves it. Booting a disk image is test_image_boot.py's subject.
-Every wait is a bounded poll (``wait_until``), not a fixed sleep.
+Every wait for a condition is a bounded poll (``wait_until``); one fixed pause stays
+(before restoring B, see there).
 """
 
 from __future__ import annotations
@@ -229,8 +230,11 @@ def test_damaged_checkpoints_are_refused_and_start_nothing(story: Story) -> None
 
 def test_restore_on_other_pus_verifies_and_the_guest_goes_on(story: Story) -> None:
     saved_at = Manifest.model_validate_json((story.work / "B" / MANIFEST).read_text()).saved_at
-    # a gap the guest's clock must not lose (the tests before usually made it already)
-    wait_until("the gap after the save", lambda: time.time() >= saved_at + CLOCK_GAP, 10)
+    # A gap the guest's clock must not lose. A fixed pause, on purpose: polled (the gap
+    # is long over when the test before ran), restore B began as that test's VM went
+    # down, and hpcvm's `date -s` clock step ended over its 1.0 s tolerance in 3 of 4
+    # runs on this loaded 2-core machine; with the pause 3 of 3 passed (docs/testing.md).
+    time.sleep(CLOCK_GAP)
     begin = time.time()
     done = run("restore", str(story.work / "B"), pu=story.pus[1])
     assert done.returncode == 0, done.stderr
