@@ -24,11 +24,11 @@ endif
 
 all: $(HELPERS)
 
-$(DATA_DIR)/hpcvm-noise: csrc/noise.c Makefile
+$(DATA_DIR)/hpcvm-noise: csrc/noise.c csrc/work.h Makefile
 	@mkdir -p $(DATA_DIR)
 	$(CC) $(CFLAGS) $(ARCH_FLAGS) $(WARNINGS) -pthread -o $@ $<
 
-$(DATA_DIR)/hpcvm-bsp: csrc/bsp.c Makefile
+$(DATA_DIR)/hpcvm-bsp: csrc/bsp.c csrc/work.h Makefile
 	@mkdir -p $(DATA_DIR)
 	$(MPICC) $(CFLAGS) $(ARCH_FLAGS) $(WARNINGS) -o $@ $<
 

@@ -26,27 +26,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "work.h"
+
 #define BSP_VERSION 1
 #define WARMUP_STEPS 10
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* The same work as hpcvm-noise's quantum: a serial chain the compiler cannot drop,
- * collapse or vectorise. */
-static uint64_t __attribute__((noinline)) work(uint64_t iterations, uint64_t seed)
-{
-    uint64_t x = seed;
-    for (uint64_t i = 0; i < iterations; i++) {
-        x = x * 6364136223846793005u + 1442695040888963407u;
-        __asm__ volatile("" : "+r"(x));
-    }
-    return x;
-}
 
 static void usage(void)
 {

@@ -33,6 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "work.h"
+
 #define NOISE_VERSION 1
 #define MAX_CPUS CPU_SETSIZE
 
@@ -48,27 +50,6 @@ static uint64_t g_iterations;    /* work loop length of one quantum */
 static long g_quanta;            /* quanta per CPU */
 static pthread_barrier_t g_start;
 static volatile uint64_t g_sink; /* keeps calibration's results alive (main thread only) */
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* The quantum: a serial chain of integer multiply-adds.  The empty asm statement
- * tells the compiler the value is used and changed on every iteration, so it can
- * neither drop the loop nor collapse or vectorise it; the chain's dependency makes
- * each iteration take the same few cycles on any x86-64. */
-static uint64_t __attribute__((noinline)) work(uint64_t iterations, uint64_t seed)
-{
-    uint64_t x = seed;
-    for (uint64_t i = 0; i < iterations; i++) {
-        x = x * 6364136223846793005u + 1442695040888963407u;
-        __asm__ volatile("" : "+r"(x));
-    }
-    return x;
-}
 
 static uint64_t min_time_ns(uint64_t iterations, int repeats)
 {

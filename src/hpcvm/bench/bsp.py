@@ -22,14 +22,12 @@ The binary is built by ``make all`` (with Open MPI's ``mpicc``) into
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-from hpcvm.bench.launch import Bind, in_workdir, mpirun_argv
+from hpcvm.bench.launch import Bind, data_binary, in_workdir, mpirun_argv
 from hpcvm.bench.metrics import Metric, MetricValue, ParseError
 from hpcvm.bench.noise import calibrate_iterations
 from hpcvm.bench.suite import check_np_values, require_exit_ok
@@ -77,17 +75,8 @@ METRICS = (SLOWDOWN, COMPUTE_SLOWDOWN, STEP, GRAIN)
 def bsp_binary() -> Path:
     """Where the bsp binary is: ``$HPCVM_BSP_BIN`` or the package's data directory;
     BenchmarkError naming the fix when it is not built."""
-    override = os.environ.get(BINARY_ENV)
-    if override:
-        path = Path(override).absolute()
-    else:
-        path = Path(str(resources.files("hpcvm").joinpath("data", BINARY_NAME))).absolute()
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        raise BenchmarkError(
-            f"bsp benchmark binary not found at {path}: install libopenmpi-dev and run "
-            f"`make all` in the hpcvm source tree{' or fix ' + BINARY_ENV if override else ''}"
-        )
-    return path
+    fix = "install libopenmpi-dev and run `make all` in the hpcvm source tree"
+    return data_binary(BINARY_NAME, BINARY_ENV, "bsp benchmark", fix)
 
 
 def read_raw(path: Path) -> tuple[np.ndarray, np.ndarray]:

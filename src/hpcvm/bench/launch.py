@@ -38,10 +38,12 @@ puts one rank on each and messages really cross the network.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -97,6 +99,22 @@ def find_program(name: str, package: str | None = None) -> str:
         fix = f"install the Debian package {package}" if package else "install it"
         raise BenchmarkError(f"{name} not found on PATH: {fix} (scripts/setup.sh does)")
     return str(Path(found).absolute())
+
+
+def data_binary(name: str, env: str, what: str, fix: str) -> Path:
+    """Where one of hpcvm's own C helpers is: ``$env`` when set, else the package's data
+    directory, where ``make all`` builds it; BenchmarkError with ``fix`` (how to build it)
+    when it is not there or not executable."""
+    override = os.environ.get(env)
+    if override:
+        path = Path(override).absolute()
+    else:
+        path = Path(str(resources.files("hpcvm").joinpath("data", name))).absolute()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise BenchmarkError(
+            f"{what} binary not found at {path}: {fix}{' or fix ' + env if override else ''}"
+        )
+    return path
 
 
 def mpirun_program() -> str:

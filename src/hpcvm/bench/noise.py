@@ -18,13 +18,11 @@ next to the installed package; ``HPCVM_NOISE_BIN`` overrides the path.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 
-from hpcvm.bench.launch import in_workdir
+from hpcvm.bench.launch import data_binary, in_workdir
 from hpcvm.bench.metrics import Metric, MetricValue, ParseError, parse_number, tail
 from hpcvm.bench.suite import require_exit_ok
 from hpcvm.errors import BenchmarkError, UsageError
@@ -40,17 +38,8 @@ HEADER = "hpcvm-noise"
 def noise_binary() -> Path:
     """Where the noise benchmark binary is: ``$HPCVM_NOISE_BIN`` or the package's
     data directory. BenchmarkError naming the fix when it is not built."""
-    override = os.environ.get(BINARY_ENV)
-    if override:
-        path = Path(override).absolute()
-    else:
-        path = Path(str(resources.files("hpcvm").joinpath("data", BINARY_NAME))).absolute()
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        raise BenchmarkError(
-            f"noise benchmark binary not found at {path}: run `make all` in the hpcvm "
-            f"source tree (scripts/setup.sh does){' or fix ' + BINARY_ENV if override else ''}"
-        )
-    return path
+    fix = "run `make all` in the hpcvm source tree (scripts/setup.sh does)"
+    return data_binary(BINARY_NAME, BINARY_ENV, "noise benchmark", fix)
 
 
 class CpuNoise(Frozen):
