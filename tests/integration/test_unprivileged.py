@@ -241,3 +241,37 @@ def test_the_readmes_main_job_runs_for_a_member_with_native_on_the_vms_pus(
         member
     ).pw_uid
     assert qemus_of(pwd.getpwnam(member).pw_uid) == []
+
+
+def test_a_members_native_and_container_runs_keep_to_the_given_pu(
+    users: tuple[str, str], hpcvm: str, workdir: Path
+) -> None:
+    """A rootless container has no cgroup to ask for: its samples are held by the same
+    affinity as a user's native runs. Oracle: the noise program's per-PU report in
+    both environments, and mpirun's ranks (hpcc) run there too."""
+    cpu = max(os.sched_getaffinity(0))
+    bench = [
+        hpcvm, "bench", "--env", "native", "--env", "container", "--suite", "noise",
+        "--suite", "hpcc", "--size", "0.002", "--reps", "1", "--noise-quanta", "2000",
+        "--native-cpus", str(cpu), "--out", str(workdir / "results"),
+    ]  # fmt: skip
+    # not in the test's namespace: `ip netns exec` mounts a /sys without cgroups, which
+    # an OCI runtime refuses
+    job = subprocess.run(
+        ["runuser", "-u", users[0], "--", "env", "-i", "PATH=/usr/bin:/bin",
+         f"HOME=/home/{users[0]}", *bench],
+        cwd=workdir, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    with Store.open(workdir / "results") as store:
+        run = store.run()
+        samples = store.samples(run.id)
+    seen = {
+        (s.env, int(m.metric.rsplit("@cpu", 1)[1]))
+        for s in samples
+        if s.suite == "noise"
+        for m in s.metrics
+        if "@cpu" in m.metric
+    }
+    assert seen == {("native", cpu), ("container", cpu)}, seen
+    assert all(s.ok for s in samples), [s.error for s in samples if not s.ok]

@@ -11,7 +11,9 @@ with ``exec``, as samples run in a VM's guest:
   the results, read-write (runtime/oci_bundle.py);
 - it is confined to the native baseline's PUs and memory nodes (bench/placement.py),
   by the OCI config's cgroup resources, so native, container and VMs run on the same
-  PUs and nodes;
+  PUs and nodes; a user's rootless container has no cgroup to ask for, so each sample's
+  ``exec`` runs under the same CPU affinity and memory binding as a user's native run
+  (bench/native.py), which the runtime passes on to the process it starts;
 - each sample runs under the same clean environment as natively and in a guest, with
   coreutils ``timeout`` inside the container (it kills the benchmark's process group,
   as in the guest); a sample that outlives even that has the container killed (its PID
@@ -33,7 +35,7 @@ from pathlib import Path
 from hpcvm.bench import evidence
 from hpcvm.bench.cells import slug
 from hpcvm.bench.environments import CLEAN_ENV, CONTAINER, RunOutput, decode_output
-from hpcvm.bench.native import meminfo_total
+from hpcvm.bench.native import affinity_prefix, meminfo_total, mpi_held
 from hpcvm.bench.versions import host_versions
 from hpcvm.errors import RuntimeFailure
 from hpcvm.host.model import HostTopology
@@ -106,7 +108,10 @@ def describe_container(
     if container is not None:
         versions["container_runtime"] = f"{container.runtime.name} {container.runtime.version()}"
     versions["container_namespaces"] = " ".join(NAMESPACES) + " (network: the host's)"
-    versions["container_cpus"] = f"{cpus_text(spec.cpus)} (mems {cpus_text(spec.mems or None)})"
+    how = " by CPU affinity + memory bind" if spec.rootless and spec.cpus is not None else ""
+    versions["container_cpus"] = (
+        f"{cpus_text(spec.cpus)} (mems {cpus_text(spec.mems or None)}){how}"
+    )
     versions["container_shares"] = "; ".join(describe_mounts(spec))
     if spec.rootless:
         versions["container_rootless"] = "yes"
@@ -122,16 +127,23 @@ def describe_container(
 
 
 def run_in(
-    container: oci.Container, argv: Sequence[str], workdir: Path, timeout: float
+    container: oci.Container,
+    argv: Sequence[str],
+    workdir: Path,
+    timeout: float,
+    *,
+    held_by: Sequence[str] = (),
 ) -> RunOutput:
     """One sample: ``argv`` in ``container`` under the clean environment and an
-    in-container timeout; killed from outside when even that overstays (module doc)."""
+    in-container timeout; killed from outside when even that overstays (module doc).
+    ``held_by``: a command the runtime's ``exec`` runs under (the affinity of a rootless
+    container, which the runtime inherits and passes on to what it starts)."""
     workdir.mkdir(parents=True, exist_ok=True)
     wrapped = [TIMEOUT, "-k", f"{KILL_GRACE:g}", f"{timeout:g}", *CLEAN_ENV, *argv]
     irq_before = evidence.read_interrupts()
     start = time.monotonic()
     proc = subprocess.Popen(
-        container.exec_argv(wrapped, cwd=str(workdir)),
+        [*held_by, *container.exec_argv(wrapped, cwd=str(workdir))],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -242,6 +254,9 @@ class ContainerEnvironment:
             self.start()
         if self.container is None:
             raise RuntimeFailure(f"{self.name}: the container is not running")
+        if self.spec.rootless and self.cpus is not None:  # no cgroup: held as native is
+            held = affinity_prefix(self.cpus, self.mems)
+            return run_in(self.container, mpi_held(argv, self.cpus), workdir, timeout, held_by=held)
         return run_in(self.container, argv, workdir, timeout)
 
     def close(self) -> None:

@@ -136,16 +136,28 @@ class NativeEnvironment:
         numactl's affinity and memory binding, its mpirun's ranks bound to the PUs."""
         if self.cpus is None or self.confine == "cpuset":
             return list(argv)
-        cpus = format_cpu_list(list(self.cpus))
-        bind = [find_program("numactl", "numactl"), f"--physcpubind={cpus}"]
-        if self.mems:
-            bind.append(f"--membind={format_cpu_list(list(self.mems))}")
-        program = mpirun_program() if any("mpirun" in Path(w).name for w in argv) else ""
-        if program in argv:
-            argv = with_cpu_set(argv, program, self.cpus)
-            at = argv.index(program) + 1
-            argv[at:at] = MPI_LOCAL_MEMORY
-        return [*bind, "--", *argv]
+        return [*affinity_prefix(self.cpus, self.mems), *mpi_held(argv, self.cpus)]
+
+
+def affinity_prefix(cpus: Sequence[int], mems: Sequence[int]) -> list[str]:
+    """``numactl`` holding what it starts (and all that starts) to ``cpus`` and, when
+    given, memory on ``mems``: what any user may do (module doc)."""
+    bind = [find_program("numactl", "numactl"), f"--physcpubind={format_cpu_list(list(cpus))}"]
+    if mems:
+        bind.append(f"--membind={format_cpu_list(list(mems))}")
+    return [*bind, "--"]
+
+
+def mpi_held(argv: Sequence[str], cpus: Sequence[int]) -> list[str]:
+    """``argv`` with its mpirun's ranks bound to ``cpus`` and their memory to those PUs'
+    node (mpirun binds from hwloc's whole node and resets the memory policy)."""
+    out = list(argv)
+    program = mpirun_program() if any("mpirun" in Path(w).name for w in out) else ""
+    if program in out:
+        out = with_cpu_set(out, program, cpus)
+        at = out.index(program) + 1
+        out[at:at] = MPI_LOCAL_MEMORY
+    return out
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

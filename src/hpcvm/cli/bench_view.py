@@ -78,7 +78,9 @@ def host_pus(run: RunRecord, env: EnvironmentRecord) -> str:
         if not cpus:
             return "any"
         how = native.get("confine", "cpuset") if isinstance(native, dict) else "cpuset"
-        if env.kind == "native" and how != "cpuset":
+        if env.kind == "container" and env.versions.get("container_rootless") == "yes":
+            how = "affinity"  # a rootless container has no cgroup (bench/container.py)
+        if how != "cpuset":
             return f"{format_cpu_list(cpus)} (nodes {format_cpu_list(mems or [])}; {how})"
         return f"{format_cpu_list(cpus)} (nodes {format_cpu_list(mems or [])})"
     placements = (env.plan or {}).get("placements", [])
