@@ -293,6 +293,7 @@ remove_test_user() {
   if [ "$(getent passwd "$TEST_USER" | cut -d: -f5)" = "$TEST_MARK" ]; then
     userdel --remove "$TEST_USER" 2>/dev/null || userdel "$TEST_USER" ||
       echo "test-cluster: could not remove user $TEST_USER" >&2
+    rm -rf "/tmp/hpcvm-$TEST_UID"  # its hpcvm runtime directory (userdel knows not of it)
     # userdel removes the user's own group with it (USERGROUPS_ENAB); an older one not.
     if getent group "$TEST_USER" >/dev/null && [ -z "$(getent group "$TEST_USER" | cut -d: -f4)" ]; then
       groupdel "$TEST_USER" 2>/dev/null || true

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import pwd
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,3 +63,14 @@ def open_dir() -> Iterator[Path]:
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_user(name: str) -> None:
+    """Remove a user a test made, with its home and the per-user runtime directory its
+    hpcvm commands made (``/tmp/hpcvm-UID``, which userdel does not know of)."""
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return
+    subprocess.run(["userdel", "--remove", name], capture_output=True, check=False)
+    shutil.rmtree(Path(tempfile.gettempdir()) / f"hpcvm-{uid}", ignore_errors=True)

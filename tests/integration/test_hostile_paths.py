@@ -46,6 +46,7 @@ from _pytest.mark import ParameterSet
 
 from hpcvm.cli.main import OS_ERROR_FIX
 from tests import cluster_support
+from tests.users import remove_user
 
 pytestmark = pytest.mark.integration
 
@@ -208,7 +209,7 @@ def test_user() -> Iterator[str]:
         yield user
     finally:
         if made:
-            subprocess.run(["userdel", "--remove", user], capture_output=True, check=False)
+            remove_user(user)
 
 
 def _group_exists(name: str) -> bool:

@@ -40,6 +40,7 @@ from hpcvm.cli.main import main
 from tests import cluster_support
 from tests.cluster_support import TEST_UID, TEST_USER
 from tests.report_support import measure_database
+from tests.users import remove_user
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +66,7 @@ def user() -> Iterator[str]:
     try:
         yield TEST_USER
     finally:
-        subprocess.run(["userdel", "--remove", TEST_USER], capture_output=True, check=False)
+        remove_user(TEST_USER)
 
 
 def _group_exists(name: str) -> bool:

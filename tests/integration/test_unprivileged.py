@@ -28,6 +28,7 @@ import pytest
 
 from hpcvm.store import Store
 from tests import cluster_support
+from tests.users import remove_user
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,7 @@ def users() -> Iterator[tuple[str, str]]:
         yield MEMBER, OUTSIDER
     finally:
         for user in made:
-            subprocess.run(["userdel", "-r", user], capture_output=True, check=False)
+            remove_user(user)
 
 
 @pytest.fixture(scope="module")
