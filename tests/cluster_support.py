@@ -12,8 +12,9 @@ end of the session it runs ``down``. A test module uses it by re-exporting the f
     slurm_cluster = cluster_support.slurm_cluster
 
 It skips, saying what to install, when Slurm, munge or the namespace tools are missing
-or the tests do not run as root. A cluster that was already up when the session began
-(a developer's, started by hand) is reused and left up. How it is built and why:
+or the tests do not run as root. A cluster started by hand (a developer's) is reused and
+left up; one a test session started goes down when the last session using it ends,
+also when the session that started it was killed before its teardown. How it is built and why:
 docs/cluster-testing.md.
 
 Jobs are confined by Slurm's cgroup plugins and may be submitted as an unprivileged
@@ -339,20 +340,93 @@ def describe(nodes: int) -> LocalCluster:
     )
 
 
+# Test sessions that use the cluster, one file each (``<pid>-<start time>``), beside the
+# cluster's state directory (which ``down`` removes) so that registering needs no cluster.
+SESSIONS_DIR = Path(os.environ.get("HPCVM_TEST_CLUSTER_SESSIONS", f"{STATE_DIR}-sessions"))
+# In the cluster's state directory: a pytest session brought this cluster up, so the last
+# session to leave takes it down (a cluster started by hand has no such mark: left up).
+STARTED_MARK = "started-by-pytest"
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), or
+    None when it is gone: with the pid it names one process, never a later one that got
+    the same pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def live_sessions(sessions: Path = SESSIONS_DIR) -> list[Path]:
+    """The registered sessions whose process still runs; files of dead ones (a session
+    killed before its teardown) are removed on the way."""
+    alive = []
+    for entry in sorted(sessions.glob("*-*")):
+        pid, _, start = entry.name.partition("-")
+        if pid.isdigit() and process_start(int(pid)) == start:
+            alive.append(entry)
+        else:
+            entry.unlink(missing_ok=True)
+    return alive
+
+
+@contextlib.contextmanager
+def sessions_locked(sessions: Path = SESSIONS_DIR) -> Iterator[None]:
+    """Hold the registry's lock: registering and bringing the cluster up, or leaving and
+    taking it down, happen as one step, so one session never tears the cluster down
+    between another's check and its use."""
+    sessions.mkdir(mode=0o700, exist_ok=True)
+    with open(sessions / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def register_session(sessions: Path = SESSIONS_DIR) -> Path:
+    """Record this process as a user of the cluster (the lock is held by the caller)."""
+    entry = sessions / f"{os.getpid()}-{process_start(os.getpid())}"
+    entry.touch()
+    return entry
+
+
+def leave_session(entry: Path, state_dir: Path = STATE_DIR) -> bool:
+    """Unregister ``entry``; whether the cluster should now go down: a pytest session
+    started it (the mark) and no live session still uses it. A session killed before its
+    teardown (its cluster would otherwise stay up for ever, every later session finding
+    it up and leaving it so) is thus cleaned up after by the next one to leave."""
+    entry.unlink(missing_ok=True)
+    return (state_dir / STARTED_MARK).exists() and not live_sessions(entry.parent)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[LocalCluster]:
-    """A running test cluster for the session; torn down at its end unless it was
-    already up when the session began."""
+    """A running test cluster for the session. The last session to leave a cluster that
+    a session started takes it down; one started by hand is left up."""
     reason = missing_requirements()
     if reason:
         pytest.skip(reason)
-    was_up = is_up()
-    cluster = up(CLUSTER_NODES)
+    with sessions_locked():
+        was_up = is_up()
+        cluster = up(CLUSTER_NODES)
+        if not was_up:
+            (STATE_DIR / STARTED_MARK).touch()
+        entry = register_session()
     try:
         yield cluster
     finally:
-        if not was_up:
-            down()
+        with sessions_locked():
+            if leave_session(entry):
+                down()
+        forget_sessions()
+
+
+def forget_sessions(sessions: Path = SESSIONS_DIR) -> None:
+    """Remove the registry when no session is left in it: nothing stays behind."""
+    if not live_sessions(sessions):
+        with contextlib.suppress(OSError):
+            (sessions / ".lock").unlink()
+            sessions.rmdir()
 
 
 @pytest.fixture(scope="session")
