@@ -10,11 +10,13 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import click
+from click.core import ParameterSource
 
 from hpcvm.bench.choices import (
     CONTAINER_RUNTIMES,
@@ -210,18 +212,64 @@ _SUITE_OPTIONS = {
 }
 
 
+# Settings of one suite that do not select it (the default suites may include it): given
+# on the command line for a run whose suites lack it, they are refused.
+_SUITE_SETTINGS = {
+    "noise_quanta": ("--noise-quanta", "noise"),
+    "noise_quantum_us": ("--noise-quantum-us", "noise"),
+    "bsp_grain_us": ("--bsp-grain-us", "bsp"),
+    "bsp_steps": ("--bsp-steps", "bsp"),
+}
+# Settings of the VMs: refused for a run with no vm:* environment.
+_VM_SETTINGS = {
+    "vm_vcpus": "--vm-vcpus",
+    "vm_memory": "--vm-memory",
+    "vm_guest_nodes": "--vm-guest-nodes",
+    "vm_backend": "--vm-backend",
+}
+
+
+def _given(name: str) -> bool:
+    """Whether the user set option ``name`` (on the command line or in the environment),
+    as opposed to its default: an option with a default cannot say so by its value."""
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
 def _suites(o: BenchOptions) -> list[str]:
     given = list(o.suite)
     used = {key: spec for key, spec in _SUITE_OPTIONS.items() if getattr(o, key)}
     if not given:
-        return list(dict.fromkeys(suite for _, suite in used.values())) or list(DEFAULT_SUITES)
-    for flag, suite in used.values():
-        if suite not in given:
+        chosen = list(dict.fromkeys(suite for _, suite in used.values())) or list(DEFAULT_SUITES)
+    else:
+        _refuse_unselected(used.values(), given)
+        chosen = given
+    settings = [spec for key, spec in _SUITE_SETTINGS.items() if _given(key)]
+    _refuse_unselected(settings, chosen)
+    return chosen
+
+
+def _refuse_unselected(options: Iterable[tuple[str, str]], suites: Sequence[str]) -> None:
+    """Refuse an option of a suite the run does not select: never silently ignored."""
+    for flag, suite in options:
+        if suite not in suites:
             raise UsageError(
                 f"{flag} is an option of --suite {suite}, which this run does not select: "
                 f"add --suite {suite} or drop {flag}"
             )
-    return given
+
+
+def _refuse_vm_settings(envs: Sequence[str]) -> None:
+    """Refuse --vm-* options for a run that starts no VM: never silently ignored."""
+    if any(env.startswith("vm:") for env in envs):
+        return
+    for key, flag in _VM_SETTINGS.items():
+        if _given(key):
+            raise UsageError(
+                f"{flag} sets the VMs of a run, and this one has no vm:* environment: "
+                f"add --env vm:hpc (or another vm:*) or drop {flag}"
+            )
 
 
 def _config(o: BenchOptions) -> BenchConfig:
@@ -231,8 +279,10 @@ def _config(o: BenchOptions) -> BenchConfig:
 
     suites = _suites(o)
     memory = o.vm_memory
+    envs = canonical_env_names(tuple(o.env) or DEFAULT_ENVS)
+    _refuse_vm_settings(envs)
     return BenchConfig(
-        envs=canonical_env_names(tuple(o.env) or DEFAULT_ENVS),
+        envs=envs,
         suites=tuple(suites),
         np=parse_np(o.np),
         reps=parse_reps(o.reps),
