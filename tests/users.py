@@ -5,10 +5,12 @@ see what a site's user sees, without simulating it. Also a directory both can re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -37,9 +39,7 @@ def in_child_as(uid: int, gid: int, work: Callable[[], Any]) -> Any:
     if pid == 0:  # the child: never returns into pytest
         os.close(read)
         try:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
+            _drop_to(uid, gid)
             try:
                 answer: Any = work()
             except BaseException as exc:  # handed to the test, which judges it
@@ -53,6 +53,40 @@ def in_child_as(uid: int, gid: int, work: Callable[[], Any]) -> Any:
         data = pipe.read()
     os.waitpid(pid, 0)
     return pickle.loads(data)
+
+
+def _drop_to(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
+@contextlib.contextmanager
+def process_as(uid: int, gid: int, work: Callable[[], Any] = lambda: None) -> Iterator[int]:
+    """A live process running as ``uid``/``gid`` for the block: forked, dropped to that
+    user, ``work()`` run in it (e.g. claiming something), then it waits until the block
+    ends and it is killed. Yields its pid once ``work`` has returned."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        os.close(read)
+        try:
+            _drop_to(uid, gid)
+            kept = work()  # noqa: F841  (held, e.g. a claim, until the process ends)
+            os.write(write, b"ready")
+            while True:
+                signal.pause()
+        finally:
+            os._exit(1)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read(5)
+    try:
+        assert said == b"ready", f"the process as uid {uid} failed before it was ready"
+        yield pid
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 @pytest.fixture

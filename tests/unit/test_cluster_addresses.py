@@ -71,6 +71,7 @@ def test_a_claim_lives_with_its_holder(tmp_path: Path) -> None:
         holder.wait()
     mine = claim(address, tmp_path)  # its holder is gone: taken over
     assert mine is not None and mine.path is not None
-    assert (tmp_path / "10.77.0.140").read_text().split() == [str(os.getpid())]
+    assert mine.path.parent == tmp_path and mine.path.name.startswith("10.77.0.140.")
+    assert mine.path.read_text().split()[0] == str(os.getpid())
     mine.release()
-    assert not (tmp_path / "10.77.0.140").exists()
+    assert list(tmp_path.iterdir()) == []  # the dead holder's file went too

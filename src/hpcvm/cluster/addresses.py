@@ -11,12 +11,19 @@ sets aside for VMs (``/etc/hpcvm/site.toml``; ``$HPCVM_SITE_CONFIG`` names anoth
 
 The node whose address is host number ``h`` of its bridge's subnet owns the pool's
 addresses ``h*slots`` to ``h*slots + slots - 1``: nodes never share one. Jobs sharing a
-node take different slots: a slot is claimed by a file in a directory every user on the
-node may write (``$HPCVM_ADDRESS_CLAIMS``, default ``/dev/shm/hpcvm-addresses``, made
-mode 1777 by the node install), created exclusively and holding the claiming process's
-pid, so a claim dies with its holder. And before a guest uses its address it asks the
-segment whether anyone answers for it (duplicate address detection, in the guest), so
-an address taken outside hpcvm's knowledge is refused too.
+node take different slots: a slot is claimed by a file ``IP.RANDOM`` in a directory
+every user on the node may write (``$HPCVM_ADDRESS_CLAIMS``, default
+``/dev/shm/hpcvm-addresses``, root's and mode 1777, made by the node install: sticky,
+so nobody removes or replaces another user's claim). The file holds the claiming
+process's pid and start time, and counts only while that process lives and belongs to
+the file's owner: a claim dies with its holder, and a file naming pid 1 or another
+user's process, a symbolic link, a FIFO or anything not a regular file holds nothing
+(never followed, never waited on). A claimer publishes its file, then looks for any
+other live claim of the address and withdraws if it finds one, so two never both hold
+it. A claims directory another user owns (its owner could remove anyone's claims) or
+that others may write without the sticky bit is not used. And before a guest uses its
+address it asks the segment whether anyone answers for it (duplicate address detection,
+in the guest), so an address taken outside hpcvm's knowledge is refused too.
 """
 
 from __future__ import annotations
@@ -24,16 +31,24 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import random
+import secrets
+import stat
+import tempfile
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpcvm.errors import UsageError
+from hpcvm.runtime.paths import dir_problem
 
 AUTO = "auto"
 DEFAULT_CONFIG = "/etc/hpcvm/site.toml"
 DEFAULT_CLAIMS = "/dev/shm/hpcvm-addresses"
 DEFAULT_SLOTS = 4
+CLAIM_TRIES = 5  # claimers of one address at the same moment (claim)
+CLAIM_BACKOFF = 0.02  # seconds, at most, between two tries
 
 
 def site_config() -> Path:
@@ -119,51 +134,128 @@ class Claim:
 
 
 def claim(address: ipaddress.IPv4Interface, directory: Path | None = None) -> Claim | None:
-    """Claim ``address`` on this node for this process; None when a live process holds
-    it. A claim whose holder is gone is taken over. Without a claims directory this
-    user may write, every address is "claimed" (duplicate address detection still
+    """Claim ``address`` on this node for this process; None when a live claim of
+    another process holds it (module doc). Without a claims directory this user may
+    write and trust, every address is "claimed" (duplicate address detection still
     guards)."""
     directory = directory or claims_dir()
+    ip = str(address.ip)
     try:
         _ensure_dir(directory)
     except OSError:
         return Claim(address, None)
-    path = directory / str(address.ip)
-    for _ in range(2):
+    for _ in range(CLAIM_TRIES):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            if _holder_alive(path):
-                return None
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            continue
+            mine = _publish(directory, ip)
         except OSError:
             return Claim(address, None)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()}\n")
-        return Claim(address, path)
+        if not _held_by_another(directory, ip, mine):
+            return Claim(address, mine)
+        mine.unlink()
+        # Two claimers who published at once both see the other and withdraw: wait a
+        # random moment and try again, unless a live claim is still there.
+        time.sleep(random.uniform(0, CLAIM_BACKOFF))
+        if _held_by_another(directory, ip, None):
+            return None
     return None
 
 
+def _held_by_another(directory: Path, ip: str, mine: Path | None) -> bool:
+    return any(_holds(path) for path in _claim_files(directory, ip) if path != mine)
+
+
 def _ensure_dir(directory: Path) -> None:
-    if not directory.is_dir():
-        directory.mkdir(mode=0o1777, parents=True, exist_ok=True)
-        with contextlib.suppress(PermissionError):
-            directory.chmod(0o1777)  # every user's jobs claim here (sticky: own files only)
+    """The claims directory, made if missing; OSError when it is not one this user may
+    trust: root's or this user's, sticky wherever others may write, no symbolic link
+    (paths.dir_problem). The owner of a directory may remove anything in it, so one
+    another user made is not used: the admin makes it (docs/site.md)."""
+    if not os.path.lexists(directory):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o1777, parents=True)
+        if os.lstat(directory).st_uid == os.geteuid():
+            directory.chmod(0o1777)  # whatever the umask: every user's jobs claim here
+    problem = dir_problem(directory, owners="me or root", sticky_ok=True)
+    if problem is not None:
+        raise PermissionError(f"{directory} {problem.text}")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise PermissionError(directory)
 
 
-def _holder_alive(path: Path) -> bool:
+def _publish(directory: Path, ip: str) -> Path:
+    """A new claim file of this process for ``ip`` (``IP.RANDOM``), complete before it
+    appears (written under a hidden name, then linked: a link never replaces a file)."""
+    fd, temporary = tempfile.mkstemp(prefix=".new-", dir=directory)
     try:
-        pid = int(path.read_text().split()[0])
+        os.write(fd, f"{os.getpid()} {_start_time(os.getpid())}\n".encode())
+        os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
+    try:
+        while True:
+            path = directory / f"{ip}.{secrets.token_hex(6)}"
+            with contextlib.suppress(FileExistsError):
+                os.link(temporary, path)
+                return path
+    finally:
+        os.unlink(temporary)
+
+
+def _claim_files(directory: Path, ip: str) -> list[Path]:
+    """Every file that may claim ``ip``: ``IP.*``, and ``IP`` as older hpcvm wrote it."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return [directory / n for n in names if n == ip or n.startswith(f"{ip}.")]
+
+
+def _holds(path: Path) -> bool:
+    """Whether the claim file at ``path`` is a live claim: a regular file (never
+    followed if a link, never waited on if a FIFO) naming a live process of the file's
+    owner, started when the file says (so a reused pid does not count). Anything else
+    holds nothing; this user's own dead claims are removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # a symbolic link (ELOOP), gone, or unreadable
+    try:
+        info = os.fstat(fd)
+        data = os.read(fd, 256) if stat.S_ISREG(info.st_mode) else b""
+    finally:
+        os.close(fd)
+    live = stat.S_ISREG(info.st_mode) and _holder_alive(data.decode(errors="replace"), info.st_uid)
+    if not live and info.st_uid == os.geteuid() and stat.S_ISREG(info.st_mode):
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return live
+
+
+def _holder_alive(text: str, owner: int) -> bool:
+    """Whether ``text`` ("PID START", or "PID" as older hpcvm wrote it) names a live
+    process whose effective user is ``owner`` and whose start time is START."""
+    fields = text.split()
+    try:
+        pid = int(fields[0])
+        start = int(fields[1]) if len(fields) > 1 else None
+    except (ValueError, IndexError):
+        return False  # empty or half-written: its writer died mid-write
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        started = _start_time(pid)
     except (OSError, ValueError, IndexError):
-        return False  # unreadable or half-written: its writer died mid-write
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return False  # gone, or hidden from this user (hidepid): it cannot be checked
+    uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
+    state = next((line.split()[1] for line in status.splitlines() if line.startswith("State:")), "")
+    return (
+        len(uids) > 1
+        and int(uids[1]) == owner
+        and state not in ("Z", "X")
+        and (start is None or start == started)
+    )
+
+
+def _start_time(pid: int) -> int:
+    """When ``pid`` started, in clock ticks since boot (/proc/PID/stat's 22nd field):
+    with the pid, it names one process, even once the pid is reused."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[19])

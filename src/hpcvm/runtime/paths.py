@@ -24,7 +24,9 @@ import os
 import pwd
 import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from hpcvm.errors import UsageError
 from hpcvm.host.privilege import for_admin
@@ -105,7 +107,7 @@ def _check_root(root: Path, source: str) -> None:
     makeable."""
     what = _what(root, source)
     try:
-        st = os.lstat(root)
+        problem = dir_problem(root)
     except FileNotFoundError:
         _check_makeable(root, source)
         return
@@ -113,30 +115,78 @@ def _check_root(root: Path, source: str) -> None:
         raise UsageError(
             f"{what} cannot be reached ({_reason(exc)}): {_elsewhere(source)}"
         ) from exc
-    if st.st_uid != os.geteuid():
-        remove = "" if source == ENV_RUNTIME_DIR else for_admin(f"remove it (`rm -r {root}`), or ")
-        raise UsageError(
-            f"{what} belongs to {_user_name(st.st_uid)}, not to you "
-            f"({_user_name(os.geteuid())}): hpcvm keeps your VMs' control sockets only in a "
-            f"directory of your own; {remove}{_elsewhere(source)}"
+    if problem is None:
+        return
+    remove = "" if source == ENV_RUNTIME_DIR else for_admin(f"remove it (`rm -r {root}`), or ")
+    fix = {
+        "owner": "hpcvm keeps your VMs' control sockets only in a directory of your own; "
+        f"{remove}{_elsewhere(source)}",
+        "kind": f"remove it (`rm {root}`; hpcvm makes the directory) or {_elsewhere(source)}",
+        "writable": f"other users could replace your VMs' control sockets; `chmod go-w {root}`",
+        "access": f"`chmod u+rwx {root}`",
+    }[problem.kind]
+    raise UsageError(f"{what} {problem.text}: {fix}")
+
+
+@dataclass(frozen=True)
+class DirProblem:
+    """Why a directory is not safe for what hpcvm keeps in it: ``kind`` (what the fix
+    depends on: "owner", "kind", "writable", "access") and the words that say it."""
+
+    kind: str
+    text: str
+
+
+Owners = Literal["me", "me or root", "anyone"]
+
+
+def dir_problem(path: Path, *, owners: Owners = "me", sticky_ok: bool = False) -> DirProblem | None:
+    """Why ``path`` is not a directory other users cannot reach into, or None: the one
+    check (as ssh-agent and tmux make theirs) of every directory hpcvm keeps per-user
+    state, locks, huge page files, claims or checkpoints in. ``lstat``: a symbolic link
+    is never followed. Its owner must be in ``owners`` (default: this user only; None:
+    anyone); it may be group- or world-writable only with ``sticky_ok`` and the sticky
+    bit, which keeps others from renaming or removing what this user made there (as in
+    /tmp). ``owners``: who may own it ("me or root": a directory the admin shares; the
+    owner of a directory may always rename what is in it). OSError
+    (FileNotFoundError for a missing one) when it cannot be looked at."""
+    st = os.lstat(path)
+    me = os.geteuid()
+    allowed = {"me": (me,), "me or root": (me, 0), "anyone": None}[owners]
+    if allowed is not None and st.st_uid not in allowed:
+        return DirProblem(
+            "owner", f"belongs to {_user_name(st.st_uid)}, not to you ({_user_name(me)})"
         )
     if not stat.S_ISDIR(st.st_mode):
         kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
-        raise UsageError(
-            f"{what} is {kind}: remove it (`rm {root}`; hpcvm makes the directory) or "
-            f"{_elsewhere(source)}"
-        )
+        return DirProblem("kind", f"is {kind}")
     mode = stat.S_IMODE(st.st_mode)
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UsageError(
-            f"{what} is group- or world-writable (mode {mode:04o}): other users could "
-            f"replace your VMs' control sockets; `chmod go-w {root}`"
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not (sticky_ok and mode & stat.S_ISVTX):
+        sticky = " without the sticky bit" if sticky_ok else ""
+        return DirProblem("writable", f"is group- or world-writable{sticky} (mode {mode:04o})")
+    if st.st_uid == me and mode & stat.S_IRWXU != stat.S_IRWXU and me != 0:
+        return DirProblem(
+            "access", f"is not readable, writable and searchable by you (mode {mode:04o})"
         )
-    if mode & stat.S_IRWXU != stat.S_IRWXU and os.geteuid() != 0:
-        raise UsageError(
-            f"{what} is not readable, writable and searchable by you (mode {mode:04o}): "
-            f"`chmod u+rwx {root}`"
-        )
+    return None
+
+
+def check_dir(
+    path: Path,
+    what: str,
+    fix: str,
+    *,
+    owners: Owners = "me",
+    sticky_ok: bool = False,
+) -> None:
+    """``dir_problem`` as a one-line UsageError: "<what> <path> <problem>: <fix>"; a
+    path that cannot be looked at is refused the same way."""
+    try:
+        problem = dir_problem(path, owners=owners, sticky_ok=sticky_ok)
+    except OSError as exc:
+        raise UsageError(f"{what} {path} cannot be reached ({_reason(exc)}): {fix}") from exc
+    if problem is not None:
+        raise UsageError(f"{what} {path} {problem.text}: {fix}")
 
 
 def _reason(exc: OSError) -> str:
