@@ -19,6 +19,12 @@ HELPERS := $(DATA_DIR)/hpcvm-noise
 ifneq ($(MPICC),)
 HELPERS += $(DATA_DIR)/hpcvm-bsp
 endif
+# the anti-spoofing helper (installed setuid root by scripts/install-node.sh) needs
+# libnftables and jansson (libnftables-dev, libjansson-dev: scripts/setup.sh)
+NFT_LIBS := $(shell pkg-config --libs libnftables jansson 2>/dev/null)
+ifneq ($(NFT_LIBS),)
+HELPERS += $(DATA_DIR)/hpcvm-netguard
+endif
 
 .PHONY: all clean
 
@@ -32,5 +38,11 @@ $(DATA_DIR)/hpcvm-bsp: csrc/bsp.c csrc/work.h Makefile
 	@mkdir -p $(DATA_DIR)
 	$(MPICC) $(CFLAGS) $(ARCH_FLAGS) $(WARNINGS) -o $@ $<
 
+$(DATA_DIR)/hpcvm-netguard: csrc/hpcvm-netguard.c Makefile
+	@mkdir -p $(DATA_DIR)
+	$(CC) $(CFLAGS) $(ARCH_FLAGS) $(WARNINGS) -D_FORTIFY_SOURCE=2 -fstack-protector-strong \
+		-fPIE -pie -Wl,-z,relro,-z,now -o $@ $< $(shell pkg-config --cflags libnftables jansson) \
+		$(NFT_LIBS)
+
 clean:
-	rm -f $(HELPERS) $(DATA_DIR)/hpcvm-bsp
+	rm -f $(HELPERS) $(DATA_DIR)/hpcvm-bsp $(DATA_DIR)/hpcvm-netguard
