@@ -14,7 +14,10 @@ import contextlib
 import io
 import json
 import sqlite3
+import subprocess
+import time
 from dataclasses import replace
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +25,16 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
+from hpcvm.bench.bsp import BspSuite
 from hpcvm.bench.noise import RAW_FILE, read_raw
 from hpcvm.cli.main import main
 from hpcvm.report.figures import TARGET_CORES, TARGET_PCT, scale_figure
+from hpcvm.report.html import render_html
 from hpcvm.report.labels import env_colours
 from hpcvm.report.load import load_report
+from hpcvm.report.markdown import render_markdown
 from hpcvm.report.scale import ScaleRequest, figure_cores, parse_grains
-from hpcvm.store import Store
+from hpcvm.store import MetricRecord, NewSample, Store
 from tests.report_support import measured
 
 ASKED = "1024,4096,16384"
@@ -188,3 +194,136 @@ def test_bad_scale_options_are_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hpcvm: error: ") and said in err[0], err
     assert not out.exists()
+
+
+BSP_REPS = 2
+
+
+@pytest.fixture(scope="module")
+def with_bsp(db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the database with the bsp suite really run natively at 1 and 2 ranks
+    (the suite's own argv under mpirun, read with its own parser): the report then has
+    measurements to set beside the predictions."""
+    out = tmp_path_factory.mktemp("with-bsp")
+    with sqlite3.connect(db / "hpcvm.db") as src, sqlite3.connect(out / "hpcvm.db") as dst:
+        src.backup(dst)
+    suite = BspSuite(steps=300, grain_us=100)
+    suite.prepare_inputs(out / "inputs", [1, 2])
+    with Store.open(out) as store:
+        run_id = store.run().id
+        for np_ in (1, 2):
+            for rep in range(BSP_REPS):
+                store.add_sample(run_id, _bsp_sample(suite, out / f"bsp-{np_}-{rep}", np_, rep))
+    return out
+
+
+def _bsp_sample(suite: BspSuite, work: Path, np_: int, rep: int) -> NewSample:
+    argv = suite.prepare(work, np_, 0)
+    started = time.time()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    values = suite.parse(work, done.stdout, done.stderr, done.returncode)
+    return NewSample(
+        env="native",
+        suite="bsp",
+        np=np_,
+        repetition=rep + 1,
+        warmup=False,
+        position=0,
+        ok=True,
+        workdir=str(work),
+        started_at=started,
+        metrics=tuple(
+            MetricRecord(
+                metric=v.metric.name,
+                unit=v.metric.unit,
+                higher_is_better=v.metric.higher_is_better,
+                value=v.value,
+            )
+            for v in values
+        ),
+    )
+
+
+def _md_tables(text: str) -> dict[str, list[list[str]]]:
+    """Each ``### title`` of the Markdown and its table's rows (header first)."""
+    tables: dict[str, list[list[str]]] = {}
+    title = None
+    for line in text.splitlines():
+        if line.startswith("### "):
+            title = line[4:]
+            tables[title] = []
+        elif title and line.startswith("| "):
+            tables[title].append([c.strip() for c in line.strip("|").split(" | ")])
+    return tables
+
+
+class _HtmlTables(HTMLParser):
+    """Each ``<h3>`` of the HTML and the rows of the table after it (header first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self._title: str | None = None
+        self._in: str | None = None
+        self._text = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("h3", "td", "th"):
+            self._in, self._text = tag, ""
+        elif tag == "tr" and self._title is not None:
+            self.tables[self._title].append([])
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "h3":
+            self._title = self._text
+            self.tables[self._title] = []
+        elif tag in ("td", "th") and self._title is not None:
+            self.tables[self._title][-1].append(self._text.strip())
+        elif tag == "table":
+            self._title = None
+        self._in = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in:
+            self._text += data
+
+
+def test_markdown_has_the_html_scale_tables(with_bsp: Path, tmp_path: Path) -> None:
+    """The Markdown report's "At scale" section: the HTML report's three tables, cell for
+    cell, and the check table's numbers are the bench summary's and the prediction's."""
+    data = load_report(with_bsp, scale=QUICK)
+    assert data.scale is not None
+    md = render_markdown(data, [])
+    page = _HtmlTables()
+    page.feed(render_html(data, [], tmp_path))
+    tables = _md_tables(md.split("## At scale", 1)[1])
+    titles = [
+        "Prediction checked against the bsp suite",
+        "Predicted overhead against native (%)",
+        "Predicted slowdown against a quiet machine (%)",
+    ]
+    assert list(tables) == titles
+    for title in titles:
+        assert tables[title] == page.tables[title], title
+    check = tables[titles[0]]
+    assert check[0] == ["env", "np", "grain (us)", "measured slowdown %", "predicted %", "inside"]
+    bench = {r.np or 1: r for r in data.rows if r.suite == "bsp" and r.metric == "BspSlowdown_pct"}
+    assert sorted(bench) == [1, 2]
+    assert [row[:2] for row in check[1:]] == [["native", "1"], ["native", "2"]]
+    beside = {m.cores: m for m in data.scale.measured}
+    for row in check[1:]:
+        r, m = bench[int(row[1])], beside[int(row[1])]
+        assert r.mean is not None and r.ci_low is not None and r.ci_high is not None
+        assert row[3] == f"{r.mean:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
+        low, point, high = m.predicted_low_pct, m.predicted_pct, m.predicted_high_pct
+        assert low is not None and point is not None and high is not None
+        assert row[4] == f"{point:+.2f} [{low:+.2f}, {high:+.2f}]"
+        assert low <= point <= high
+        assert row[5] == ("yes" if low <= r.mean <= high else "no"), row
+    overheads = tables[titles[1]]
+    assert "1,024 cores" in overheads[0] and "16,384 cores" in overheads[0]
+    assert sorted(row[0] for row in overheads[1:]) == ["native-nice19", "tcg-user"]
+    slowdowns = tables[titles[2]]
+    assert sorted(row[0] for row in slowdowns[1:]) == ["native", "native-nice19", "tcg-user"]
+    native = next(row for row in slowdowns[1:] if row[0] == "native")
+    assert "np 2, grain" in native[-1]  # bsp's measurement beside the prediction

@@ -16,7 +16,7 @@ from hpcvm.errors import UsageError
 from hpcvm.report.formats import FORMATS
 
 if TYPE_CHECKING:
-    from hpcvm.report.model import ReportData
+    from hpcvm.report.model import ReportData, ScaleReport
     from hpcvm.report.scale import ScaleRequest
 
 
@@ -214,8 +214,22 @@ def _echo_scale(data: ReportData) -> None:
             if m.env == o.env and m.overhead_pct is not None and scale.grain_of(m) == o.grain_ns:
                 line += f"; bsp measured {m.overhead_pct:+.1f}% at np {m.cores}"
         click.echo(line + ")")
+    _echo_check(scale)
     for note in scale.notes:
         warn(note)
+
+
+def _echo_check(scale: ScaleReport) -> None:
+    """Each bsp measurement beside the prediction from the same noise, with the verdict
+    (the rows of the report's check table, so the two never disagree)."""
+    from hpcvm.report.scale_tables import check_rows
+
+    for env, np, grain, measured, predicted, inside in check_rows(scale):
+        verdict = {"yes": "inside", "no": "OUTSIDE", "-": "no prediction"}[inside]
+        click.echo(
+            f"bsp check: {env} np {np}, grain {grain} us: measured {measured}%, "
+            f"predicted {predicted}%: {verdict}"
+        )
 
 
 def register(group: click.Group) -> None:

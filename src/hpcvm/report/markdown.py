@@ -18,6 +18,7 @@ from hpcvm.report.fmt import (
     tuning_text,
 )
 from hpcvm.report.model import ReportData
+from hpcvm.report.scale_tables import scale_intro, scale_tables
 from hpcvm.units import human_size
 
 
@@ -72,6 +73,18 @@ def _evidence(data: ReportData) -> list[str]:
     return lines
 
 
+def _scale(data: ReportData) -> list[str]:
+    """``report --scale``: the same tables as the HTML report's "At scale" section
+    (report/scale_tables.py builds them for both), then what could not be predicted."""
+    if data.scale is None:
+        return []
+    lines = ["## At scale", "", scale_intro(data.scale), ""]
+    for t in scale_tables(data.scale):
+        lines += [f"### {t.title}", "", *md_table(t.header, t.rows)]
+    lines += [f"> {note}" for note in data.scale.notes]
+    return [*lines, ""] if data.scale.notes else lines
+
+
 def render_markdown(data: ReportData, figures: Sequence[FigureFile]) -> str:
     """The Markdown report; figure paths are relative to the report directory."""
     lines = [f"# hpcvm report: run {data.run.id} of {data.run.results_dir}", ""]
@@ -85,6 +98,7 @@ def render_markdown(data: ReportData, figures: Sequence[FigureFile]) -> str:
         lines += [f"## Results: {suite}", ""]
         lines += md_table(TABLE_HEADER, (row_cells(r) for r in data.rows if r.suite == suite))
     lines += _evidence(data)
+    lines += _scale(data)
     if figures:
         lines += ["## Figures", ""]
         for f in figures:
