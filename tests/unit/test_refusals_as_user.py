@@ -114,14 +114,17 @@ def test_an_unreachable_job_checkpoint_is_refused_naming_restore(
 
 
 def test_another_users_private_checkpoint_files_are_refused_in_one_line(open_dir: Path) -> None:
-    """A checkpoint's files are private to whoever saved it: another user reaches the
-    directory but not its manifest."""
+    """A checkpoint's files are private to whoever saved it: another user reaching the
+    directory is refused as it is not theirs (checkpoint_dir.load) before any file is
+    read, and a job checkpoint's manifest cannot be read."""
     for name, manifest in (("vm", vm_checkpoint.MANIFEST), ("job", checkpoint_model.MANIFEST)):
         (open_dir / name).mkdir(mode=0o755)
         (open_dir / name / manifest).write_text("{}")
         (open_dir / name / manifest).chmod(0o600)
     line = as_nobody(said(lambda: checkpoint_dir.load(open_dir / "vm")))
-    assert line.startswith(f"error 2: checkpoint {open_dir / 'vm'}: manifest.json cannot be read")
+    assert line.startswith(
+        f"error 2: checkpoint {open_dir / 'vm'} belongs to user root, not to you (user nobody)"
+    ), line
     line = as_nobody(said(lambda: checkpoint_model.read(open_dir / "job")))
     assert line.startswith(f"error 2: job checkpoint {open_dir / 'job'}: job.json cannot be read")
     assert "give --restore a job checkpoint you may read" in line, line

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import pytest
 from hpcvm.errors import UsageError
 from hpcvm.host.privilege import for_admin
 from hpcvm.runtime import net_vf, paths
+from tests.cluster_support import vm_count
 from tests.users import Raised, in_child_as
 from tests.users import open_dir as open_dir  # a fixture
 
@@ -193,3 +196,43 @@ def test_a_fix_only_root_can_apply_is_worded_for_the_admin(open_dir: Path) -> No
     with pytest.raises(UsageError) as info:
         refusal()
     assert "ask your admin" not in info.value.message
+
+
+@needs_root
+def test_up_in_a_default_dir_another_user_made_first_is_refused_before_anything_starts() -> None:
+    """Issue 38's hole: another user makes ``/tmp/hpcvm-<victim's uid>`` first, mode
+    0777. The victim (a second uid, as a site's user: no XDG_RUNTIME_DIR, no
+    HPCVM_RUNTIME_DIR) runs ``hpcvm up`` for real, in a child dropped to that uid: one
+    line naming the directory and the fix (worded for the admin: only root can remove
+    another's directory), exit code 2, nothing made in the directory, no QEMU."""
+    victim = 2399
+    premade = Path(tempfile.gettempdir()) / f"hpcvm-{victim}"
+    shutil.rmtree(premade, ignore_errors=True)
+    _owned_by_nobody(premade, 0o777)
+    premade.chmod(0o777)
+    name = f"sq{os.getpid()}"
+    with tempfile.TemporaryFile("w+") as err:
+
+        def up() -> int:
+            for variable in (paths.ENV_RUNTIME_DIR, "XDG_RUNTIME_DIR"):
+                os.environ.pop(variable, None)
+            os.dup2(err.fileno(), 2)
+            sys.stderr = os.fdopen(2, "w", closefd=False)
+            from hpcvm.cli.main import main
+
+            argv = ["up", "--name", name, "--profile", "naive", "--vcpus", "1", "--memory", "256M"]
+            return main(argv)
+
+        try:
+            code = in_child_as(victim, victim, up)
+            err.seek(0)
+            said = err.read()
+            left = list(premade.iterdir())
+        finally:
+            shutil.rmtree(premade, ignore_errors=True)
+    assert code == 2, said
+    (line,) = said.strip().splitlines()
+    assert line.startswith(f"hpcvm: error: hpcvm's runtime directory {premade} belongs to"), line
+    assert "user nobody" in line and "ask your admin to remove it" in line, line
+    assert paths.ENV_RUNTIME_DIR in line
+    assert left == [] and vm_count(name) == 0

@@ -12,9 +12,11 @@
 - ``taking-down``: made by ``down`` (or a failing ``up``) before it ends the step, so
   the holder leaves the directory to it.
 
-Each name has one writer at a time: ``up`` and ``down`` hold ``NAME.lock`` beside the
-directory (hpcvm.lock: the kernel drops it with its holder). The directory goes when
-the cluster is down, however it went down (``down``, or the holder once the step ends).
+``.clusters`` is made 0700 and checked as the runtime root is (paths.check_dir): owned
+by this user, no symbolic link, nobody else may write it. Each name has one writer at a
+time: ``up`` and ``down`` hold ``NAME.lock`` beside the directory (hpcvm.lock: the
+kernel drops it with its holder). The directory goes when the cluster is down, however
+it went down (``down``, or the holder once the step ends).
 """
 
 from __future__ import annotations
@@ -56,6 +58,22 @@ class ClusterRecord(Frozen):
     detached: tuple[DetachedExec, ...] = ()
 
 
+def clusters_dir() -> Path:
+    """The directory of every cluster's state, made if missing (private, 0700) and
+    checked as the runtime root is (paths.check_dir): it holds each job's ssh key and
+    the locks of ``up`` and ``down``, which another user must not reach or replace."""
+    paths.ensure_root()
+    directory = paths.runtime_root() / CLUSTERS_DIR
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700)
+    paths.check_dir(
+        directory,
+        "hpcvm's cluster state directory",
+        f"it holds your jobs' keys and locks; remove it (`rm -r {directory}`) and run again",
+    )
+    return directory
+
+
 def cluster_dir(name: str) -> Path:
     return paths.runtime_root() / CLUSTERS_DIR / paths.check_name(name)
 
@@ -71,8 +89,7 @@ def one_writer(name: str) -> Iterator[None]:
     remove and remake, so that both processes lock the same file; it goes when released
     (``remove``), and the clusters' directory with it once that is empty."""
     directory = cluster_dir(name)
-    paths.ensure_root()
-    directory.parent.mkdir(mode=0o700, exist_ok=True)
+    clusters_dir()
     try:
         with exclusive(
             directory.parent / f"{directory.name}{LOCK_SUFFIX}",
@@ -153,8 +170,7 @@ def claimed(name: str) -> Iterator[Path]:
                 f"{name} first, or choose another --name"
             )
     shutil.rmtree(directory, ignore_errors=True)
-    paths.ensure_root()
-    directory.parent.mkdir(mode=0o700, exist_ok=True)
+    clusters_dir()
     directory.mkdir(mode=0o700)
     try:
         yield directory

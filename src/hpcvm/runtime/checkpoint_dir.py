@@ -9,6 +9,13 @@ a killed process) is at most a hidden ``.partial`` directory, never a ``DIR`` th
 could be mistaken for a good one. A failure removes the partial directory itself; only
 a process killed outright leaves one, which ``restore`` never reads.
 
+A checkpoint holds the guest's RAM: its directory is 0700 (``mkdtemp``) and its files
+0600, and it is made only where no other user can swap its files (paths.check_dir): in a
+directory others may not write, or a sticky one such as /tmp, where nobody renames or
+removes what another made. ``load`` reads only a checkpoint of this user's whose
+directory nobody else may write, in such a directory: another user could otherwise
+replace a file between its check and its use.
+
 Reading (``load``): the manifest must parse and be of this schema version, every file
 it lists must be there with its size and hash, and the plan must agree with the guest
 ABI the manifest recorded. Anything else is refused in one line naming the file and
@@ -42,6 +49,7 @@ from hpcvm.runtime.checkpoint_model import (
     abi_differences,
     guest_abi,
 )
+from hpcvm.runtime.paths import check_dir
 
 CHUNK = 4 * 1024 * 1024
 # A checkpoint's files are private to the user who saved it: another's cannot be read.
@@ -78,6 +86,7 @@ class Writer:
         """Record a file something else wrote at ``path(name)``: fsync and hash it."""
         path = self.path(name)
         with path.open("rb") as fh:
+            os.fchmod(fh.fileno(), 0o600)  # whatever its writer's umask gave it
             os.fsync(fh.fileno())
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
         return self._record(name, FileEntry(size=path.stat().st_size, sha256=digest))
@@ -151,7 +160,21 @@ def check_target(target: Path) -> Path:
         raise UsageError(f"{parent} is not a directory: create it first")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write in {parent}: give a directory you may write in")
+    check_parent(parent)
     return target
+
+
+def check_parent(parent: Path) -> None:
+    """Refuse a directory where other users could rename or replace a checkpoint's
+    files (writable by them and not sticky); links on the way are resolved first."""
+    check_dir(
+        parent.resolve(),
+        "the checkpoint's directory",
+        "other users could swap the checkpoint's files there (it holds the guest's RAM); "
+        "give a directory only you may write, or a sticky one such as /tmp",
+        owners="anyone",
+        sticky_ok=True,
+    )
 
 
 def _lexists(path: Path) -> bool:
@@ -209,6 +232,13 @@ def load(directory: Path) -> Checkpoint:
     problem = _not_a_readable_dir(directory)
     if problem is not None:
         raise UsageError(f"no checkpoint at {directory}: it {problem}")
+    check_dir(
+        directory.resolve(),
+        "checkpoint",
+        "hpcvm restores only a checkpoint of yours that no other user could change; "
+        f"`chmod go-w {directory}` if it is yours",
+    )
+    check_parent(directory.resolve().parent)
     manifest = _manifest(directory)
     for name, entry in manifest.files.items():
         check_file(directory, name, entry)

@@ -5,6 +5,12 @@ there, maps it and unlinks it at once, so a cleanly or uncleanly ended QEMU leav
 file. To make that checkable, and to clean up after anything that does leave one,
 each VM gets its own ``hpcvm-<root token>-<name>-<random>`` directory inside the
 mount: removing that directory removes everything the VM could have left.
+
+A mount is used only where others cannot reach into what a user keeps there
+(paths.check_dir): root's (or the user's own), and where others may write, sticky, as
+the node install mounts it (mode 1770): nobody renames or removes another user's VM
+directory. Each VM directory is made 0700 (``mkdtemp``) and checked as private; a
+directory that is not this user's private one is never emptied.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.runtime.paths import check_dir, dir_problem
 from hpcvm.units import format_size, parse_size
 
 VM_DIR_PREFIX = "hpcvm-"
@@ -69,6 +76,14 @@ def ensure_mount(path: str, page_size: int) -> None:
                 f"{path} is a hugetlbfs mount of {format_size(mounted[path])} pages, "
                 f"the plan needs {format_size(page_size)}: unmount it or mount one elsewhere"
             )
+        check_dir(
+            Path(path),
+            "the hugetlbfs mount",
+            "other users could rename or replace the guest memory files kept there; an "
+            f"admin remounts it root's with the sticky bit (mount -o remount,mode=1770 {path})",
+            owners="me or root",
+            sticky_ok=True,
+        )
         if not os.access(path, os.W_OK | os.X_OK):
             raise UsageError(
                 f"guest memory on {format_size(page_size)} huge pages needs a hugetlbfs "
@@ -104,8 +119,11 @@ def vm_dir_prefix(runtime_root: Path, name: str = "") -> str:
 
 
 def make_vm_dir(mount: str, name: str, runtime_root: Path) -> Path:
-    """A private directory for one VM's hugetlbfs files inside ``mount``."""
-    return Path(tempfile.mkdtemp(prefix=vm_dir_prefix(runtime_root, name), dir=mount))
+    """A private directory for one VM's hugetlbfs files inside ``mount`` (0700, new:
+    ``mkdtemp``), checked as private all the same (paths.check_dir)."""
+    directory = Path(tempfile.mkdtemp(prefix=vm_dir_prefix(runtime_root, name), dir=mount))
+    check_dir(directory, "the VM's hugetlbfs directory", "remove it and run again")
+    return directory
 
 
 def remove_vm_dir(directory: Path) -> None:
@@ -115,7 +133,10 @@ def remove_vm_dir(directory: Path) -> None:
     """
     if not directory.name.startswith(VM_DIR_PREFIX):
         return
-    if not directory.is_dir():
+    try:
+        if dir_problem(directory) is not None:
+            return  # not this user's private directory (or not a directory at all)
+    except OSError:
         return
     for child in directory.iterdir():
         with contextlib.suppress(FileNotFoundError):

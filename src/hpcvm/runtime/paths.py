@@ -16,6 +16,12 @@ naming it and the fix, before anything starts, by every command that uses it (``
 ``ps``, ``exec``, ``down``, ``verify``, ``checkpoint``, ``cluster``...). So is a VM name
 or root so long that a control socket's path would pass the kernel's limit
 (``SOCKET_PATH_MAX``): QEMU would only fail once started.
+
+The same check (``dir_problem``, ``check_dir``) guards every other directory hpcvm keeps
+something of a user's in: the cluster state directory (its keys and locks), the
+hugetlbfs mount and each VM's directory in it, the address claims directory and
+checkpoint directories. Every lock file hpcvm makes for a user lies in a directory so
+checked (``up.lock`` in the VM's, ``NAME.lock`` in the cluster state directory).
 """
 
 from __future__ import annotations
