@@ -388,7 +388,7 @@ static void check_ranges(const struct request *req, const struct config *cfg, co
 	struct range found[MAX_LIST];
 	const struct range *ranges = cfg->ranges;
 	int n = cfg->n_ranges;
-	if (!cfg->found) {
+	if (cfg->n_ranges == 0) {
 		struct ifaddrs *all, *a;
 		n = 0;
 		if (getifaddrs(&all) < 0)
@@ -412,7 +412,7 @@ static void check_ranges(const struct request *req, const struct config *cfg, co
 			refuse(EXIT_USAGE, "address %s is outside the ranges the admin allows on %s "
 					   "(%s%s): an admin adds 'range CIDR' there",
 			       inet_ntoa(req->ips[i]), bridge,
-			       cfg->found ? "'range' lines of " : "no config: the bridge's own subnets; ",
+			       cfg->n_ranges ? "'range' lines of " : "no 'range' lines: the bridge's own subnets; ",
 			       DEFAULT_CONFIG);
 	}
 }

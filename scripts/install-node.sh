@@ -18,6 +18,12 @@
 #              /etc/qemu/bridge.conf including an ACL only the group can read that allows
 #              $HPCVM_BRIDGES, and /dev/net/tun 0666 (udev's rule; the helper opens it
 #              as the calling user)
+#   netguard   hpcvm-netguard (built by `make all` into the checkout) installed setuid
+#              root as /usr/local/lib/hpcvm/hpcvm-netguard (dpkg-statoverride), its
+#              config /etc/hpcvm/netguard.conf (the bridges of $HPCVM_BRIDGES, the
+#              ranges of $HPCVM_NETGUARD_RANGES), a boot unit that makes its nftables
+#              table before any VM runs, and the table now: each VM's tap then sends
+#              only from its own MAC and address (docs/site.md "What separates users")
 #   hugepages  a hugetlbfs mount for the group at $HPCVM_HUGETLBFS (an /etc/fstab line),
 #              and the 2M pool raised to $HPCVM_HUGEPAGES pages if set (/etc/sysctl.d)
 #   venv       hpcvm in a virtualenv at $HPCVM_PREFIX built with $HPCVM_PYTHON (Debian's
@@ -31,7 +37,8 @@
 #
 # Settings (environment; ids must be the same on every node): HPCVM_GROUP, HPCVM_GID,
 # HPCVM_QEMU_USER, HPCVM_QEMU_UID, HPCVM_QEMU_GID (defaults in scripts/site-ids.sh),
-# HPCVM_BRIDGES (br0), HPCVM_HUGETLBFS (/dev/hugepages-hpcvm), HPCVM_HUGEPAGES (unset:
+# HPCVM_BRIDGES (br0), HPCVM_NETGUARD_RANGES (CIDRs VMs' addresses may lie in, space
+# separated; unset: each bridge's own subnets), HPCVM_HUGETLBFS (/dev/hugepages-hpcvm), HPCVM_HUGEPAGES (unset:
 # the pool is left as it is), HPCVM_PREFIX (/opt/hpcvm), HPCVM_BIN_LINK
 # (/usr/local/bin/hpcvm; empty: none), HPCVM_CACHE (/var/cache/hpcvm), HPCVM_PYTHON
 # (/usr/bin/python3), HPCVM_NODE_STATE (/var/lib/hpcvm-node: what was done, for
@@ -42,6 +49,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/site-ids.sh
 . "$REPO/scripts/site-ids.sh"
 HPCVM_BRIDGES=${HPCVM_BRIDGES:-br0}
+HPCVM_NETGUARD_RANGES=${HPCVM_NETGUARD_RANGES:-}
 HPCVM_HUGETLBFS=${HPCVM_HUGETLBFS:-/dev/hugepages-hpcvm}
 HPCVM_HUGEPAGES=${HPCVM_HUGEPAGES:-}
 HPCVM_PREFIX=${HPCVM_PREFIX:-/opt/hpcvm}
@@ -53,10 +61,14 @@ STATE=${HPCVM_NODE_STATE:-/var/lib/hpcvm-node}
 HELPER=/usr/lib/qemu/qemu-bridge-helper
 BRIDGE_CONF=/etc/qemu/bridge.conf
 BRIDGE_ACL=/etc/qemu/hpcvm-bridges.conf
+NETGUARD_BUILT=$REPO/src/hpcvm/data/hpcvm-netguard
+NETGUARD=/usr/local/lib/hpcvm/hpcvm-netguard
+NETGUARD_CONF=/etc/hpcvm/netguard.conf
+NETGUARD_UNIT=/etc/systemd/system/hpcvm-netguard.service
 SYSCTL_FILE=/etc/sysctl.d/80-hpcvm-hugepages.conf
 FSTAB=/etc/fstab
 MARK="# hpcvm: scripts/install-node.sh"
-ALL_STEPS=(packages accounts kvm bridge hugepages venv guest)
+ALL_STEPS=(packages accounts kvm bridge netguard hugepages venv guest)
 
 # What a compute node runs: QEMU and its helpers, hwloc for the host's topology, the
 # built-in guest's parts (the kernel comes from apt at the guest step), Open MPI and sshd
@@ -67,6 +79,7 @@ NODE_PACKAGES=(
   qemu-guest-agent busybox-static kmod cpio zstd xz-utils
   openmpi-bin openssh-server openssh-client
   python3 python3-venv python3-libvirt
+  nftables # hpcvm-netguard's libnftables; nft for the admin
 )
 
 DRY_RUN=0
@@ -81,7 +94,7 @@ die() {
   exit 1
 }
 usage() {
-  sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -271,6 +284,65 @@ EOF
   [ -z "$others" ] || say "bridge: note: $BRIDGE_CONF itself has '$(echo "$others" | paste -sd' ' -)', which every user gets"
 }
 
+# --- netguard -----------------------------------------------------------------------
+
+step_netguard() {
+  [ -x "$NETGUARD_BUILT" ] || die "$NETGUARD_BUILT is not built: run 'make all' in $REPO (needs libnftables-dev and libjansson-dev: scripts/setup.sh)"
+  if ! cmp -s "$NETGUARD_BUILT" "$NETGUARD"; then
+    [ -e "$NETGUARD" ] || remember created-netguard yes
+    [ -d "$(dirname "$NETGUARD")" ] || {
+      remember created-netguard-dir "$(dirname "$NETGUARD")"
+      run mkdir -p "$(dirname "$NETGUARD")"
+    }
+    run install -m 0755 -o root -g root "$NETGUARD_BUILT" "$NETGUARD"
+  fi
+  local override
+  override=$(dpkg-statoverride --list "$NETGUARD" 2>/dev/null || true)
+  if [ -z "$override" ]; then
+    run dpkg-statoverride --update --add root root 4755 "$NETGUARD"
+    remember netguard-override yes
+  elif [ "$override" != "root root 4755 $NETGUARD" ]; then
+    die "dpkg-statoverride already has '$override': remove it (dpkg-statoverride --remove $NETGUARD) or make it 'root root 4755'"
+  elif [ "$(stat -c '%a %U' "$NETGUARD")" != "4755 root" ]; then
+    run chmod 4755 "$NETGUARD" # a new build was installed: the override's mode again
+  fi
+  local bridge range conf=""
+  for bridge in $HPCVM_BRIDGES; do conf+="bridge $bridge"$'\n'; done
+  for range in $HPCVM_NETGUARD_RANGES; do conf+="range $range"$'\n'; done
+  [ -d "$(dirname "$NETGUARD_CONF")" ] || {
+    remember created-netguard-conf-dir "$(dirname "$NETGUARD_CONF")"
+    run mkdir -p "$(dirname "$NETGUARD_CONF")"
+  }
+  write_file "$NETGUARD_CONF" 644 root:root <<EOF
+$MARK
+# hpcvm-netguard: the bridges whose taps it guards, the ranges VMs' addresses may lie in
+# (none: each bridge's own subnets); 'unguarded-taps accept' lets taps no VM guards
+# carry traffic (default drop: a user who runs QEMU's bridge helper alone gets a dead tap).
+${conf%$'\n'}
+EOF
+  # The table, and with it the drop of unguarded taps, exists from boot, before any tap.
+  write_file "$NETGUARD_UNIT" 644 root:root <<EOF
+$MARK
+[Unit]
+Description=hpcvm-netguard: anti-spoofing table for VM taps (docs/site.md)
+Before=network-pre.target
+Wants=network-pre.target
+
+[Service]
+Type=oneshot
+ExecStart=$NETGUARD init
+
+[Install]
+WantedBy=multi-user.target
+EOF
+  if [ -d /run/systemd/system ] && ! systemctl is-enabled --quiet hpcvm-netguard 2>/dev/null; then
+    run systemctl --no-reload enable hpcvm-netguard
+  fi
+  # made once here; each later call of the helper keeps its base chain as the config says
+  nft list table bridge hpcvm_netguard >/dev/null 2>&1 || run "$NETGUARD" init
+  say "netguard: each VM's tap sends only from its own MAC and address (nft list table bridge hpcvm_netguard)"
+}
+
 # --- hugepages ----------------------------------------------------------------------
 
 fstab_line() {
@@ -420,6 +492,25 @@ uninstall() {
   fi
   forget created-bridge-conf
   if grep -qF "$MARK" "$BRIDGE_ACL" 2>/dev/null; then run rm -f "$BRIDGE_ACL"; fi
+  if [ -d /run/systemd/system ] && systemctl is-enabled --quiet hpcvm-netguard 2>/dev/null; then
+    run systemctl --no-reload disable hpcvm-netguard
+  fi
+  if grep -qF "$MARK" "$NETGUARD_UNIT" 2>/dev/null; then run rm -f "$NETGUARD_UNIT"; fi
+  if grep -qF "$MARK" "$NETGUARD_CONF" 2>/dev/null; then run rm -f "$NETGUARD_CONF"; fi
+  before=$(recall created-netguard-conf-dir)
+  if [ -n "$before" ] && [ -d "$before" ]; then run rmdir "$before"; fi
+  forget created-netguard-conf-dir
+  if [ -n "$(recall netguard-override)" ]; then run dpkg-statoverride --remove "$NETGUARD"; fi
+  forget netguard-override
+  if [ -n "$(recall created-netguard)" ] && [ -f "$NETGUARD" ]; then run rm -f "$NETGUARD"; fi
+  forget created-netguard
+  before=$(recall created-netguard-dir)
+  if [ -n "$before" ] && [ -d "$before" ]; then run rmdir "$before"; fi
+  forget created-netguard-dir
+  # Its table goes too, with the rules of any VM still running (stop them first).
+  if command -v nft >/dev/null && nft list table bridge hpcvm_netguard >/dev/null 2>&1; then
+    run nft delete table bridge hpcvm_netguard
+  fi
   if [ -n "$(recall helper-override)" ]; then
     run dpkg-statoverride --remove "$HELPER"
     mode=$(recall helper-mode)

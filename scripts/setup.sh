@@ -10,6 +10,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 APT_PACKAGES=(
   python3 python3-venv python3-dev gcc make pkg-config
+  nftables libnftables-dev libjansson-dev # hpcvm-netguard (csrc/hpcvm-netguard.c) and nft
   hwloc                                   # lstopo: host topology
   qemu-system-x86 qemu-utils              # the hypervisor (KVM or TCG)
   libvirt-daemon-system libvirt-clients libvirt-dev libxml2-utils  # libvirt backend, virt-xml-validate

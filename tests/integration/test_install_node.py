@@ -1,18 +1,20 @@
 """scripts/install-node.sh: the node install's accounts and grants, and their undo.
 
-The script runs for real (groupadd, useradd, dpkg-statoverride, mount), but in a
-sandbox: a private mount namespace whose /etc, /usr, /var/lib and /opt are overlays on
-the host's, so every file it writes lands in a throwaway upper directory and its mount
-lives only in the namespace; the host's accounts, QEMU helper and mounts are never
-touched. Not sandboxed, and so not run here: the packages step (apt), the kvm step
-(/dev/kvm is the host's), the hugepage pool (a kernel-wide setting), venv and guest (the
-Slurm test cluster's fixture builds a user's venv with the venv step).
+The script runs for real (groupadd, useradd, dpkg-statoverride, mount, nft), but in a
+sandbox: private mount and network namespaces, /etc, /usr, /var/lib and /opt overlays on
+the host's, so every file it writes lands in a throwaway upper directory, its mount
+lives only in the namespace and its nftables table in the sandbox's network; the host's
+accounts, QEMU helper, mounts and firewall are never touched. Not sandboxed, and so not
+run here: the packages step (apt), the kvm step (/dev/kvm is the host's), the hugepage
+pool (a kernel-wide setting), venv and guest (the Slurm test cluster's fixture builds a
+user's venv with the venv step).
 
 Oracles independent of the script: the sandbox's own account database (getent, id),
 QEMU's setuid bridge helper deciding its ACL as each user, dpkg-statoverride's list,
-the kernel's mount table (findmnt) and file permissions (a member creates a file on the
-hugetlbfs mount, another user cannot), and a snapshot of /etc and the other touched
-paths before and after.
+nft's own listing of the table, hpcvm-netguard itself run as a member (root's answer,
+not a refusal to run), the kernel's mount table (findmnt) and file permissions (a member
+creates a file on the hugetlbfs mount, another user cannot), and a snapshot of /etc and
+the other touched paths before and after.
 """
 
 from __future__ import annotations
@@ -30,17 +32,19 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "install-node.sh"
 HELPER = "/usr/lib/qemu/qemu-bridge-helper"
+NETGUARD = "/usr/local/lib/hpcvm/hpcvm-netguard"
+BUILT_NETGUARD = REPO / "src" / "hpcvm" / "data" / "hpcvm-netguard"
 OVERLAID = ("/etc", "/usr", "/var/lib", "/opt")
 HUGETLBFS = "/opt/hugepages-hpcvm"  # inside the /opt overlay (the default is in /dev)
-GRANT_STEPS = "accounts,bridge,hugepages"
+GRANT_STEPS = "accounts,bridge,netguard,hugepages"
 MEMBER, OTHER = "site-member", "site-other"
 GID, QEMU_ID = 2300, 2301  # scripts/site-ids.sh's defaults
-TOOLS = ("unshare", "nsenter", "runuser", "useradd", "dpkg-statoverride", "findmnt")
+TOOLS = ("unshare", "nsenter", "runuser", "useradd", "dpkg-statoverride", "findmnt", "nft")
 
 
 class Sandbox:
-    """A mount namespace with the host's /etc, /usr, /var/lib and /opt under writable
-    overlays; commands enter it with nsenter. It ends when its holder process (a shell
+    """Mount and network namespaces, the host's /etc, /usr, /var/lib and /opt under
+    writable overlays; commands enter them with nsenter. It ends when its holder process (a shell
     waiting on our pipe) ends, and so with this test process at the latest."""
 
     def __init__(self, root: Path) -> None:
@@ -55,7 +59,7 @@ class Sandbox:
             )
         script = " && ".join(mounts) + " && echo ready && read _"
         self.holder = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script],
+            ["unshare", "--mount", "--net", "--propagation", "private", "--", "sh", "-c", script],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -70,7 +74,7 @@ class Sandbox:
         self, argv: Sequence[str], env: Mapping[str, str] | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            ["nsenter", "-t", str(self.holder.pid), "-m", "--", *argv],
+            ["nsenter", "-t", str(self.holder.pid), "-m", "-n", "--", *argv],
             capture_output=True,
             text=True,
             env={**os.environ, **(env or {})},
@@ -99,13 +103,17 @@ def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
     if os.geteuid() != 0:
         pytest.skip("install-node.sh runs as root")
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
-    if missing or not Path(HELPER).exists():
-        pytest.skip(f"needs {', '.join(missing) or HELPER}; install with scripts/setup.sh")
+    if missing or not Path(HELPER).exists() or not BUILT_NETGUARD.exists():
+        pytest.skip(
+            f"needs {', '.join(missing) or HELPER + ' and ' + str(BUILT_NETGUARD)}; "
+            "install with scripts/setup.sh"
+        )
     box = Sandbox(tmp_path)
     try:
         box.sh(
             "userdel -f hpcvm-qemu 2>/dev/null; groupdel hpcvm-qemu 2>/dev/null;"
             " groupdel hpcvm 2>/dev/null; rm -f /etc/qemu/bridge.conf /etc/qemu/hpcvm-*;"
+            f" rm -rf /etc/hpcvm /usr/local/lib/hpcvm; dpkg-statoverride --remove {NETGUARD};"
             " rm -rf /var/lib/hpcvm-node; true"
         )
         # The host's own install (scripts/setup.sh makes this machine a node) undone in
@@ -140,6 +148,7 @@ def snapshot(box: Sandbox) -> str:
         " find . \\( -name '*-' -o -name .pwd.lock \\) -prune -o -type f -print0 | sort -z |"
         " xargs -0 sha256sum;"
         f" cat /var/lib/dpkg/statoverride; stat -c '%a %U:%G' {HELPER};"
+        " ls -lA /usr/local/lib/hpcvm 2>&1; nft list tables;"
         " ls -A /var/lib/hpcvm-node 2>&1; findmnt -rn -t hugetlbfs -o TARGET,OPTIONS; ls -A /opt"
     )
 
@@ -181,6 +190,26 @@ def test_install_grants_what_a_member_needs_and_uninstall_restores_everything(
     member = bridge_helper_as(sandbox, MEMBER)
     assert "br0" in member and "access denied" not in member, member
 
+    # hpcvm-netguard: setuid root through dpkg, its table made, its config root's.
+    assert sandbox.sh(f"stat -c '%a %U' {NETGUARD}").split() == ["4755", "root"]
+    assert sandbox.sh(f"dpkg-statoverride --list {NETGUARD}").split()[:3] == [
+        "root",
+        "root",
+        "4755",
+    ]
+    assert 'counter name "unguarded" drop' in sandbox.sh("nft list table bridge hpcvm_netguard")
+    assert sandbox.sh("stat -c '%a %U' /etc/hpcvm/netguard.conf").split() == ["644", "root"]
+    assert "bridge br0" in sandbox.sh("cat /etc/hpcvm/netguard.conf")
+    # run by a user it is root (a refusal about the descriptor, not about privilege),
+    # and what only root may give is refused
+    as_member = ["runuser", "-u", MEMBER, "--", NETGUARD]
+    not_a_tap = sandbox.run([*as_member, "guard", "--fd", "0", "--mac", "0a:00:00:00:00:01"],
+                            check=False)  # fmt: skip
+    assert not_a_tap.returncode == 2
+    assert not_a_tap.stderr.startswith("hpcvm-netguard: descriptor 0 is not a tap: give")
+    by_name = sandbox.run([*as_member, "release", "--ifname", "tap0"], check=False)
+    assert by_name.returncode == 2 and "--ifname is for root only" in by_name.stderr
+
     # The hugetlbfs mount: the group's, sticky; a member makes files there, others not.
     options = sandbox.sh(f"findmnt -rn -t hugetlbfs -o OPTIONS {HUGETLBFS}").strip().split(",")
     assert {f"gid={GID}", "mode=1770", "pagesize=2M"} <= set(options), options
@@ -205,7 +234,9 @@ def test_install_grants_what_a_member_needs_and_uninstall_restores_everything(
 def test_dry_run_prints_the_changes_and_makes_none(sandbox: Sandbox) -> None:
     before = snapshot(sandbox)
     out = install(sandbox, "--dry-run", "--only", GRANT_STEPS, "--add-user", MEMBER).stdout
-    for change in ("groupadd --gid 2300 hpcvm", "dpkg-statoverride --update", "mount -t hugetlbfs"):
+    changes = ("groupadd --gid 2300 hpcvm", "dpkg-statoverride --update", "mount -t hugetlbfs",
+               f"{NETGUARD} init")  # fmt: skip
+    for change in changes:
         assert f"  + {change}" in out, out
     assert snapshot(sandbox) == before
 

@@ -12,6 +12,11 @@ exits, however QEMU exits (``down``, a crash, SIGKILL), so a dead VM can never l
 tap behind and nothing needs a cleanup that could touch an interface hpcvm did not make.
 No unprivileged user owns the tap (only QEMU's already-open descriptor reaches it).
 libvirt creates, enslaves and removes its tap itself (``<interface type='bridge'>``).
+
+Every tap, a user's and root's, gets anti-spoofing rules before its guest runs
+(netguard.py: the VM's MAC and address only): a user's as soon as the bridge helper
+hands it over, before QEMU starts; root's once QEMU made it, while the guest is paused;
+libvirt's likewise (network.attach_nics). A tap without them carries nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 from hpcvm.bootspec import Nic, NicWiring
 from hpcvm.errors import UsageError
 from hpcvm.host.privilege import for_admin
-from hpcvm.runtime import bridge_helper
+from hpcvm.runtime import bridge_helper, netguard
 from hpcvm.runtime.netlink import (
     TUN,
     VHOST_NET,
@@ -73,6 +78,7 @@ class BridgeKind:
         helper = not is_root()
         if helper:
             bridge_helper.check_grant(bridge)
+        netguard.check_grant(bridge)
         nic = named_link_nic("bridge", request, info, vm=vm, index=index,
                              address=address, warn=warn)  # fmt: skip
         if helper:  # vhost-net only where this user may open it
@@ -97,12 +103,14 @@ class BridgeKind:
         )
 
     def attach(self, nic: Nic) -> None:
-        """Into the bridge with the NIC's MTU and the tap's own MAC, then up (the bridge
-        helper's tap is in the bridge already)."""
+        """Into the bridge with the NIC's MTU and the tap's own MAC, guarded, then up (the
+        bridge helper's tap is in the bridge and guarded already)."""
         if nic.wiring.fds_from_hpcvm:
             return
         run_ip("link", "set", "dev", nic.ifname, "address", tap_mac(nic.mac), "mtu", str(nic.mtu))
-        run_ip("link", "set", "dev", nic.ifname, "master", nic.source, "up")
+        run_ip("link", "set", "dev", nic.ifname, "master", nic.source)
+        netguard.guard(nic)
+        run_ip("link", "set", "dev", nic.ifname, "up")
 
     def open(self, nic: Nic, run_dir: Path) -> NicFds | None:
         """For a user, the bridge helper's tap (and vhost-net's descriptor); as root
@@ -111,14 +119,16 @@ class BridgeKind:
             return None
         tap, name = bridge_helper.open_tap(nic.source)
         try:
+            netguard.guard(nic.model_copy(update={"ifname": name}), fd=tap)
             vhost = os.open(VHOST_NET, os.O_RDWR) if nic.vhost else None
-        except OSError:
+        except BaseException:
             os.close(tap)
             raise
         return NicFds(tap, vhost, ifname=name)
 
     def release(self, nic: Nic) -> None:
-        return None  # the kernel removed the tap with QEMU's descriptor
+        """The kernel removed the tap with QEMU's descriptor; its rules go now."""
+        netguard.collect()
 
     def host_link(self, request: NetworkRequest) -> str | None:
         return request.source

@@ -19,6 +19,7 @@ from pathlib import Path
 from hpcvm.bootspec import Nic, NicModel
 from hpcvm.errors import UsageError
 from hpcvm.registry import Registry
+from hpcvm.runtime import netguard
 from hpcvm.runtime.net_bridge import BridgeKind
 from hpcvm.runtime.net_macvtap import MacvtapKind
 from hpcvm.runtime.net_vf import VfKind
@@ -227,6 +228,8 @@ def attach_nics(nics: Sequence[Nic], *, by_daemon: bool = False) -> None:
         kind = NETWORK_KINDS.get_or_refuse(nic.kind)
         if not (by_daemon and kind.libvirt_attaches):
             kind.attach(nic)
+        elif isinstance(kind, BridgeKind):
+            netguard.guard(nic)  # libvirt made and enslaved the tap: its rules all the same
 
 
 def _ignore(_text: str) -> None:
