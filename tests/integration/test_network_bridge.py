@@ -4,8 +4,10 @@ cluster's nodes run), the built-in guest under TCG.
 
 Oracles: the namespace's own links (``ip -j`` in it: the tap, its bridge, its MTU), QMP
 (``qom-get`` of the NIC device's MAC), the guest's ``ip -j addr`` and pings
-both ways. Nothing is taken from hpcvm's own answers except the record's names, which
-the oracles then confirm. One guest per model (virtio, e1000), 1 vCPU, 256 MiB.
+both ways; for hpcvm-netguard's anti-spoofing, the namespace's neighbour table (the
+kernel's own view of who has an address) and nft's counters and chains. Nothing is
+taken from hpcvm's own answers except the record's names, which the oracles then
+confirm. One guest per model (virtio, e1000), two for anti-spoofing, 1 vCPU, 256 MiB.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +183,128 @@ def test_e1000_nic_and_a_crashed_qemu_leaves_no_tap(runtime: Path, netns: Netns)
     assert row["state"] == "stale"
     assert netns.link(nic.ifname) is None, "the tap outlived its QEMU"
     assert not (runtime / machine.name).exists()
+
+
+NETGUARD_TABLE = ("table", "bridge", "hpcvm_netguard")
+# Run by the guest's own Python (the host's, shared read-only): raw frames a guest's
+# root can send. ARP replies for A's address from B's MAC and from a forged MAC, and an
+# ICMP echo to the node from A's address, three rounds a second apart (the kernel takes
+# one neighbour update a second).
+FORGE = """
+import socket, struct, sys, time
+eth, own, victim, node = sys.argv[1:5]
+mac = lambda t: bytes.fromhex(t.replace(":", ""))
+BCAST, FORGED = mac("ff:ff:ff:ff:ff:ff"), "0a:66:66:66:66:66"
+def arp(src, spa):
+    body = struct.pack("!HHBBH", 1, 0x800, 6, 4, 2) + mac(src) + socket.inet_aton(spa)
+    return BCAST + mac(src) + b"\\x08\\x06" + body + BCAST + socket.inet_aton(spa)
+def csum(b):
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xFFFF)
+    return ~(s + (s >> 16)) & 0xFFFF
+def echo(src, dst):
+    icmp = struct.pack("!BBHHH", 8, 0, 0, 1, 1)
+    icmp = icmp[:2] + struct.pack("!H", csum(icmp)) + icmp[4:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28, 1, 0, 64, 1, 0,
+                     socket.inet_aton(src), socket.inet_aton(dst))
+    ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+    return BCAST + mac(own) + b"\\x08\\x00" + ip + icmp
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((eth, 0))
+for _ in range(3):
+    for frame in (arp(FORGED, victim), arp(own, victim), arp(own, node), echo(victim, node)):
+        s.send(frame)
+    time.sleep(1.1)
+"""
+
+
+def _lladdr(ns: Netns, address: str, where: str | None = None) -> str | None:
+    """The MAC the namespace's kernel (or guest ``where``'s) maps ``address`` to."""
+    if where is None:
+        out = ns.run("ip", "-j", "neigh", "show", address).stdout
+    else:
+        out = ns.hpcvm("exec", where, "--", "ip", "-j", "neigh", "show", address).stdout
+    entries = json.loads(out or "[]")
+    return str(entries[0].get("lladdr")) if entries else None
+
+
+def _drops(ns: Netns) -> dict[str, int]:
+    """Every named counter of the guard's table, by name (nft's own JSON)."""
+    out = ns.run("nft", "-j", "list", "counters", *NETGUARD_TABLE).stdout
+    items = json.loads(out or '{"nftables": []}')["nftables"]
+    return {c["counter"]["name"]: int(c["counter"]["packets"]) for c in items if "counter" in c}
+
+
+def _port_chains(ns: Netns) -> list[str]:
+    out = ns.run("nft", "-j", "list", *NETGUARD_TABLE).stdout
+    items = json.loads(out or '{"nftables": []}')["nftables"]
+    names = [str(item["chain"]["name"]) for item in items if "chain" in item]
+    return [name for name in names if name.startswith("port_")]
+
+
+def _guest_ping(ns: Netns, name: str, address: str) -> subprocess.CompletedProcess[str]:
+    return ns.hpcvm("exec", name, "--", BUSYBOX_IN_GUEST, "ping", "-c", "1", "-W", "10", address)
+
+
+def test_a_guest_cannot_take_another_address_or_mac(runtime: Path, netns: Netns) -> None:
+    """Issue 38: guest B (root in its own guest) takes A's address and the node's,
+    sends gratuitous ARP and ARP replies for them, frames from a forged MAC and IPv4
+    from A's address. Afterwards the node's neighbour entry for A is still A's MAC, A's
+    entry for the node still the bridge's, every ping of the legitimate owners works,
+    and B's tap's drop counters (nft's) say what was dropped while A's stay at zero.
+    Then B's QEMU crashes: its rules outlive it only until the next call of the helper
+    (A's down), which leaves no chain behind."""
+    a = _up(netns, "guard-a", f"bridge={BRIDGE}", "10.99.0.21/24")
+    b = _up(netns, "guard-b", f"bridge={BRIDGE}", "10.99.0.22/24")
+    a_ip, b_ip, node_ip = "10.99.0.21", "10.99.0.22", HOST_ADDR.split("/")[0]
+    a_mac, b_mac = _qemu_mac(a), _qemu_mac(b)
+    bridge = netns.link(BRIDGE)
+    assert bridge is not None
+    indexes = {}
+    for vm in (a, b):
+        tap = netns.link(vm.boot.nics[0].ifname)
+        assert tap is not None
+        indexes[vm.name] = tap["ifindex"]
+    assert sorted(_port_chains(netns)) == sorted(f"port_{i}" for i in indexes.values())
+    assert netns.run("busybox", "ping", "-c", "1", "-W", "10", a_ip).returncode == 0
+    assert _guest_ping(netns, a.name, node_ip).returncode == 0
+    assert _lladdr(netns, a_ip) == a_mac
+    assert _lladdr(netns, node_ip, where=a.name) == bridge["address"]
+
+    (eth,) = [ln["ifname"] for ln in _guest_links(netns, b.name) if ln["address"] == b_mac]
+    bb = BUSYBOX_IN_GUEST
+    attack = (
+        f"{bb} ip addr add {a_ip}/24 dev {eth}; {bb} ip addr add {node_ip}/24 dev {eth};"
+        f" {bb} arping -U -c 3 -I {eth} -s {a_ip} {a_ip};"
+        f" {bb} arping -A -c 3 -I {eth} -s {node_ip} {node_ip};"
+        f" /usr/bin/python3 -c '{FORGE}' {eth} {b_mac} {a_ip} {node_ip};"
+        f" {bb} ip addr del {a_ip}/24 dev {eth}; {bb} ip addr del {node_ip}/24 dev {eth}"
+    )
+    done = netns.hpcvm("exec", b.name, "--", bb, "sh", "-c", attack)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    assert _lladdr(netns, a_ip) == a_mac  # the kernel's view: A's address is A's
+    assert _lladdr(netns, node_ip, where=a.name) == bridge["address"]
+    assert netns.run("busybox", "ping", "-c", "1", "-W", "10", a_ip).returncode == 0
+    assert netns.run("busybox", "ping", "-c", "1", "-W", "10", b_ip).returncode == 0
+    assert _guest_ping(netns, a.name, node_ip).returncode == 0
+    assert _guest_ping(netns, b.name, node_ip).returncode == 0  # B's own traffic flows
+    drops = _drops(netns)
+    b_port, a_port = f"port_{indexes[b.name]}", f"port_{indexes[a.name]}"
+    for reason in ("mac", "arp", "ip"):
+        assert drops[f"{b_port}_{reason}"] > 0, drops
+        assert drops[f"{a_port}_{reason}"] == 0, drops  # A's legitimate traffic: no drop
+
+    assert b.pid is not None
+    os.kill(b.pid, signal.SIGKILL)
+    for _ in range(50):  # the kernel removes the tap with QEMU's last descriptor
+        if netns.link(b.boot.nics[0].ifname) is None:
+            break
+        time.sleep(0.1)
+    assert b_port in _port_chains(netns)  # nothing has called the helper yet
+    assert netns.hpcvm("down", a.name).returncode == 0
+    assert _port_chains(netns) == []  # A's went with A, the crashed B's with that call
+    assert netns.hpcvm("ps", "--json").returncode == 0  # B's record found stale, cleaned
 
 
 @pytest.mark.parametrize(
