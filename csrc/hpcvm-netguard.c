@@ -7,6 +7,9 @@
  *   hpcvm-netguard gc                                        (drop rules of gone taps)
  *   hpcvm-netguard init                                      (the table alone; at boot)
  * Root only: --ifname NAME instead of --fd (QEMU made the tap), --config PATH.
+ * The config's bridges and ranges bind the other users (root could edit the config);
+ * everything else, the node's own MAC and addresses and other VMs' above all, binds
+ * root's VMs too.
  *
  * Holding the tap's descriptor proves the caller owns the tap (TUNGETIFF names it).
  * The rules live in one nftables table of the bridge family, `bridge hpcvm_netguard`:
@@ -694,9 +697,11 @@ int main(int argc, char **argv)
 	if (!strcmp(req.verb, "guard")) {
 		if (req.mac[0] & 1 || !memcmp(req.mac, "\0\0\0\0\0\0", 6))
 			refuse(EXIT_USAGE, "--mac must be a unicast MAC that is not all zero");
-		check_bridge(&cfg, tap.bridge);
+		if (caller != 0) { /* the admin's allow-lists bind users; root could edit them */
+			check_bridge(&cfg, tap.bridge);
+			check_ranges(&req, &cfg, tap.bridge);
+		}
 		check_not_node(&req);
-		check_ranges(&req, &cfg, tap.bridge);
 	}
 	lock_all();
 	nft_open();

@@ -68,11 +68,12 @@ fi
 # the group hpcvm and QEMU's user hpcvm-qemu (fixed ids), /dev/kvm root:kvm 0660 (libvirt
 # checks that its QEMU user, libvirt-qemu in group kvm, can open it, and re-probes QEMU
 # on every call while that disagrees with its cached capabilities; without udev it stays
-# root:root 0600), QEMU's bridge helper setuid with an ACL for the group, and a hugetlbfs
-# mount for the group. An hpcvm-qemu made by an earlier setup keeps its ids (fixed ids
+# root:root 0600), QEMU's bridge helper setuid with an ACL for the group, hpcvm-netguard
+# setuid (its table in this network namespace: taps no VM guards carry nothing), and a
+# hugetlbfs mount for the group. An hpcvm-qemu made by an earlier setup keeps its ids (fixed ids
 # matter across a cluster's nodes); the pool above stays this script's (not persisted).
 node_env=(HPCVM_HUGEPAGES=)
 if getent passwd hpcvm-qemu >/dev/null; then
   node_env+=("HPCVM_QEMU_UID=$(id -u hpcvm-qemu)" "HPCVM_QEMU_GID=$(id -g hpcvm-qemu)")
 fi
-$SUDO env "${node_env[@]}" bash scripts/install-node.sh --only packages,accounts,kvm,bridge,hugepages
+$SUDO env "${node_env[@]}" bash scripts/install-node.sh --only packages,accounts,kvm,bridge,netguard,hugepages
