@@ -1,5 +1,6 @@
 """``vf``: an SR-IOV virtual function passed through with VFIO, planned like every
-passthrough device (plan/passthrough.py); hpcvm sets its MAC on the physical function.
+passthrough device (plan/passthrough.py); hpcvm sets its MAC on the physical function,
+with the NIC's spoof check on (the VF sends from that MAC only).
 """
 
 from __future__ import annotations
@@ -130,9 +131,11 @@ class VfKind:
         )
 
     def attach(self, nic: Nic) -> None:
-        """The VF's MAC, set on its PF (the guest, still paused, has not probed it)."""
+        """The VF's MAC, set on its PF (the guest, still paused, has not probed it), with
+        the NIC's spoof check on: the PF's switch then drops every frame the VF sends from
+        another source MAC (docs/site.md "What separates users": what it does not check)."""
         vf = self.virtual_function(nic.source)
-        run_ip("link", "set", "dev", vf.pf_netdev, "vf", str(vf.index), "mac", nic.mac)
+        run_ip(*spoofchk_command(vf, nic.mac))
 
     def open(self, nic: Nic, run_dir: Path) -> NicFds | None:
         return None  # a passthrough device of the plan
@@ -144,6 +147,12 @@ class VfKind:
 
     def release(self, nic: Nic) -> None:
         return None
+
+
+def spoofchk_command(vf: VirtualFunction, mac: str) -> tuple[str, ...]:
+    """``ip`` arguments that give ``vf`` its MAC and turn its spoof check on, in one call
+    (nothing runs between the two)."""
+    return ("link", "set", "dev", vf.pf_netdev, "vf", str(vf.index), "mac", mac, "spoofchk", "on")
 
 
 def _vfs_in_use() -> list[str]:

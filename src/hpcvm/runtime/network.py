@@ -35,6 +35,7 @@ from hpcvm.runtime.netlink import (
     ifname_for,
     ipv4_of,
     is_root,
+    link,
     mac_for,
     parse_address,
 )
@@ -228,8 +229,10 @@ def attach_nics(nics: Sequence[Nic], *, by_daemon: bool = False) -> None:
         kind = NETWORK_KINDS.get_or_refuse(nic.kind)
         if not (by_daemon and kind.libvirt_attaches):
             kind.attach(nic)
-        elif isinstance(kind, BridgeKind):
-            netguard.guard(nic)  # libvirt made and enslaved the tap: its rules all the same
+        elif isinstance(kind, BridgeKind) and link(nic.ifname) is not None:
+            # libvirt made and enslaved the tap: its rules all the same (a tap of another
+            # name is no tap of a guard: its frames are dropped, the safe side)
+            netguard.guard(nic)
 
 
 def _ignore(_text: str) -> None:
