@@ -142,3 +142,24 @@ def test_a_claims_directory_another_user_owns_is_not_used(claims: Path) -> None:
     in_child_as(*SQUATTER, lambda: link.symlink_to(theirs))
     assert claim_as(CLAIMER, address, link) == "unguarded"
     assert list(theirs.iterdir()) == []
+
+
+def test_root_makes_a_claims_directory_a_user_made_its_own(claims: Path) -> None:
+    """What the node install would have made: root's hpcvm takes a sticky claims
+    directory a user made (before any admin did) and keeps the claims in it, so every
+    user trusts it from then on; a directory that is not sticky is left alone."""
+    theirs = claims / "theirs"
+    address = ipaddress.IPv4Interface("10.77.0.144/24")
+
+    def make_and_claim() -> object:
+        theirs.mkdir(mode=0o1777)  # 1755 under the usual umask: sticky, not writable
+        return claim(address, theirs)
+
+    with process_as(*SQUATTER, make_and_claim):
+        assert theirs.stat().st_uid == SQUATTER[0] and len(list(theirs.iterdir())) == 1
+        assert claim(ipaddress.IPv4Interface("10.77.0.145/24"), theirs) is not None
+        assert theirs.stat().st_uid == 0 and theirs.stat().st_mode & 0o7777 == 0o1777
+        assert claim_as(CLAIMER, address, theirs) == "refused"  # the user's claim holds
+    plain = claims / "plain"
+    in_child_as(*SQUATTER, lambda: plain.mkdir(mode=0o755))
+    assert claim(address, plain) is not None and plain.stat().st_uid == SQUATTER[0]

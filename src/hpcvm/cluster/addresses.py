@@ -21,7 +21,8 @@ user's process, a symbolic link, a FIFO or anything not a regular file holds not
 (never followed, never waited on). A claimer publishes its file, then looks for any
 other live claim of the address and withdraws if it finds one, so two never both hold
 it. A claims directory another user owns (its owner could remove anyone's claims) or
-that others may write without the sticky bit is not used. And before a guest uses its
+that others may write without the sticky bit is not used (root's hpcvm makes a sticky
+one a user made root's and 1777, as the install would have). And before a guest uses its
 address it asks the segment whether anyone answers for it (duplicate address detection,
 in the guest), so an address taken outside hpcvm's knowledge is refused too.
 """
@@ -168,17 +169,27 @@ def _ensure_dir(directory: Path) -> None:
     """The claims directory, made if missing; OSError when it is not one this user may
     trust: root's or this user's, sticky wherever others may write, no symbolic link
     (paths.dir_problem). The owner of a directory may remove anything in it, so one
-    another user made is not used: the admin makes it (docs/site.md)."""
+    another user made is not used: the admin makes it (docs/site.md), and root's hpcvm
+    makes one a user made root's, the others' claims in it kept."""
     if not os.path.lexists(directory):
         with contextlib.suppress(FileExistsError):
             directory.mkdir(mode=0o1777, parents=True)
         if os.lstat(directory).st_uid == os.geteuid():
             directory.chmod(0o1777)  # whatever the umask: every user's jobs claim here
+    elif os.geteuid() == 0 and _shared_dir_of_a_user(directory):
+        os.chown(directory, 0, 0)  # what the node install makes (a user's: nobody trusts it)
+        directory.chmod(0o1777)
     problem = dir_problem(directory, owners="me or root", sticky_ok=True)
     if problem is not None:
         raise PermissionError(f"{directory} {problem.text}")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise PermissionError(directory)
+
+
+def _shared_dir_of_a_user(directory: Path) -> bool:
+    """A sticky directory (not a link) that a user made: one root may make its own."""
+    info = os.lstat(directory)
+    return stat.S_ISDIR(info.st_mode) and info.st_uid != 0 and bool(info.st_mode & stat.S_ISVTX)
 
 
 def _publish(directory: Path, ip: str) -> Path:
