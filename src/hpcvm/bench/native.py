@@ -27,6 +27,7 @@ from hpcvm.bench import evidence
 from hpcvm.bench.cpuset import Cpuset
 from hpcvm.bench.environments import CLEAN_ENV, NATIVE, RunOutput, decode_output
 from hpcvm.bench.launch import find_program, mpirun_program, with_cpu_set
+from hpcvm.bench.mpiwatch import RankWatch, kill_session, rank_lines
 from hpcvm.bench.placement import Confinement
 from hpcvm.bench.versions import host_versions
 from hpcvm.errors import RuntimeFailure
@@ -106,8 +107,9 @@ class NativeEnvironment:
             preexec_fn=None if self._cpuset is None else self._cpuset.enter(),
         )
         timed_out = False
+        hung: str | None = None
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err, hung = _communicate(proc, start + timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
@@ -117,6 +119,8 @@ class NativeEnvironment:
             proc.communicate()
             raise
         seconds = time.monotonic() - start
+        if hung is not None:
+            err = _with_hang(err, hung)
         irq_after = evidence.read_interrupts()
         rates = evidence.interrupt_rates(irq_before, irq_after, seconds)
         return RunOutput(
@@ -160,10 +164,42 @@ def mpi_held(argv: Sequence[str], cpus: Sequence[int]) -> list[str]:
     return out
 
 
+WATCH_POLL = 0.5  # seconds between looks at mpirun's ranks (bench/mpiwatch.py)
+
+
+def _communicate(proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bytes, str | None]:
+    """The run's output once it ends, with None; or, when its mpirun hangs after a rank
+    ended (bench/mpiwatch.py), the run killed at once and why. TimeoutExpired past
+    ``deadline`` (time.monotonic)."""
+    watch = RankWatch(session=proc.pid)
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            out, err = proc.communicate(timeout=max(0.0, min(WATCH_POLL, left)))
+            return out, err, None
+        except subprocess.TimeoutExpired:
+            if left <= WATCH_POLL:
+                raise
+        if (why := watch.stuck()) is not None:
+            _kill_group(proc)
+            out, err = proc.communicate()
+            return out, err, why
+
+
+def _with_hang(err: bytes, why: str) -> bytes:
+    """stderr with a last line saying why hpcvm killed the run and the ranks' own last
+    error lines (a failure record shows the last lines)."""
+    said = rank_lines(decode_output(err))
+    line = f"hpcvm: {why}" + (f"; the ranks said: {said}" if said else "")
+    return err + (b"" if not err or err.endswith(b"\n") else b"\n") + line.encode() + b"\n"
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the benchmark and everything it started (mpirun's ranks)."""
+    """Kill the benchmark and everything it started: its session (mpirun's ranks run
+    in process groups of their own)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    kill_session(proc.pid)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=30.0)
 
