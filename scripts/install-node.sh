@@ -315,9 +315,9 @@ step_netguard() {
   }
   write_file "$NETGUARD_CONF" 644 root:root <<EOF
 $MARK
-# hpcvm-netguard: the bridges whose taps it guards, the ranges VMs' addresses may lie in
-# (none: each bridge's own subnets); 'unguarded-taps accept' lets taps no VM guards
-# carry traffic (default drop: a user who runs QEMU's bridge helper alone gets a dead tap).
+# hpcvm-netguard (docs/site.md): the bridges users' VMs may be guarded in, the ranges
+# their addresses must lie in (none: each bridge's own subnets); 'unguarded-taps accept'
+# lets taps no VM guards carry traffic (default drop: a tap made by hand is dead).
 ${conf%$'\n'}
 EOF
   # The table, and with it the drop of unguarded taps, exists from boot, before any tap.
