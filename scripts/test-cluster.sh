@@ -289,6 +289,19 @@ ensure_test_user() {
     --home-dir "/home/$TEST_USER" --shell /bin/sh --comment "$TEST_MARK" "$TEST_USER"
 }
 
+# The address claims directory as a node install makes it (root's, 1777): one that a job
+# of the test user made first would be trusted by no other user (docs/site.md). Claims
+# in it are left as they are; it stays after `down`, as a node's would.
+make_claims_dir() {
+  local d=${HPCVM_ADDRESS_CLAIMS:-/dev/shm/hpcvm-addresses}
+  if [ -L "$d" ] || { [ -e "$d" ] && [ ! -d "$d" ]; }; then
+    die "$d is not a directory; remove it (it is where --address auto claims its slots)"
+  fi
+  mkdir -p "$d"
+  chown root:root "$d"
+  chmod 1777 "$d"
+}
+
 remove_test_user() {
   if [ "$(getent passwd "$TEST_USER" | cut -d: -f5)" = "$TEST_MARK" ]; then
     userdel --remove "$TEST_USER" 2>/dev/null || userdel "$TEST_USER" ||
@@ -569,6 +582,7 @@ do_up() {
   touch "$DIR/$MARKER"
   make_cpusets "$n" >"$DIR/node-cpus"
   ensure_test_user
+  make_claims_dir
   write_config "$n" "$(confinement)"
   [ "$(cat "$DIR/confinement")" = cgroup ] ||
     say "no cgroup v1 controllers here: Slurm's cgroup plugins are off (docs/cluster-testing.md)"
