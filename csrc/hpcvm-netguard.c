@@ -51,6 +51,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -221,6 +222,11 @@ static void parse_args(int argc, char **argv, struct request *req)
 				refuse(EXIT_USAGE, "at most %d --ip per tap", MAX_IPS);
 			if (inet_pton(AF_INET, val, &req->ips[req->n_ips]) != 1)
 				refuse(EXIT_USAGE, "--ip '%.32s' is not an IPv4 address", val);
+			for (int j = 0; j < req->n_ips; j++)
+				if (req->ips[j].s_addr == req->ips[req->n_ips].s_addr)
+					refuse(EXIT_USAGE, "--ip %.32s is given twice", val);
+			if (req->ips[req->n_ips].s_addr == 0 || (ntohl(req->ips[req->n_ips].s_addr) >> 28) >= 14)
+				refuse(EXIT_USAGE, "--ip %.32s is not a unicast address", val);
 			req->n_ips++;
 		} else {
 			refuse(EXIT_USAGE, "unknown option '%.32s'", opt);
@@ -331,12 +337,24 @@ static void find_tap(const struct request *req, struct tap *tap)
 	memset(tap, 0, sizeof *tap);
 	if (req->fd >= 0) {
 		struct ifreq ifr = {0};
-		if (ioctl(req->fd, TUNGETIFF, &ifr) < 0)
+		struct stat st, mine, theirs;
+		/* No ioctl as root on a descriptor before it is known to be the tun device's
+		 * (misc 10:200): on another file the same number could mean something else. */
+		if (fstat(req->fd, &st) < 0 || !S_ISCHR(st.st_mode) || major(st.st_rdev) != 10 ||
+		    minor(st.st_rdev) != 200 || ioctl(req->fd, TUNGETIFF, &ifr) < 0)
 			refuse(EXIT_USAGE, "descriptor %d is not a tap: give the descriptor QEMU's "
 					   "bridge helper returned", req->fd);
 		if (!(ifr.ifr_flags & IFF_TAP))
 			refuse(EXIT_USAGE, "descriptor %d is a tun, not a tap", req->fd);
 		snprintf(tap->name, IFNAMSIZ, "%s", ifr.ifr_name);
+		/* The name is looked up in this network namespace: the tap must be in it (a
+		 * user's own namespace may hold a tap named like another user's here). */
+		int ns = ioctl(req->fd, TUNGETDEVNETNS);
+		if (ns < 0 || fstat(ns, &theirs) < 0 || stat("/proc/self/ns/net", &mine) < 0 ||
+		    theirs.st_ino != mine.st_ino || theirs.st_dev != mine.st_dev)
+			refuse(EXIT_USAGE, "tap %s is not in this helper's network namespace: run it "
+					   "where the tap is", tap->name);
+		close(ns);
 	} else {
 		snprintf(tap->name, IFNAMSIZ, "%s", req->ifname_arg);
 	}

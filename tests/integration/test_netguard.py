@@ -247,6 +247,9 @@ def test_release_drops_a_live_taps_rules(netns: Netns) -> None:
         tap.close()
 
 
+NINE_IPS = [word for i in range(10, 19) for word in ("--ip", f"10.96.0.{i}")]
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "said"),
     [
@@ -264,7 +267,9 @@ def test_release_drops_a_live_taps_rules(netns: Netns) -> None:
         (["guard", "--fd", "0", "--mac", MAC, "--ip", "10.96.0.300"], 2, "not an IPv4 address"),
         (["guard", "--fd", "0", "--mac", MAC, "--ip", "{ 1.2.3.4 }"], 2, "not an IPv4 address"),
         (["guard", "--fd", "0", "--mac", MAC, "--ip"], 2, "--ip needs a value"),
-        (["guard", "--fd", "0", "--mac", MAC, "--ip", IP] + ["--ip", IP] * 8, 2, "at most 8"),
+        (["guard", "--fd", "0", "--mac", MAC, *NINE_IPS], 2, "at most 8 --ip per tap"),
+        (["guard", "--fd", "0", "--mac", MAC, "--ip", IP, "--ip", IP], 2, "given twice"),
+        (["guard", "--fd", "0", "--mac", MAC, "--ip", "224.0.0.1"], 2, "not a unicast address"),
         (["gc", "--mac", MAC], 2, "gc takes no tap, MAC or address"),
         (["release", "--fd", "0", "--ip", IP], 2, "release takes only the tap"),
         (["guard", "--fd", "0", "--mac", MAC, "--nft", "flush ruleset"], 2, "unknown option"),
@@ -296,6 +301,26 @@ def test_a_mac_or_address_no_vm_may_have_is_refused(
     tap.close()
     assert tap.result["rc"] == 2 and said in tap.result["stderr"], tap.result
     assert netns.chains() == []
+
+
+def test_a_tap_of_another_network_namespace_is_refused(netns: Netns) -> None:
+    """A user may make a tap in a namespace of their own (user namespaces), named like
+    another user's tap here: the helper refuses a descriptor whose tap is not in its
+    own namespace, before it looks the name up."""
+    other = Netns(f"{netns.name}-x")
+    subprocess.run(["ip", "netns", "add", other.name], check=True)
+    try:
+        subprocess.run(["ip", "-n", other.name, "link", "add", BRIDGE, "type", "bridge"],
+                       check=True)  # fmt: skip
+        before = netns.table()
+        here = [*netns.argv([]), *guard("--mac", MAC, "--ip", IP)]
+        tap = Tap(other, here)  # made in `other`, the helper run in `netns`
+        tap.close()
+        assert tap.result["rc"] == 2, tap.result
+        assert "is not in this helper's network namespace" in tap.result["stderr"]
+        assert netns.table() == before
+    finally:
+        subprocess.run(["ip", "netns", "del", other.name], check=False)
 
 
 def test_a_config_others_may_write_is_refused(netns: Netns, tmp_path: Path) -> None:
