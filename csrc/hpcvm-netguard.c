@@ -8,6 +8,8 @@
  *   hpcvm-netguard init                                      (the table alone; at boot)
  * Root only: --ifname NAME instead of --fd (QEMU made the tap), --config PATH.
  * The config's bridges and ranges bind the other users (root could edit the config);
+ * without 'range' lines, the [addresses] pool of /etc/hpcvm/site.toml (where hpcvm's
+ * --address auto takes VM addresses from), else the bridge's own subnets, are the ranges;
  * everything else, the node's own MAC and addresses and other VMs' above all, binds
  * root's VMs too.
  *
@@ -58,6 +60,7 @@
 #define TABLE "bridge hpcvm_netguard"
 #define TABLE_NAME "hpcvm_netguard"
 #define DEFAULT_CONFIG "/etc/hpcvm/netguard.conf"
+#define SITE_CONFIG "/etc/hpcvm/site.toml" /* [addresses] pool: --address auto's */
 #define LOCK_FILE "/run/hpcvm-netguard.lock"
 #define MAX_IPS 8
 #define MAX_LIST 64
@@ -79,6 +82,7 @@ struct config {
 	int n_ranges;
 	bool accept_unguarded;
 	bool found;
+	const char *ranges_from; /* what the ranges are, for a refusal */
 };
 
 struct request {
@@ -245,13 +249,13 @@ static void parse_args(int argc, char **argv, struct request *req)
 
 /* -- the admin's config ------------------------------------------------------------ */
 
-static void read_config(const char *path, struct config *cfg)
+/* A root-owned file only root may write, open for reading; NULL when there is none. */
+static FILE *open_admins(const char *path)
 {
-	memset(cfg, 0, sizeof *cfg);
 	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0) {
 		if (errno == ENOENT)
-			return;
+			return NULL;
 		refuse(EXIT_FAIL, "cannot read %s: %s", path, strerror(errno));
 	}
 	struct stat st;
@@ -259,6 +263,38 @@ static void read_config(const char *path, struct config *cfg)
 		refuse(EXIT_FAIL, "%s must be a file owned by root and writable by root alone: "
 				  "an admin fixes it (chown root:root, chmod 644)", path);
 	FILE *f = fdopen(fd, "r");
+	if (!f)
+		refuse(EXIT_FAIL, "cannot read %s: %s", path, strerror(errno));
+	return f;
+}
+
+/* Without 'range' lines, the pool hpcvm's --address auto takes VM addresses from
+ * (site.toml's `pool = "CIDR"` in [addresses], as cluster/addresses.py reads it). */
+static void read_site_pool(const char *path, struct config *cfg)
+{
+	FILE *f = open_admins(path);
+	char line[256], cidr[64];
+	bool addresses = false;
+	while (f && fgets(line, sizeof line, f)) {
+		char *p = line + strspn(line, " \t");
+		if (*p == '[')
+			addresses = !strncmp(p, "[addresses]", 11);
+		else if (addresses && sscanf(p, "pool = \"%63[0-9./]\"", cidr) == 1 &&
+			 parse_range(cidr, &cfg->ranges[0])) {
+			cfg->n_ranges = 1;
+			cfg->ranges_from = "the [addresses] pool of " SITE_CONFIG;
+		}
+	}
+	if (f)
+		fclose(f);
+}
+
+static void read_config(const char *path, struct config *cfg)
+{
+	memset(cfg, 0, sizeof *cfg);
+	FILE *f = open_admins(path);
+	if (!f)
+		return;
 	char line[256], key[32], val[64];
 	int lineno = 0;
 	cfg->found = true;
@@ -409,7 +445,9 @@ static void check_ranges(const struct request *req, const struct config *cfg, co
 	struct range found[MAX_LIST];
 	const struct range *ranges = cfg->ranges;
 	int n = cfg->n_ranges;
+	const char *from = cfg->ranges_from ? cfg->ranges_from : "'range' lines of " DEFAULT_CONFIG;
 	if (cfg->n_ranges == 0) {
+		from = "no range set: the bridge's own subnets";
 		struct ifaddrs *all, *a;
 		n = 0;
 		if (getifaddrs(&all) < 0)
@@ -431,10 +469,8 @@ static void check_ranges(const struct request *req, const struct config *cfg, co
 			ok = in_range(&ranges[j], req->ips[i]);
 		if (!ok)
 			refuse(EXIT_USAGE, "address %s is outside the ranges the admin allows on %s "
-					   "(%s%s): an admin adds 'range CIDR' there",
-			       inet_ntoa(req->ips[i]), bridge,
-			       cfg->n_ranges ? "'range' lines of " : "no 'range' lines: the bridge's own subnets; ",
-			       DEFAULT_CONFIG);
+					   "(%s): an admin adds 'range CIDR' to " DEFAULT_CONFIG,
+			       inet_ntoa(req->ips[i]), bridge, from);
 	}
 }
 
@@ -717,6 +753,8 @@ int main(int argc, char **argv)
 			refuse(EXIT_USAGE, "--mac must be a unicast MAC that is not all zero");
 		if (caller != 0) { /* the admin's allow-lists bind users; root could edit them */
 			check_bridge(&cfg, tap.bridge);
+			if (cfg.n_ranges == 0)
+				read_site_pool(SITE_CONFIG, &cfg);
 			check_ranges(&req, &cfg, tap.bridge);
 		}
 		check_not_node(&req);

@@ -19,6 +19,7 @@ the other touched paths before and after.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +27,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+
+from tests.integration.test_netguard import CHILD
 
 pytestmark = pytest.mark.integration
 
@@ -164,6 +167,16 @@ def bridge_helper_as(box: Sandbox, user: str) -> str:
     return box.run(argv, check=False).stderr.strip()
 
 
+def guard_as(box: Sandbox, user: str, address: str) -> dict[str, object]:
+    """hpcvm-netguard asked, as ``user``, to guard a tap QEMU's bridge helper made in the
+    sandbox's br0 for ``address`` (the child of test_netguard.py): its answer."""
+    guard = [NETGUARD, "guard", "--fd", "{fd}", "--mac", "0a:00:00:00:00:11", "--ip", address]
+    argv = ["runuser", "-u", user, "--", "/usr/bin/python3", "-c", CHILD, "user", "br0", "[]"]
+    proc = box.run(["sh", "-c", '"$@" </dev/null', "sh", *argv, *guard])
+    answer: dict[str, object] = json.loads(proc.stdout.splitlines()[0])
+    return answer
+
+
 def test_install_grants_what_a_member_needs_and_uninstall_restores_everything(
     sandbox: Sandbox,
 ) -> None:
@@ -209,6 +222,22 @@ def test_install_grants_what_a_member_needs_and_uninstall_restores_everything(
     assert not_a_tap.stderr.startswith("hpcvm-netguard: descriptor 0 is not a tap: give")
     by_name = sandbox.run([*as_member, "release", "--ifname", "tap0"], check=False)
     assert by_name.returncode == 2 and "--ifname is for root only" in by_name.stderr
+
+    # Without 'range' lines a user's VM address must lie in the site's VM pool
+    # (site.toml, where --address auto takes them from): a member's tap from QEMU's
+    # bridge helper in the sandbox's own br0, guarded through the installed grant.
+    sandbox.sh(
+        "ip link add br0 type bridge && ip addr add 10.96.0.1/24 dev br0 && ip link set br0 up"
+    )
+    sandbox.sh("printf '[addresses]\\npool = \"10.96.0.128/25\"\\n' > /etc/hpcvm/site.toml")
+    outside, inside = (
+        guard_as(sandbox, MEMBER, "10.96.0.11"),
+        guard_as(sandbox, MEMBER, "10.96.0.130"),
+    )
+    assert outside["rc"] == 2, outside
+    assert "(the [addresses] pool of /etc/hpcvm/site.toml)" in outside["stderr"]
+    assert inside["rc"] == 0, inside
+    sandbox.sh("rm /etc/hpcvm/site.toml && ip link del br0")
 
     # The hugetlbfs mount: the group's, sticky; a member makes files there, others not.
     options = sandbox.sh(f"findmnt -rn -t hugetlbfs -o OPTIONS {HUGETLBFS}").strip().split(",")
