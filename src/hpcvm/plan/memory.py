@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host.model import HostTopology, NumaNode
-from hpcvm.plan.model import MemoryRegion
+from hpcvm.plan.model import Accel, AccelChoice, MemoryRegion
 from hpcvm.plan.notes import Notes
 from hpcvm.plan.profiles import SMALL_PAGE, page_dir_name
 from hpcvm.units import GIB, MIB, format_cpu_list, format_size
 
-OVERHEAD_BASE = 256 * MIB
+OVERHEAD_BASE = 256 * MIB  # QEMU's own memory under KVM (plus 1%: qemu_overhead)
+TCG_CODE_ALLOWANCE = 256 * MIB  # TCG's translated code on top (qemu_overhead)
 DEFAULT_MOUNTS = {2 * MIB: "/dev/hugepages", GIB: "/dev/hugepages1G"}
 
 
@@ -68,10 +69,44 @@ def about(nbytes: int) -> str:
     return exact
 
 
-def qemu_overhead(memory_bytes: int) -> int:
-    """QEMU's own memory beside guest RAM: 256 MiB plus 1% of guest RAM, in whole MiB.
-    An estimate on the safe side for a VM without large device buffers."""
-    return OVERHEAD_BASE + -(-memory_bytes // 100 // MIB) * MIB
+def qemu_overhead(memory_bytes: int, accel: Accel = "tcg") -> int:
+    """QEMU's own memory beside guest RAM under ``accel``, in whole MiB: what the
+    memory checks (a node's RAM, a batch job's memory limit) count besides guest RAM.
+
+    KVM: 256 MiB plus 1% of guest RAM (OVERHEAD_BASE). Documented figure to compare:
+    KubeVirt (OpenShift Virtualization 4.x, "Virtual machine memory overhead") reserves
+    218 MiB + 0.2% of guest RAM + 8 MiB per vCPU + 16 MiB per graphics device for its
+    QEMU/KVM launcher; ours is above that up to 4 vCPUs and any RAM size, below it for
+    many vCPUs with little RAM (not measured here: this project's machine has no usable
+    KVM).
+
+    TCG adds its translation cache (TCG_CODE_ALLOWANCE): QEMU 7.2 maps a 1 GiB code
+    buffer (``tb-size`` default) that fills with translated guest code, anonymous memory
+    charged to QEMU's cgroup beside everything KVM's QEMU holds. Measured here (Debian
+    12, QEMU 7.2.22, ``-accel tcg,thread=multi``, 1 vCPU, built-in guest, guest RAM on
+    2 MiB huge pages so that VmRSS is QEMU's own; on 4K pages, VmRSS less the guest RAM
+    mapping's Rss): 202 MiB for 256 and for 512 MiB of guest RAM after boot and one
+    command (84 MiB of it the code buffer, 58 MiB the mapped guest kernel), the same
+    for a 256 MiB guest on 4K pages; 264 and 293 MiB for 512 MiB guests after an MPI
+    benchmark (136 and 162 MiB of code buffer): over the 256 MiB + 1% that KVM's figure
+    allows, which let a job's ``--mem`` pass the check and the kernel kill QEMU. The
+    allowance covers those with room for more translated code; a guest that runs
+    enough distinct code could fill the whole buffer (1 GiB), which only a smaller
+    ``tb-size`` would bound. tests/integration/test_agent_busy.py measures a booted
+    guest against it."""
+    base = OVERHEAD_BASE + -(-memory_bytes // 100 // MIB) * MIB
+    return base + (TCG_CODE_ALLOWANCE if accel == "tcg" else 0)
+
+
+def accel_in_use(host: HostTopology, requested: AccelChoice = "auto") -> Accel:
+    """The accelerator a plan of this host will use (as plan/cpu.py chooses it: TCG when
+    asked for or when KVM is not usable; KVM when usable, or asked for where a host
+    description cannot tell), for the memory checks."""
+    if requested == "tcg":
+        return "tcg"
+    if host.kvm.usable or requested == "kvm":
+        return "kvm"
+    return "tcg"
 
 
 def split_unit(total: int, page: int) -> int:
@@ -131,13 +166,20 @@ class MemoryPlan:
 
 
 def flat_memory(
-    host: HostTopology, total: int, page: int, first_node: int | None, notes: Notes
+    host: HostTopology,
+    total: int,
+    page: int,
+    first_node: int | None,
+    notes: Notes,
+    accel: Accel | None = None,
 ) -> MemoryPlan:
-    """One unbound region: anonymous memory, or hugetlbfs for the hugepages profile."""
-    overhead = qemu_overhead(total)
+    """One unbound region: anonymous memory, or hugetlbfs for the hugepages profile.
+    ``accel``: the plan's (None: the one this host would use, accel_in_use)."""
+    accel = accel or accel_in_use(host)
+    overhead = qemu_overhead(total, accel)
     normal = list(host.allowed_nodes())
     limit = sum(_node_limit(n, page) for n in normal)
-    check_host_total(host, total, overhead, page)
+    check_host_total(host, total, overhead, page, accel)
     if total + overhead > limit:
         raise _too_big_flat(total, overhead, limit, normal, page)
     if page == SMALL_PAGE:
@@ -184,13 +226,16 @@ def numa_memory(
     page: int,
     guest_nodes: Sequence[tuple[int, int]],
     notes: Notes,
+    accel: Accel | None = None,
 ) -> tuple[MemoryPlan, list[int]]:
     """One region per guest node, bound to its host node. ``guest_nodes`` is a list of
-    (host node, vCPU count). Returns the plan and each guest node's size."""
-    overhead = qemu_overhead(total)
+    (host node, vCPU count); ``accel`` as in flat_memory. Returns the plan and each
+    guest node's size."""
+    accel = accel or accel_in_use(host)
+    overhead = qemu_overhead(total, accel)
     nodes = {n.os_index: n for n in host.nodes}
     first = min(h for h, _ in guest_nodes)
-    check_host_total(host, total, overhead, page)
+    check_host_total(host, total, overhead, page, accel)
     sizes = split_memory(total, page, [v for _, v in guest_nodes])
     per_host = _per_host(guest_nodes, sizes)
     for h, guest_bytes in per_host.items():
@@ -202,7 +247,7 @@ def numa_memory(
         _check_free_bound(host, needed, page, notes)
     notes.decide(
         "memory",
-        f"QEMU's own memory estimated at {format_size(overhead)} (256M + 1% of guest RAM), "
+        f"QEMU's own memory estimated at {format_size(overhead)} ({_overhead_terms(accel)}), "
         f"from ordinary pages of host node {first}",
     )
     regions = _bound_regions(host, guest_nodes, sizes, page, notes)
@@ -280,7 +325,12 @@ def _node_limit(node: NumaNode, page: int) -> int:
 
 
 def memory_fits(
-    host: HostTopology, total: int, page: int, loads: Sequence[tuple[int, int]], strict: bool
+    host: HostTopology,
+    total: int,
+    page: int,
+    loads: Sequence[tuple[int, int]],
+    strict: bool,
+    accel: Accel | None = None,
 ) -> bool:
     """Whether ``total`` bytes split over ``loads`` ((memory node, vCPUs) per guest
     node, in proportion to vCPUs) fit their nodes, with QEMU's overhead on the lowest
@@ -291,7 +341,7 @@ def memory_fits(
     for (node, _), part in zip(loads, parts, strict=True):
         per_node[node] = per_node.get(node, 0) + part
     first = min(per_node)
-    overhead = qemu_overhead(total)
+    overhead = qemu_overhead(total, accel or accel_in_use(host))
     nodes = {n.os_index: n for n in host.nodes}
     for node, guest in per_node.items():
         oh = overhead if node == first else 0
@@ -320,7 +370,9 @@ def largest_fitting(fits: Callable[[int], bool], total: int, page: int) -> int:
     return lo * step
 
 
-def check_host_total(host: HostTopology, total: int, overhead: int, page: int) -> None:
+def check_host_total(
+    host: HostTopology, total: int, overhead: int, page: int, accel: Accel | None = None
+) -> None:
     """Refuse memory beyond the allowed nodes' RAM (``plan`` names the largest size
     that plans: MemoryRefusal), or beyond this process's memory limit."""
     have = sum(n.memory_bytes for n in host.allowed_nodes())
@@ -333,7 +385,7 @@ def check_host_total(host: HostTopology, total: int, overhead: int, page: int) -
             f"is more than this host's {about(have)} of RAM{where}",
             nothing=_nothing_fits(page, "the host is too small"),
         )
-    check_memory_limit(host, total, page)
+    check_memory_limit(host, total, page, accel)
 
 
 def _nothing_fits(page: int, otherwise: str) -> str:
@@ -346,12 +398,14 @@ def _nothing_fits(page: int, otherwise: str) -> str:
     )
 
 
-def check_memory_limit(host: HostTopology, total: int, page: int) -> None:
+def check_memory_limit(
+    host: HostTopology, total: int, page: int, accel: Accel | None = None
+) -> None:
     """Refuse, before anything starts, a VM that this process's cgroup would OOM-kill
     midway: QEMU's own memory, and guest RAM on 4K pages, are charged to it (a batch
     job's memory request); guest RAM on huge pages is not (no hugetlb limit)."""
     limit = host.memory_limit
-    charged = limit_charge(total, page)
+    charged = limit_charge(total, page, accel or accel_in_use(host))
     if limit is None or charged <= limit:
         return
     problem = (
@@ -370,11 +424,18 @@ def check_memory_limit(host: HostTopology, total: int, page: int) -> None:
     raise InfeasiblePlanError(f"{problem}: {batch}", cause="memory-limit", option="memory_bytes")
 
 
-def limit_charge(total: int, page: int) -> int:
+def limit_charge(total: int, page: int, accel: Accel = "tcg") -> int:
     """What a VM of ``total`` guest RAM on ``page``-sized pages charges to its
-    process's memory limit: QEMU's own memory, and guest RAM on 4K pages (huge pages
-    are not charged: no hugetlb limit)."""
-    return qemu_overhead(total) + (total if page == SMALL_PAGE else 0)
+    process's memory limit: QEMU's own memory under ``accel`` (TCG's, the larger, when
+    not said), and guest RAM on 4K pages (huge pages are not charged: no hugetlb
+    limit)."""
+    return qemu_overhead(total, accel) + (total if page == SMALL_PAGE else 0)
+
+
+def _overhead_terms(accel: Accel) -> str:
+    """How qemu_overhead counted, for the plan's notes."""
+    tcg = f" + {format_size(TCG_CODE_ALLOWANCE)} of TCG's translated code" if accel == "tcg" else ""
+    return f"{format_size(OVERHEAD_BASE)} + 1% of guest RAM{tcg}"
 
 
 def check_held_together(host: HostTopology, vms: Sequence[tuple[str, int]]) -> None:

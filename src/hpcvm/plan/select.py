@@ -14,7 +14,14 @@ from hpcvm.errors import InfeasiblePlanError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.choice import MemoryFit, choose_domains
 from hpcvm.plan.explain import explain_selection
-from hpcvm.plan.memory import MemoryRefusal, about, check_host_total, memory_fits, qemu_overhead
+from hpcvm.plan.memory import (
+    MemoryRefusal,
+    about,
+    accel_in_use,
+    check_host_total,
+    memory_fits,
+    qemu_overhead,
+)
 from hpcvm.plan.model import PlanRequest, Profile
 from hpcvm.plan.names import SmtPolicy
 from hpcvm.plan.notes import Notes
@@ -64,10 +71,11 @@ def select(
             )
 
         total = request.memory_bytes
-        check_host_total(host, total, qemu_overhead(total), page)
+        accel = accel_in_use(host, request.accel)
+        check_host_total(host, total, qemu_overhead(total, accel), page, accel)
 
         def fits(loads: Sequence[tuple[int, int]], strict: bool) -> bool:
-            return memory_fits(host, total, page, loads, strict)
+            return memory_fits(host, total, page, loads, strict, accel)
 
     for view in layouts(layout, busy):
         choice = choose_domains(view, request.vcpus, prefer, smt, distance, fits)
@@ -108,7 +116,8 @@ def _memory_refusal(host: HostTopology, request: PlanRequest, page: int) -> Memo
     return MemoryRefusal(
         f"no choice of host nodes holds {request.vcpus} vCPU(s) with "
         f"{format_size(request.memory_bytes)} of guest memory plus about "
-        f"{about(qemu_overhead(request.memory_bytes))} of QEMU overhead ({kind} on the "
+        f"{about(qemu_overhead(request.memory_bytes, accel_in_use(host, request.accel)))} of "
+        f"QEMU overhead ({kind} on the "
         f"allowed nodes {allowed}, shared in proportion to vCPUs)",
         nothing="use fewer --vcpus",
         nothing_option="vcpus",
