@@ -13,7 +13,9 @@
  * everything else, the node's own MAC and addresses and other VMs' above all, binds
  * root's VMs too.
  *
- * Holding the tap's descriptor proves the caller owns the tap (TUNGETIFF names it).
+ * Holding the tap's descriptor proves the caller owns the tap: it must be the tun
+ * device's (checked before any ioctl), its tap in this helper's network namespace
+ * (TUNGETDEVNETNS), and TUNGETIFF names it.
  * The rules live in one nftables table of the bridge family, `bridge hpcvm_netguard`:
  * a base chain on the bridge's prerouting hook sends each guarded tap's frames (by
  * ifindex, so a stale chain never applies to a new tap of the same name) to its own
