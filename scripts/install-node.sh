@@ -24,6 +24,7 @@
 #              ranges of $HPCVM_NETGUARD_RANGES), a boot unit that makes its nftables
 #              table before any VM runs, and the table now: each VM's tap then sends
 #              only from its own MAC and address (docs/site.md "What separates users")
+#              and the address claims directory, root's 1777 (/etc/tmpfiles.d)
 #   hugepages  a hugetlbfs mount for the group at $HPCVM_HUGETLBFS (an /etc/fstab line),
 #              and the 2M pool raised to $HPCVM_HUGEPAGES pages if set (/etc/sysctl.d)
 #   venv       hpcvm in a virtualenv at $HPCVM_PREFIX built with $HPCVM_PYTHON (Debian's
@@ -65,6 +66,8 @@ NETGUARD_BUILT=$REPO/src/hpcvm/data/hpcvm-netguard
 NETGUARD=/usr/local/lib/hpcvm/hpcvm-netguard
 NETGUARD_CONF=/etc/hpcvm/netguard.conf
 NETGUARD_UNIT=/etc/systemd/system/hpcvm-netguard.service
+CLAIMS_DIR=${HPCVM_ADDRESS_CLAIMS:-/dev/shm/hpcvm-addresses}
+CLAIMS_TMPFILES=/etc/tmpfiles.d/hpcvm-addresses.conf
 SYSCTL_FILE=/etc/sysctl.d/80-hpcvm-hugepages.conf
 FSTAB=/etc/fstab
 MARK="# hpcvm: scripts/install-node.sh"
@@ -341,6 +344,24 @@ EOF
   # made once here; each later call of the helper keeps its base chain as the config says
   nft list table bridge hpcvm_netguard >/dev/null 2>&1 || run "$NETGUARD" init
   say "netguard: each VM's tap sends only from its own MAC and address (nft list table bridge hpcvm_netguard)"
+  claims_dir
+}
+
+# The directory `--address auto` claims slots in: root's and sticky (1777), now and at
+# every boot (/dev/shm is a tmpfs). One a user made first is trusted by no other user
+# (cluster/addresses.py), so the node makes it before any job can.
+claims_dir() {
+  write_file "$CLAIMS_TMPFILES" 644 root:root <<EOF
+$MARK
+d $CLAIMS_DIR 1777 root root -
+EOF
+  if [ -L "$CLAIMS_DIR" ] || { [ -e "$CLAIMS_DIR" ] && [ ! -d "$CLAIMS_DIR" ]; }; then
+    die "$CLAIMS_DIR is not a directory: remove it (address claims are kept there)"
+  fi
+  if [ "$(stat -c '%a %U:%G' "$CLAIMS_DIR" 2>/dev/null)" != "1777 root:root" ]; then
+    run install -d -m 1777 -o root -g root "$CLAIMS_DIR"
+  fi
+  say "netguard: address claims in $CLAIMS_DIR (root's, 1777, made at boot by $CLAIMS_TMPFILES)"
 }
 
 # --- hugepages ----------------------------------------------------------------------
@@ -496,6 +517,8 @@ uninstall() {
     run systemctl --no-reload disable hpcvm-netguard
   fi
   if grep -qF "$MARK" "$NETGUARD_UNIT" 2>/dev/null; then run rm -f "$NETGUARD_UNIT"; fi
+  # the claims directory itself stays until the next boot: jobs may hold claims in it
+  if grep -qF "$MARK" "$CLAIMS_TMPFILES" 2>/dev/null; then run rm -f "$CLAIMS_TMPFILES"; fi
   if grep -qF "$MARK" "$NETGUARD_CONF" 2>/dev/null; then run rm -f "$NETGUARD_CONF"; fi
   before=$(recall created-netguard-conf-dir)
   if [ -n "$before" ] && [ -d "$before" ]; then run rmdir "$before"; fi

@@ -40,6 +40,7 @@ NETGUARD = "/usr/local/lib/hpcvm/hpcvm-netguard"
 BUILT_NETGUARD = REPO / "src" / "hpcvm" / "data" / "hpcvm-netguard"
 OVERLAID = ("/etc", "/usr", "/var/lib", "/opt")
 HUGETLBFS = "/opt/hugepages-hpcvm"  # inside the /opt overlay (the default is in /dev)
+CLAIMS = "/var/lib/hpcvm-addresses"  # inside the /var/lib overlay (the default: /dev/shm)
 GRANT_STEPS = "accounts,bridge,netguard,hugepages"
 MEMBER, OTHER = "site-member", "site-other"
 GID, QEMU_ID = 2300, 2301  # scripts/site-ids.sh's defaults
@@ -139,7 +140,7 @@ def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
 
 
 def install(box: Sandbox, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {"HPCVM_HUGETLBFS": HUGETLBFS, "HPCVM_HUGEPAGES": ""}
+    env = {"HPCVM_HUGETLBFS": HUGETLBFS, "HPCVM_HUGEPAGES": "", "HPCVM_ADDRESS_CLAIMS": CLAIMS}
     return box.run(["bash", str(SCRIPT), *args], env=env, check=check)
 
 
@@ -222,6 +223,10 @@ def test_install_grants_what_a_member_needs_and_uninstall_restores_everything(
     assert 'counter name "unguarded" drop' in sandbox.sh("nft list table bridge hpcvm_netguard")
     assert sandbox.sh("stat -c '%a %U' /etc/hpcvm/netguard.conf").split() == ["644", "root"]
     assert "bridge br0" in sandbox.sh("cat /etc/hpcvm/netguard.conf")
+    # the address claims directory: root's and sticky, now and (tmpfiles.d) at every boot
+    assert sandbox.sh(f"stat -c '%a %U:%G' {CLAIMS}").split() == ["1777", "root:root"]
+    tmpfiles = sandbox.sh("cat /etc/tmpfiles.d/hpcvm-addresses.conf").splitlines()
+    assert f"d {CLAIMS} 1777 root root -" in tmpfiles
     # run by a user it is root (a refusal about the descriptor, not about privilege),
     # and what only root may give is refused
     as_member = ["runuser", "-u", MEMBER, "--", NETGUARD]
