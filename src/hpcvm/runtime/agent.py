@@ -7,7 +7,13 @@ virtio-serial port queues them until qemu-ga opens it). So every connection star
 with ``guest-sync`` carrying a random id, and replies are read until that id comes
 back; only then is the channel known to be in step.
 
-QEMU's chardev socket serves one client at a time: connect, do the work, close.
+QEMU's chardev socket serves one client at a time: connect, do the work, close. A
+second client's connect succeeds all the same (it waits in the socket's backlog until
+the first leaves), so a busy agent would look like a silent one and, after the
+timeout, like a dead VM. Every client therefore holds the agent's lock file beside the
+socket (``<socket>.lock``, hpcvm.lock: dropped by the kernel with its holder) while it
+is connected; a second client waits for it up to its timeout and then says the agent
+is busy and who holds it (AgentBusy, exit 8: wait or retry), never that the VM died.
 Every failure is a RuntimeFailure with a one-line message.
 """
 
@@ -25,7 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hpcvm.errors import RuntimeFailure
+from hpcvm import lock
+from hpcvm.errors import BusyError, RuntimeFailure
 from hpcvm.runtime.agent_errors import AgentCommandError as AgentCommandError
 from hpcvm.runtime.agent_errors import CommandTimedOut, ExecInterrupted, check_input
 from hpcvm.runtime.model import ExecResult
@@ -38,6 +45,8 @@ _POLL_MAX = 0.25
 _SIGNALLED_POLL = 1.0  # status asked this often while a completion signal is awaited
 _POLL_SIGNALLED = 0.005  # the first status poll after the signal (the exit follows it)
 _READ_CHUNK = 48 * 1024  # guest-file-read count
+_BUSY_RETRY = 0.2  # seconds between tries of a busy agent's lock
+LOCK_SUFFIX = ".lock"  # the agent's lock file: the socket's path and this
 
 
 class _Closed(Exception):
@@ -46,6 +55,11 @@ class _Closed(Exception):
 
 class AgentGone(RuntimeFailure):
     """The connection to the agent dropped in the middle of a request."""
+
+
+class AgentBusy(BusyError, RuntimeFailure):
+    """Another client holds the agent (its socket serves one at a time): exit 8 (busy),
+    and a RuntimeFailure for callers that give up on an agent that does not answer."""
 
 
 def last_console_line(path: str | Path, tail: int = 4096) -> str:
@@ -86,6 +100,7 @@ class GuestAgent:
         self.console_log = str(console_log) if console_log else None
         self._sock: socket.socket | None = None
         self._buf = b""
+        self._held: contextlib.ExitStack | None = None
 
     # -- connection ---------------------------------------------------------------------
 
@@ -101,20 +116,53 @@ class GuestAgent:
         self.close()
 
     def close(self) -> None:
-        """Drop the connection (idempotent); the next request reconnects."""
+        """Drop the connection and the agent's lock (idempotent); the next request
+        reconnects."""
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.close()
         self._sock = None
         self._buf = b""
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
+    def _hold(self) -> None:
+        """Take the agent's lock (module doc), waiting up to ``timeout`` for another
+        client to leave; AgentBusy naming it after that. Without a lock file this user
+        may make (a directory not theirs), clients go on unlocked, as before."""
+        if self._held is not None:
+            return
+        path = Path(f"{self.path}{LOCK_SUFFIX}")
+        what = f"the guest agent at {self.path}"
+        advice = (
+            f"it serves one client at a time and was still held after {self.timeout:g} s; "
+            "wait for that command to end, or retry"
+        )
+        deadline = time.monotonic() + self.timeout
+        while True:
+            held = contextlib.ExitStack()
+            try:
+                held.enter_context(lock.exclusive(path, what, advice, remove=True))
+            except BusyError as exc:
+                if time.monotonic() >= deadline:
+                    raise AgentBusy(exc.message, cause="agent-busy") from exc
+                time.sleep(_BUSY_RETRY)
+                continue
+            except OSError:
+                return
+            self._held = held
+            return
 
     def _open(self) -> socket.socket:
+        self._hold()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)
             sock.connect(str(self.path))
         except OSError:
             sock.close()
+            self.close()  # the lock too: nothing was connected
             raise
         return sock
 

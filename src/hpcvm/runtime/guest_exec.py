@@ -3,7 +3,9 @@
 ``ExecInterrupted`` (a KeyboardInterrupt: exit 130) when its caller is interrupted, the
 command ended in the guest in both cases; ``ProgramNotFound`` (127) and
 ``ProgramNotExecutable`` (126) as a shell says them (runtime/agent.py); a
-``RuntimeFailure`` naming the console log when the VM is gone or died meanwhile.
+``RuntimeFailure`` naming the console log when the VM is gone or died meanwhile, which
+QEMU's own process decides (``qemu_runs``), never a failed agent request; ``AgentBusy``
+(exit 8) when another client holds the agent past the timeout.
 
 ``connected(machine)`` opens the agent connection a caller keeps for several commands
 (bench keeps one for a VM's life: a new connection costs some 100 ms of sync under
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
@@ -71,7 +74,7 @@ def exec_on(
         raise UsageError("nothing to run: give a command after --")
     if alive is None:
         alive = get_backend(machine.backend, machine.connect_uri).alive
-    if not alive(machine):
+    if not alive(machine) and not qemu_runs(machine):
         raise RuntimeFailure(
             f"VM {machine.name} is not running (QEMU pid {machine.pid} gone)", cause="qemu"
         )
@@ -87,7 +90,7 @@ def exec_on(
     except ExecInterrupted as exc:
         raise ExecInterrupted(f"in VM {machine.name}, {exc.what}") from exc
     except HpcvmError as exc:
-        if not alive(machine):
+        if not alive(machine) and not qemu_runs(machine):
             raise RuntimeFailure(
                 f"VM {machine.name} died while running {argv[0]!r}; see its console log "
                 f"{machine.boot.serial_log}"
@@ -98,6 +101,28 @@ def exec_on(
                 f"and {exc.ended}"
             ) from exc
         raise
+
+
+def qemu_runs(machine: Machine) -> bool:
+    """Whether ``machine``'s QEMU runs, by the process itself: its pid is a live process
+    whose command line names this VM's agent socket (a reused pid runs something else).
+    What decides that a VM died, whatever a caller's ``alive`` (or a record's start
+    time) says: a failed agent request alone never does (the agent may be busy or the
+    guest hung while QEMU runs). For a backend whose QEMU names no such socket
+    (libvirt's), the backend's own answer."""
+    from hpcvm.runtime import state
+
+    if machine.pid is None or not machine.boot.agent_socket:
+        return False
+    if not state.pid_alive(machine.pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{machine.pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if machine.boot.agent_socket.encode() in cmdline:
+        return True
+    return get_backend(machine.backend, machine.connect_uri).alive(machine)
 
 
 def exec_in(
