@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from matplotlib.collections import PolyCollection
 from matplotlib.image import imread
 
 from hpcvm.bench.bsp import BspSuite
@@ -35,6 +36,7 @@ from hpcvm.report.load import load_report
 from hpcvm.report.markdown import render_markdown
 from hpcvm.report.scale import ScaleRequest, figure_cores, parse_grains
 from hpcvm.store import MetricRecord, NewSample, Store
+from tests import report_support
 from tests.report_support import measured
 
 ASKED = "1024,4096,16384"
@@ -327,3 +329,48 @@ def test_markdown_has_the_html_scale_tables(with_bsp: Path, tmp_path: Path) -> N
     assert sorted(row[0] for row in slowdowns[1:]) == ["native", "native-nice19", "tcg-user"]
     native = next(row for row in slowdowns[1:] if row[0] == "native")
     assert "np 2, grain" in native[-1]  # bsp's measurement beside the prediction
+
+
+README_QUANTA = 5000  # the noise suite's quanta per CPU at the README's `bench --size quick`
+
+
+@pytest.fixture(scope="module")
+def readme_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Noise measured as the README's first command measures it (``--size quick``: 5,000
+    quanta of 50 us per CPU), natively and under QEMU's TCG."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(report_support, "QUANTA", README_QUANTA)
+        return measured(
+            tmp_path_factory,
+            "readme-quick",
+            envs=("native", "tcg-user"),
+            cells=(("noise", None),),
+            failing=False,
+        )
+
+
+def test_the_readme_command_draws_every_grain_from_1_to_16384_cores_with_bands(
+    readme_db: Path,
+) -> None:
+    """What the README's ``report results/ --scale 1024,4096,16384`` draws (the issue's
+    "done when"): at each default grain a panel, and in it the VM's predicted overhead
+    against native from 1 to 16,384 cores with its interval band around the line."""
+    request = replace(QUICK, cores=(1024, 4096, 16384), grains_ns=ScaleRequest().grains_ns)
+    data = load_report(readme_db, scale=request)
+    assert data.scale is not None
+    assert not data.scale.notes  # every grain predicted from the README's traces
+    fig = scale_figure(data.scale, env_colours(data.env_names), tcg=True)
+    assert fig is not None
+    titles = ["grain 10 µs", "grain 100 µs", "grain 1 ms", "grain 10 ms"]
+    assert [ax.get_title() for ax in fig.axes] == titles
+    for ax in fig.axes:
+        (line,) = [line for line in ax.get_lines() if line.get_gid() == "tcg-user"]
+        (band,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        xs = np.asarray(line.get_xdata(), dtype=np.float64)
+        ys = np.asarray(line.get_ydata(), dtype=np.float64)
+        assert xs[0] == 1 and xs[-1] == 16384
+        corners = np.asarray(band.get_paths()[0].vertices, dtype=np.float64)
+        assert corners[:, 0].min() == 1 and corners[:, 0].max() == 16384
+        for x, y in zip(xs, ys, strict=True):  # the band holds the line at every count
+            at = corners[corners[:, 0] == x, 1]
+            assert at.min() <= y <= at.max(), (ax.get_title(), x)
