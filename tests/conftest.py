@@ -1,13 +1,15 @@
 """Shared fixtures: the real machine topologies in ../shared/topologies/.
 
-Snapshots are extracted once per test session into a temporary directory; tests get
-(name, kind, path) where kind is "sysfs" (a file-system root for HWLOC_FSROOT) or "xml".
+Snapshots are extracted once per test session (once per xdist worker) into its
+temporary directory; tests get (name, kind, path) where kind is "sysfs" (a file-system
+root for HWLOC_FSROOT) or "xml".
 """
 
 from __future__ import annotations
 
+import bz2
 import os
-import tarfile
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,9 +60,22 @@ def snapshots_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
     out = tmp_path_factory.mktemp("topologies")
     for archive in _sysfs_archives():
-        with tarfile.open(archive) as tar:
-            tar.extractall(out / _stem(archive), filter="tar")
+        _extract(archive, out / _stem(archive))
     return out
+
+
+def _extract(archive: Path, into: Path) -> None:
+    """GNU tar unpacks the 28,000 files of the snapshots in about 1.5 s of CPU where
+    Python's tarfile took 16 s (both give the same tree, modes and links; tarfile's
+    "tar" filter refused nothing in them). The archive is decompressed here, so no
+    bzip2 program is needed."""
+    into.mkdir()
+    subprocess.run(
+        ["tar", "-x", "--no-same-owner", "--no-same-permissions", "-C", str(into)],
+        input=bz2.decompress(archive.read_bytes()),
+        capture_output=True,
+        check=True,
+    )
 
 
 def _stem(archive: Path) -> str:

@@ -225,9 +225,13 @@ def _check_pins(plan: VMPlan, render: FlavorRender, hw: HwlocMachine, fit: dict[
         assert len(nova_loads) < len(plan_loads)
 
 
+@functools.cache
 def _cases(
     snap: Snapshot,
 ) -> tuple[list[tuple[VMPlan, FlavorRender, dict[str, Any]]], Counter[str]]:
+    """The matrix planned and rendered on one snapshot, with its tally: once per process
+    (the per-snapshot test and the coverage test below read the same cases; neither
+    changes them)."""
     hw = hwloc_view(snap)
     host = reserved(host_from(snap.kind, str(snap.path)))
     out: list[tuple[VMPlan, FlavorRender, dict[str, Any]]] = []
@@ -344,10 +348,12 @@ def test_the_matrix_reaches_every_case_of_the_issue(all_snapshots: list[Snapshot
     """The matrix is not vacuous: across the snapshots it renders every thread policy,
     multi-node guests, 1G pages and shared emulator threads, and meets both refusals
     (guest nodes stacked on a host node, flat guests over host nodes)."""
-    rendered = [render for snap in all_snapshots for _, render, _ in _cases(snap)[0]]
+    rendered: list[FlavorRender] = []
     tally: Counter[str] = Counter()
     for snap in all_snapshots:
-        tally.update(_cases(snap)[1])
+        cases, counts = _cases(snap)
+        rendered += [render for _, render, _ in cases]
+        tally.update(counts)
     specs = [r.extra_specs for r in rendered]
     assert {s.get("hw:cpu_thread_policy") for s in specs} >= {"isolate", "prefer", "require"}
     assert any(int(s.get("hw:numa_nodes", "1")) > 1 for s in specs)
