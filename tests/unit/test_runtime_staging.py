@@ -3,8 +3,9 @@
 The assembling script runs for real here (``unshare`` and ``mount`` as root), with a
 shell standing in for QEMU: the oracles are what that shell sees in its namespace
 (the host's own files through the export, the links, a read-only mount) and the host's
-mount table, read before and after, which must not change. The guest side (one
-overlay root, secrets absent) is tried by tests/integration/test_isolation.py.
+mount table below the test's directory, read before and after, which must not change.
+The guest side (one overlay root, secrets absent) is tried by
+tests/integration/test_isolation.py.
 """
 
 from __future__ import annotations
@@ -28,8 +29,13 @@ def _boot(*shares: Share, links: tuple[GuestLink, ...] = (BIN,)) -> BootSpec:
     return BootSpec(shares=shares, links=links, share_table=True)
 
 
-def _mounts() -> list[str]:
-    return sorted(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+def _mounts(under: Path) -> list[str]:
+    """The host's mount points at or below ``under`` (the test's own directory, where
+    every mount the staging makes lies): other tests and other processes on the machine
+    mount and unmount elsewhere meanwhile (pytest-xdist's other workers among them)."""
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    points = [line.split()[4] for line in lines]
+    return sorted(p for p in points if p == str(under) or p.startswith(f"{under}/"))
 
 
 @root_only
@@ -61,7 +67,7 @@ def test_qemu_s_namespace_sees_the_shares_read_only_and_the_host_sees_nothing(
     staged = staging.stage(_boot(USR, ETC, work), tmp_path)
     assert staged is not None
     where = staged.boot.shares[0].host_path
-    before = _mounts()
+    before = _mounts(tmp_path)
     probe = (
         f"cat {where}/home/u/work/input.txt; readlink {where}/bin; "
         f"test -x {where}/usr/bin/env && echo env-there; "
@@ -72,7 +78,7 @@ def test_qemu_s_namespace_sees_the_shares_read_only_and_the_host_sees_nothing(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:4] == ["input", "usr/bin", "env-there", "read-only"]
-    assert _mounts() == before
+    assert _mounts(tmp_path) == before
     assert list(Path(where).iterdir()) == []  # removing the run directory is harmless
 
 
