@@ -2,7 +2,9 @@
  * hpcvm-netguard: anti-spoofing rules for one VM's tap, installed by a narrow helper
  * that runs setuid root (scripts/install-node.sh; docs/site.md "What separates users").
  *
- *   hpcvm-netguard guard   --fd N --mac MAC [--ip IPV4]...   (N: the caller's tap)
+ *   hpcvm-netguard guard   --fd N --mac MAC [--ip IPV4]... [--peer IPV4]...
+ *                                                            (N: the caller's tap)
+ *   hpcvm-netguard peers   --fd N [--peer IPV4]...           (that tap's peers, anew)
  *   hpcvm-netguard release --fd N                            (drop that tap's rules)
  *   hpcvm-netguard gc                                        (drop rules of gone taps)
  *   hpcvm-netguard init                                      (the table alone; at boot)
@@ -25,6 +27,15 @@
  * logged (rate-limited) with the caller's uid, and dropped. A tap no guard covers is
  * dropped whole (counter `unguarded`) unless the admin's config says otherwise, so a
  * user who runs QEMU's bridge helper alone gets a tap that carries nothing.
+ * With `job-isolation on` in the config (a site's choice; off by default), each guarded
+ * tap's receiving side is filtered too: a base chain on the bridge's forward hook sends
+ * the frames leaving through a tap (by output ifindex, map `inports`) to its chain
+ * in_IFINDEX, which drops (counter in_IFINDEX_job) IPv4 and ARP whose source lies in
+ * the VM ranges (set `vmnets`: the ranges above) unless it is one of that tap's peers
+ * (set in_IFINDEX_peers: the same job's VMs, given with --peer); sources outside the
+ * VM ranges (nodes, controller, services) pass, and the node's own frames take the
+ * output hook, not this one. A caller names the peers of a tap it holds only, so a lie
+ * opens its own VM alone.
  * Every change is one nftables transaction; every call first collects the rules of
  * taps that no longer exist (their ifindex is gone: the kernel never reuses one soon).
  *
@@ -66,6 +77,7 @@
 #define LOCK_FILE "/run/hpcvm-netguard.lock"
 #define MAX_IPS 8
 #define MAX_LIST 64
+#define MAX_PEERS 1024
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
 
@@ -83,6 +95,7 @@ struct config {
 	struct range ranges[MAX_LIST];
 	int n_ranges;
 	bool accept_unguarded;
+	bool isolation; /* job-isolation on */
 	bool found;
 	const char *ranges_from; /* what the ranges are, for a refusal */
 };
@@ -96,6 +109,8 @@ struct request {
 	bool has_mac;
 	struct in_addr ips[MAX_IPS];
 	int n_ips;
+	struct in_addr peers[MAX_PEERS];
+	int n_peers;
 };
 
 static uid_t caller;
@@ -188,8 +203,25 @@ static bool in_range(const struct range *r, struct in_addr ip)
 
 static void usage_line(void)
 {
-	refuse(EXIT_USAGE, "usage: hpcvm-netguard guard --fd N --mac MAC [--ip IPV4]... | "
-			   "release --fd N | gc | init");
+	refuse(EXIT_USAGE, "usage: hpcvm-netguard guard --fd N --mac MAC [--ip IPV4]... "
+			   "[--peer IPV4]... | peers --fd N [--peer IPV4]... | release --fd N | gc | "
+			   "init");
+}
+
+/* A peer: a unicast IPv4 address (one given twice counts once). */
+static void add_peer(struct request *req, const char *val)
+{
+	struct in_addr ip;
+	if (inet_pton(AF_INET, val, &ip) != 1)
+		refuse(EXIT_USAGE, "--peer '%.32s' is not an IPv4 address", val);
+	if (ip.s_addr == 0 || (ntohl(ip.s_addr) >> 28) >= 14)
+		refuse(EXIT_USAGE, "--peer %.32s is not a unicast address", val);
+	for (int j = 0; j < req->n_peers; j++)
+		if (req->peers[j].s_addr == ip.s_addr)
+			return;
+	if (req->n_peers == MAX_PEERS)
+		refuse(EXIT_USAGE, "at most %d --peer per tap", MAX_PEERS);
+	req->peers[req->n_peers++] = ip;
 }
 
 static void parse_args(int argc, char **argv, struct request *req)
@@ -199,9 +231,10 @@ static void parse_args(int argc, char **argv, struct request *req)
 	if (argc < 2)
 		usage_line();
 	req->verb = argv[1];
-	if (strcmp(req->verb, "guard") && strcmp(req->verb, "release") && strcmp(req->verb, "gc") &&
-	    strcmp(req->verb, "init"))
-		refuse(EXIT_USAGE, "unknown verb '%.32s': use guard, release, gc or init", req->verb);
+	if (strcmp(req->verb, "guard") && strcmp(req->verb, "peers") &&
+	    strcmp(req->verb, "release") && strcmp(req->verb, "gc") && strcmp(req->verb, "init"))
+		refuse(EXIT_USAGE, "unknown verb '%.32s': use guard, peers, release, gc or init",
+		       req->verb);
 	for (int i = 2; i < argc; i += 2) {
 		const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!val)
@@ -234,18 +267,24 @@ static void parse_args(int argc, char **argv, struct request *req)
 			if (req->ips[req->n_ips].s_addr == 0 || (ntohl(req->ips[req->n_ips].s_addr) >> 28) >= 14)
 				refuse(EXIT_USAGE, "--ip %.32s is not a unicast address", val);
 			req->n_ips++;
+		} else if (!strcmp(opt, "--peer")) {
+			add_peer(req, val);
 		} else {
 			refuse(EXIT_USAGE, "unknown option '%.32s'", opt);
 		}
 	}
-	bool tapped = !strcmp(req->verb, "guard") || !strcmp(req->verb, "release");
+	bool peers = !strcmp(req->verb, "peers");
+	bool tapped = !strcmp(req->verb, "guard") || !strcmp(req->verb, "release") || peers;
 	if (tapped && (req->fd < 0) == (req->ifname_arg == NULL))
 		refuse(EXIT_USAGE, "%s needs the tap: --fd N (or, as root, --ifname NAME)", req->verb);
-	if (!tapped && (req->fd >= 0 || req->ifname_arg || req->has_mac || req->n_ips))
+	if (!tapped && (req->fd >= 0 || req->ifname_arg || req->has_mac || req->n_ips ||
+			req->n_peers))
 		refuse(EXIT_USAGE, "%s takes no tap, MAC or address", req->verb);
+	if (peers && (req->has_mac || req->n_ips))
+		refuse(EXIT_USAGE, "peers takes only the tap and --peer");
 	if (!strcmp(req->verb, "guard") && !req->has_mac)
 		refuse(EXIT_USAGE, "guard needs --mac: the VM's MAC");
-	if (!strcmp(req->verb, "release") && (req->has_mac || req->n_ips))
+	if (!strcmp(req->verb, "release") && (req->has_mac || req->n_ips || req->n_peers))
 		refuse(EXIT_USAGE, "release takes only the tap");
 }
 
@@ -316,9 +355,13 @@ static void read_config(const char *path, struct config *cfg)
 		else if (n == 2 && !strcmp(key, "unguarded-taps") &&
 			 (!strcmp(val, "drop") || !strcmp(val, "accept")))
 			cfg->accept_unguarded = !strcmp(val, "accept");
+		else if (n == 2 && !strcmp(key, "job-isolation") &&
+			 (!strcmp(val, "on") || !strcmp(val, "off")))
+			cfg->isolation = !strcmp(val, "on");
 		else
-			refuse(EXIT_FAIL, "%s line %d is not 'bridge NAME', 'range A.B.C.D/N' or "
-					  "'unguarded-taps drop|accept': an admin fixes it", path, lineno);
+			refuse(EXIT_FAIL, "%s line %d is not 'bridge NAME', 'range A.B.C.D/N', "
+					  "'unguarded-taps drop|accept' or 'job-isolation on|off': an "
+					  "admin fixes it", path, lineno);
 	}
 	if (f)
 		fclose(f);
@@ -405,7 +448,7 @@ static void find_tap(const struct request *req, struct tap *tap)
 		refuse(EXIT_USAGE, "no interface %s in this network namespace", tap->name);
 	if (strcmp(kind, "tun"))
 		refuse(EXIT_USAGE, "%s is not a tap (its kind is '%s')", tap->name, kind);
-	if (!strcmp(req->verb, "release"))
+	if (!strcmp(req->verb, "release") || !strcmp(req->verb, "peers"))
 		return;
 	char mkind[32];
 	int unused;
@@ -557,8 +600,38 @@ static json_t *nft_list(void)
 	return items;
 }
 
-static void base(struct cmd *c, bool accept_unguarded)
+static void range_text(const struct range *r, char out[32])
 {
+	uint32_t m = ntohl(r->mask);
+	int len = 0;
+	while (m & 0x80000000u) {
+		len++;
+		m <<= 1;
+	}
+	snprintf(out, 32, "%s/%d", inet_ntoa(r->net), len);
+}
+
+/* Job isolation's shared part: the VM ranges and the forward hook's dispatch by output
+ * port (made only when the setting is on; switched off, main flushes the dispatch). */
+static void isolation_base(struct cmd *c, const struct config *cfg)
+{
+	char text[32];
+	add(c, "add set " TABLE " vmnets { type ipv4_addr; flags interval; auto-merge; }\n");
+	add(c, "flush set " TABLE " vmnets\n");
+	for (int i = 0; i < cfg->n_ranges; i++) {
+		range_text(&cfg->ranges[i], text);
+		add(c, "add element " TABLE " vmnets { %s }\n", text);
+	}
+	add(c, "add map " TABLE " inports { type iface_index : verdict; }\n");
+	add(c, "add chain " TABLE " forward { type filter hook forward priority -300; "
+	       "policy accept; }\n");
+	add(c, "flush chain " TABLE " forward\n");
+	add(c, "add rule " TABLE " forward oif vmap @inports\n");
+}
+
+static void base(struct cmd *c, const struct config *cfg)
+{
+	bool accept_unguarded = cfg->accept_unguarded;
 	add(c, "add table " TABLE "\n");
 	add(c, "add map " TABLE " ports { type iface_index : verdict; }\n");
 	add(c, "add map " TABLE " macs { type ether_addr : iface_index; }\n");
@@ -571,6 +644,8 @@ static void base(struct cmd *c, bool accept_unguarded)
 	if (!accept_unguarded)
 		add(c, "add rule " TABLE " prerouting meta iifkind \"tun\" counter name unguarded "
 		       "drop\n");
+	if (cfg->isolation)
+		isolation_base(c, cfg);
 }
 
 /* An element value or chain suffix that names a live interface (nft prints a live
@@ -588,11 +663,15 @@ static bool value_live(const char *v, int *index)
 	return *index > 0;
 }
 
-static void drop_port(struct cmd *c, int index)
+/* The tap's ifindex an object's name holds (port_IFINDEX[_...], in_IFINDEX[_...]), or 0. */
+static int object_index(const char *name)
 {
-	add(c, "delete chain " TABLE " port_%d\n", index);
-	for (size_t r = 0; r < N_REASONS; r++)
-		add(c, "delete counter " TABLE " port_%d_%s\n", index, REASONS[r]);
+	int index = 0;
+	if (!strncmp(name, "port_", 5) && sscanf(name + 5, "%d", &index) == 1)
+		return index;
+	if (!strncmp(name, "in_", 3) && sscanf(name + 3, "%d", &index) == 1)
+		return index;
+	return 0;
 }
 
 /* An element's key or value as text (nft gives numbers for gone interfaces). */
@@ -615,9 +694,10 @@ static int collect(struct cmd *c, json_t *items, int mine)
 	json_array_foreach(items, i, item) {
 		json_t *map = json_object_get(item, "map");
 		const char *mname = map ? json_string_value(json_object_get(map, "name")) : NULL;
-		if (!mname || (strcmp(mname, "ports") && strcmp(mname, "macs") && strcmp(mname, "addrs")))
+		if (!mname || (strcmp(mname, "ports") && strcmp(mname, "inports") &&
+			       strcmp(mname, "macs") && strcmp(mname, "addrs")))
 			continue;
-		bool ports = !strcmp(mname, "ports");
+		bool ports = !strcmp(mname, "ports") || !strcmp(mname, "inports");
 		json_array_foreach(json_object_get(map, "elem"), j, e) {
 			char kbuf[32], vbuf[32];
 			const char *k = elem_text(json_array_get(e, 0), kbuf);
@@ -626,22 +706,24 @@ static int collect(struct cmd *c, json_t *items, int mine)
 			if (!k || !v || (value_live(v, &index) && index != mine))
 				continue;
 			if (ports)
-				add(c, "delete element " TABLE " ports { %d }\n", index);
+				add(c, "delete element " TABLE " %s { %d }\n", mname, index);
 			else
 				add(c, "delete element " TABLE " %s { %s }\n", mname, k);
 		}
 	}
-	json_array_foreach(items, i, item) {
-		json_t *chain = json_object_get(item, "chain");
-		const char *name = chain ? json_string_value(json_object_get(chain, "name")) : NULL;
-		int index = 0, live;
-		char digits[16];
-		if (!name || strncmp(name, "port_", 5) || sscanf(name + 5, "%d", &index) != 1)
-			continue;
-		snprintf(digits, sizeof digits, "%d", index);
-		if (index == mine || !value_live(digits, &live)) {
-			drop_port(c, index);
-			dropped++;
+	/* then chains (their rules name the sets and counters), sets, counters */
+	static const char *const kinds[] = {"chain", "set", "counter"};
+	for (size_t k = 0; k < 3; k++) {
+		json_array_foreach(items, i, item) {
+			json_t *obj = json_object_get(item, kinds[k]);
+			const char *name = obj ? json_string_value(json_object_get(obj, "name")) : NULL;
+			int index = name ? object_index(name) : 0, live;
+			char digits[16];
+			snprintf(digits, sizeof digits, "%d", index);
+			if (index <= 0 || (index != mine && value_live(digits, &live)))
+				continue;
+			add(c, "delete %s " TABLE " %s\n", kinds[k], name);
+			dropped += k == 0 && !strncmp(name, "port_", 5);
 		}
 	}
 	return dropped;
@@ -721,6 +803,52 @@ static void port_rules(struct cmd *c, const struct request *req, const struct ta
 		add(c, "add element " TABLE " addrs { %s : %d }\n", inet_ntoa(req->ips[i]), x);
 }
 
+/* The peers of tap `x` as its set's elements (none: an empty set). */
+static void peer_elements(struct cmd *c, const struct request *req, int x)
+{
+	add(c, "flush set " TABLE " in_%d_peers\n", x);
+	for (int i = 0; i < req->n_peers; i++)
+		add(c, "add element " TABLE " in_%d_peers { %s }\n", x, inet_ntoa(req->peers[i]));
+}
+
+/* Job isolation on tap `x`'s receiving side (the file's header). */
+static void in_rules(struct cmd *c, const struct request *req, const struct tap *tap)
+{
+	int x = tap->index;
+	add(c, "add set " TABLE " in_%d_peers { type ipv4_addr; comment \"peers of %s\"; }\n", x,
+	    tap->name);
+	peer_elements(c, req, x);
+	add(c, "add counter " TABLE " in_%d_job\n", x);
+	add(c, "add chain " TABLE " in_%d { comment \"to %s: uid %u, %d peer(s)\"; }\n", x,
+	    tap->name, (unsigned)caller, req->n_peers);
+	add(c, "flush chain " TABLE " in_%d\n", x);
+	static const char *const kinds[][2] = {{"arp", "arp saddr ip"}, {"ip", "ip saddr"}};
+	for (size_t k = 0; k < 2; k++) {
+		const char *t = kinds[k][0], *src = kinds[k][1];
+		add(c, "add rule " TABLE " in_%d ether type %s %s @in_%d_peers accept\n", x, t, src, x);
+		add(c, "add rule " TABLE " in_%d ether type %s %s @vmnets limit rate 6/minute log "
+		       "prefix \"hpcvm-netguard uid=%u %s job: \"\n", x, t, src, (unsigned)caller,
+		    tap->name);
+		add(c, "add rule " TABLE " in_%d ether type %s %s @vmnets counter name in_%d_job "
+		       "drop\n", x, t, src, x);
+	}
+	add(c, "add element " TABLE " inports { %d : jump in_%d }\n", x, x);
+}
+
+/* Whether the listing holds an object of `kind` named `name`. */
+static bool listed(json_t *items, const char *kind, const char *name)
+{
+	size_t i;
+	json_t *item;
+	json_array_foreach(items, i, item) {
+		json_t *obj = json_object_get(item, kind);
+		const char *n = obj ? json_string_value(json_object_get(obj, "name")) : NULL;
+		if (n && !strcmp(n, name))
+			return true;
+	}
+	return false;
+}
+
 /* -- main -------------------------------------------------------------------------- */
 
 static int lock_all(void)
@@ -748,6 +876,12 @@ int main(int argc, char **argv)
 		refuse(EXIT_FAIL, "cannot become root: %s", strerror(errno));
 	parse_args(argc, argv, &req);
 	read_config(req.config ? req.config : DEFAULT_CONFIG, &cfg);
+	if (cfg.isolation && cfg.n_ranges == 0)
+		read_site_pool(SITE_CONFIG, &cfg);
+	if (cfg.isolation && cfg.n_ranges == 0)
+		refuse(EXIT_FAIL, "job-isolation on needs the VMs' ranges: an admin adds 'range "
+				  "CIDR' to %s (or [addresses] pool to " SITE_CONFIG ")",
+		       req.config ? req.config : DEFAULT_CONFIG);
 	if (req.fd >= 0 || req.ifname_arg)
 		find_tap(&req, &tap);
 	if (!strcmp(req.verb, "guard")) {
@@ -763,7 +897,7 @@ int main(int argc, char **argv)
 	}
 	lock_all();
 	nft_open();
-	base(&c, cfg.accept_unguarded);
+	base(&c, &cfg);
 	nft_run(c.text);
 	json_t *items = nft_list();
 	if (!strcmp(req.verb, "guard"))
@@ -772,15 +906,31 @@ int main(int argc, char **argv)
 	c.text[0] = '\0';
 	int mine = strcmp(req.verb, "guard") && strcmp(req.verb, "release") ? 0 : tap.index;
 	int dropped = collect(&c, items, mine);
+	if (!cfg.isolation && listed(items, "chain", "forward"))
+		add(&c, "flush chain " TABLE " forward\n"); /* switched off: no tap isolated */
 	if (!strcmp(req.verb, "guard"))
 		port_rules(&c, &req, &tap);
+	if (!strcmp(req.verb, "guard") && cfg.isolation)
+		in_rules(&c, &req, &tap);
+	if (!strcmp(req.verb, "peers") && cfg.isolation) {
+		char chain[32];
+		snprintf(chain, sizeof chain, "in_%d", tap.index);
+		if (!listed(items, "chain", chain))
+			refuse(EXIT_USAGE, "tap %s has no job isolation: guard it first (its peers "
+					   "are set with its guard)", tap.name);
+		peer_elements(&c, &req, tap.index);
+	}
 	if (c.len)
 		nft_run(c.text);
-	if (!strcmp(req.verb, "guard")) {
+	if (!strcmp(req.verb, "peers")) {
+		syslog(LOG_NOTICE, "uid=%u peers %s (ifindex %d): %d peer(s)%s", (unsigned)caller,
+		       tap.name, tap.index, req.n_peers, cfg.isolation ? "" : ", job isolation off");
+	} else if (!strcmp(req.verb, "guard")) {
 		char mac[18];
 		mac_text(req.mac, mac);
-		syslog(LOG_NOTICE, "uid=%u guard %s (ifindex %d) in %s: mac %s, %d ipv4 address(es)",
-		       (unsigned)caller, tap.name, tap.index, tap.bridge, mac, req.n_ips);
+		syslog(LOG_NOTICE, "uid=%u guard %s (ifindex %d) in %s: mac %s, %d ipv4 address(es), "
+		       "%s", (unsigned)caller, tap.name, tap.index, tap.bridge, mac, req.n_ips,
+		       cfg.isolation ? "job isolation on" : "job isolation off");
 	} else if (dropped || !strcmp(req.verb, "release")) {
 		syslog(LOG_NOTICE, "uid=%u %s: removed the rules of %d tap(s)", (unsigned)caller,
 		       req.verb, dropped);
