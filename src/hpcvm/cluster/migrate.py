@@ -131,7 +131,8 @@ def _send(record: ClusterRecord, node: str, request: MigrateRequest, secret: str
     if not results:
         raise RuntimeFailure(
             f"migrating {request.vm} failed: {node} gave no answer (step exit {code}: "
-            f"{tail(stderr)}); see hpcvm cluster ps {record.name}"
+            f"{tail(stderr)}); its node's task resumes the VM there, or says in the "
+            f"holder log why not (hpcvm cluster ps {record.name})"
         )
     if not results[0].ok:
         where = (

@@ -30,7 +30,7 @@ from ipaddress import IPv4Interface
 from hpcvm.cluster.addresses import Claim, claim
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.checkpoint_node import NodeResult, report
-from hpcvm.cluster.moved import MARKER, marker_path
+from hpcvm.cluster.moved import MARKER, Moving, clear_moving, marker_path, write_moving
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
 from hpcvm.model import Frozen
 from hpcvm.runtime import migration
@@ -45,6 +45,9 @@ from hpcvm.runtime.model import Machine
 from hpcvm.signals import interrupting
 
 SECRET_ENV = "HPCVM_MIGRATION_SECRET"
+# Seconds the source step waits once QEMU finished, before the disk and "go": a window
+# in which tests kill the step (tests/integration/test_cluster_migrate.py); unset, 0.
+HOLD_ENV = "HPCVM_MIGRATE_HOLD_PAUSED"
 CONNECT_TIMEOUT = 30.0
 CLAIM_WAIT = 30.0  # seconds for the old node to release the VM's address claim
 _ACCEPT_POLL = 0.5
@@ -169,11 +172,28 @@ def _send(request: MigrateRequest, node: str) -> NodeResult:
     if not secret:
         raise UsageError("the source step is started by hpcvm cluster migrate, not by hand")
     machine = vm_state.load_machine(request.vm)
+    me = os.getpid()
+    started = vm_state.process_start_time(me) or time.time()
 
-    with _connect(request.target, secret) as conn:
-        send_message(conn, {"index": request.index})
-        sent = migration.send(machine, conn, lambda: _connect(request.target, secret))
+    def phase(now: str) -> None:
+        """Where the move is, in the VM's ``moving`` marker (cluster/moved.py)."""
+        moving = Moving(pid=me, started=started, node=node, target=request.target, phase=now)
+        write_moving(machine.name, moving)
+        if now == "paused" and (hold := float(os.environ.get(HOLD_ENV, "0") or 0)) > 0:
+            time.sleep(hold)  # fault injection: a window to kill this step in (tests)
+
+    phase("sending")
+    try:
+        with _connect(request.target, secret) as conn:
+            send_message(conn, {"index": request.index})
+            sent = migration.send(machine, conn, lambda: _connect(request.target, secret), phase)
+    except migration.MoveUnknown:
+        raise  # the marker says "go": the node's task says so should this step die
+    except BaseException:
+        clear_moving(machine.name)  # send() resumed the VM here
+        raise
     _mark_moved(machine, request.target)  # the node's task then stops the paused QEMU here
+    clear_moving(machine.name)
     return NodeResult(
         node=node,
         ok=True,

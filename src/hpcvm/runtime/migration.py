@@ -115,13 +115,22 @@ class MoveUnknown(RuntimeFailure):
     its copy paused (never resumed, never removed), since the target may run it."""
 
 
-def send(machine: Machine, conn: socket.socket, connect: Connect) -> Sent:
+def send(
+    machine: Machine,
+    conn: socket.socket,
+    connect: Connect,
+    phase: Callable[[str], None] = lambda _: None,
+) -> Sent:
     """Offer ``machine`` over ``conn`` (authenticated), migrate it once the target
     accepts, then send its disk overlay over a second connection (``connect()``), tell
     the target to run it, and return once the target says it runs. The VM is resumed
     here when anything fails before the target is told to run it, or when the target
     says it could not: it never runs in two places. Without the target's answer, it
-    stays paused here (MoveUnknown)."""
+    stays paused here (MoveUnknown).
+
+    ``phase("paused")`` once QEMU finished (the VM stands still here) and
+    ``phase("go")`` just before the target is told to run it: where the caller records
+    how far it got, for whoever survives it (cluster/moved.py)."""
     made, seed = offer(machine)
     send_message(conn, {"offer": made.model_dump(mode="json")}, seed)
     conn.settimeout(SETUP_TIMEOUT)
@@ -133,9 +142,11 @@ def send(machine: Machine, conn: socket.socket, connect: Connect) -> Sent:
     try:
         status = checkpoint.saver_for(machine.backend).send(machine, conn.fileno())
         paused = time.monotonic()
+        phase("paused")
         with connect() as disk:
             disk_bytes = _send_disk(machine, disk)
             disk_done = time.monotonic()
+            phase("go")
             told = True
             send_message(disk, {"go": True})
             word = _target_word(disk)
