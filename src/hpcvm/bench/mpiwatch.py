@@ -21,7 +21,13 @@ working (a rank 0 that writes its results after ``MPI_Finalize``), or they sit i
 :data:`GRACE` seconds after a rank ended every rank left used under :data:`IDLE_SHARE` of
 a CPU, and mpirun still runs, the run is stuck: its caller kills it and records why,
 with the ranks' own error lines. A rank that works on after the others ended keeps the
-run going; ranks that all ended while mpirun hangs end it after ``GRACE``.
+run going; ranks that all ended while mpirun hangs end it after ``GRACE``. What it
+cannot tell from a hang: ranks of a program that is not MPI, one of which ended while
+the others sleep (not compute) for longer than ``GRACE``; no suite runs such a thing.
+
+Where: natively (bench/native.py), on this node's ranks (children of mpirun: the
+single-node launcher). Not yet inside a guest, where the agent runs mpirun
+(bench/guest_sampler.py): there the sample's ``--timeout`` still ends such a hang.
 """
 
 from __future__ import annotations
