@@ -40,10 +40,11 @@ from hpcvm.cluster.spec import (
 )
 from hpcvm.cluster.state import ClusterRecord
 from hpcvm.errors import BusyError, RuntimeFailure, UsageError
-from hpcvm.runtime import paths
+from hpcvm.runtime import netguard, paths
 from hpcvm.runtime import state as vm_state
 from hpcvm.runtime.migration_channel import new_secret
 from hpcvm.runtime.model import ExecResult, Machine
+from hpcvm.runtime.network import parse_network
 from hpcvm.runtime.shares import check_job_dir
 from hpcvm.signals import signals_deferred
 
@@ -75,6 +76,7 @@ def up(
     batch = get_batch(request.batch)
     saved = checkpoint_model.read(restore) if restore is not None else None
     if saved is None:
+        check_isolation(request)
         _check_new_guests(request)
     allocation = batch.allocation(request.nodes, os.environ)
     vm_nodes = _vm_nodes(allocation, request.spare)
@@ -146,6 +148,21 @@ def _vm_nodes(allocation: Allocation, spare: int) -> tuple[str, ...]:
             "node(s) for a VM: ask the batch system for more nodes, or fewer spares"
         )
     return allocation.nodes[: len(allocation.nodes) - spare]
+
+
+def check_isolation(request: ClusterRequest, config: Path = netguard.CONFIG) -> None:
+    """Where the site isolates jobs on the segment (``job-isolation on``: a VM receives
+    from its job's VMs and the nodes only), every node must know the job's addresses
+    before its VM runs, which ``--address auto`` (each node picks its own) cannot give:
+    refused before anything starts. ``config``: the admin's netguard config."""
+    bridged = request.vm.network is not None and parse_network(request.vm.network).kind == "bridge"
+    if request.first_address == AUTO and bridged and netguard.isolation_on(config):
+        raise UsageError(
+            f"cluster up --address auto: this site isolates jobs on the segment "
+            f"('job-isolation on' in {config}) and with auto each node picks its VM's "
+            "address alone, so no VM would know its job's others: give --address IP/PREFIX "
+            "(the job's VMs get it and the next ones)"
+        )
 
 
 def _check_new_guests(request: ClusterRequest) -> None:

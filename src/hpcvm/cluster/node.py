@@ -35,7 +35,7 @@ from hpcvm.cluster.moved import migrated_away
 from hpcvm.cluster.spec import SPEC_ENV, ClusterSpec, EventKind, NodeEvent
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime import lifecycle, stopping
+from hpcvm.runtime import lifecycle, netguard, stopping
 from hpcvm.runtime.backends import get_backend
 from hpcvm.runtime.model import Machine
 from hpcvm.runtime.network import ADDRESS_IN_USE, node_address
@@ -121,6 +121,21 @@ def _boot(spec: ClusterSpec, place: TaskPlace) -> tuple[Machine, Claim | None]:
     )
 
 
+def job_addresses(spec: ClusterSpec) -> list[str]:
+    """The addresses of the job's VMs where every node knows them before any VM runs: a
+    job checkpoint's saved ones, or ``--address IP/PREFIX``'s (the k-th node's VM the
+    k-th next); none with ``--address auto`` (each node picks its own: cluster up
+    refuses it where job isolation is on). A tap's netguard peers (runtime/netguard.py):
+    with job isolation on, these VMs and the nodes are all a VM receives from."""
+    if spec.restore:
+        from hpcvm.cluster.checkpoint_model import read
+
+        return [vm.address for vm in read(Path(spec.restore)).vms]
+    if spec.first_address == AUTO:
+        return []
+    return [str(spec.address(index).ip) for index in range(spec.vm_count)]
+
+
 def _boot_at(spec: ClusterSpec, name: str, address: IPv4Interface) -> Machine:
     options = UpOptions(
         **spec.vm.model_dump(exclude={"address"}),
@@ -128,7 +143,8 @@ def _boot_at(spec: ClusterSpec, name: str, address: IPv4Interface) -> Machine:
         workdir=spec.workdir,
         address=str(address),
     )
-    machine = _up(spec, spec.plan.model_copy(update={"name": name}), options)
+    with netguard.job_peers(job_addresses(spec)):
+        machine = _up(spec, spec.plan.model_copy(update={"name": name}), options)
     timeline.mark("node: VM up")
     try:
         _start_sshd(spec, machine, address)
@@ -179,12 +195,13 @@ def _restore(spec: ClusterSpec, place: TaskPlace) -> tuple[Machine, Claim | None
 
     try:
         check_free(address, saved.vm)
-        restored = checkpoint.restore(
-            directory / vm_dir_name(place.index),
-            name=saved.vm,
-            warn=_warn,
-            before_resume=wait_for_every_node,
-        )
+        with netguard.job_peers(job_addresses(spec)):
+            restored = checkpoint.restore(
+                directory / vm_dir_name(place.index),
+                name=saved.vm,
+                warn=_warn,
+                before_resume=wait_for_every_node,
+            )
     except BaseException:
         held.release()
         raise
@@ -366,7 +383,8 @@ def _spare(
         return 1
     try:
         emit(_event("spare", spec, place, vm="", address=listener.address))
-        got = migrate_node.take_in(listener, spec.migration_secret, name, stop, _stderr)
+        with netguard.job_peers(job_addresses(spec)):
+            got = migrate_node.take_in(listener, spec.migration_secret, name, stop, _stderr)
     finally:
         listener.close()
     if got is None:

@@ -13,6 +13,12 @@ carries nothing, so a user who runs QEMU's bridge helper by hand gains nothing. 
 rules go with the tap: every call of the helper collects those of taps that are gone,
 and ``down`` calls it (``collect``).
 
+With ``job-isolation on`` in the admin's config (off by default), the helper also filters
+what reaches each tap: IPv4 and ARP from the VM ranges pass only from the tap's peers,
+the other VMs of the same job (``--peer``; job_peers below), so one job's VMs reach
+each other and the nodes and nothing of another job's. Naming peers is the caller's
+own business: a lie opens only the caller's own VM.
+
 A NIC without ``--address`` gets no IPv4 at all (ARP address probes only): hpcvm's
 guests take their address from the kernel command line and need no DHCP, and a NIC
 that could use any address is the hole this closes.
@@ -23,6 +29,8 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hpcvm.bootspec import Nic
@@ -31,6 +39,7 @@ from hpcvm.host.privilege import for_admin
 
 ENV = "HPCVM_NETGUARD"  # root's tests and development: the built helper
 INSTALLED = Path("/usr/local/lib/hpcvm/hpcvm-netguard")
+CONFIG = Path("/etc/hpcvm/netguard.conf")  # the admin's (root's, world-readable)
 TABLE = ("bridge", "hpcvm_netguard")
 TIMEOUT = 30.0
 USAGE_EXIT = 2  # the helper's exit status for a refused request (csrc/hpcvm-netguard.c)
@@ -78,19 +87,60 @@ def check_grant(bridge: str) -> None:
         )
 
 
+_peers: tuple[str, ...] = ()  # the job's VM addresses, while job_peers holds
+
+
+@contextmanager
+def job_peers(addresses: Iterable[str]) -> Iterator[None]:
+    """Guard the taps made meanwhile (in this process: a node's VM of a cluster job) with
+    ``addresses`` as their peers: the job's VMs, on this node and others. A process
+    variable, not an argument down the whole ``up``: only the job knows them, and the
+    backends' threads see it too."""
+    global _peers
+    before, _peers = _peers, tuple(dict.fromkeys(a.split("/")[0] for a in addresses))
+    try:
+        yield
+    finally:
+        _peers = before
+
+
+def isolation_on(config: Path = CONFIG) -> bool:
+    """Whether the admin's config turns job isolation on (``job-isolation on``; the
+    helper reads the same file). False when there is none or this user cannot read it
+    (the helper judges anyway)."""
+    try:
+        lines = config.read_text().splitlines()
+    except OSError:
+        return False
+    on = False
+    for line in lines:  # the last such line counts, as in the helper
+        words = line.split("#")[0].split()
+        if len(words) == 2 and words[0] == "job-isolation":
+            on = words[1] == "on"
+    return on
+
+
+def guard_argv(nic: Nic, *, fd: int | None = None) -> list[str]:
+    """The helper's arguments for ``nic``'s tap (with the peers job_peers set)."""
+    argv = ["guard", "--mac", nic.mac]
+    if nic.address:
+        argv += ["--ip", nic.address.split("/")[0]]
+    argv += [word for peer in _peers for word in ("--peer", peer)]
+    if fd is None:
+        return [*argv, "--ifname", nic.ifname]
+    return [*argv, "--fd", str(fd)]
+
+
 def guard(nic: Nic, *, fd: int | None = None) -> None:
     """Install ``nic``'s rules on its tap: by descriptor (a user's tap from the bridge
     helper) or, for root, by the name QEMU gave it. UsageError for what the helper
     refuses (a MAC or address that is the node's or another VM's, a range the admin does
     not allow), RuntimeFailure when it fails; either way nothing runs unguarded."""
-    argv = ["guard", "--mac", nic.mac]
-    if nic.address:
-        argv += ["--ip", nic.address.split("/")[0]]
-    if fd is None:
-        argv += ["--ifname", nic.ifname]
-    else:
-        argv += ["--fd", str(fd)]
-    _run(argv, pass_fds=() if fd is None else (fd,), what=f"guard the tap of NIC {nic.mac}")
+    _run(
+        guard_argv(nic, fd=fd),
+        pass_fds=() if fd is None else (fd,),
+        what=f"guard the tap of NIC {nic.mac}",
+    )
 
 
 def collect() -> None:
