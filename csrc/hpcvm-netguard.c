@@ -819,8 +819,8 @@ static void in_rules(struct cmd *c, const struct request *req, const struct tap 
 	    tap->name);
 	peer_elements(c, req, x);
 	add(c, "add counter " TABLE " in_%d_job\n", x);
-	add(c, "add chain " TABLE " in_%d { comment \"to %s: uid %u, %d peer(s)\"; }\n", x,
-	    tap->name, (unsigned)caller, req->n_peers);
+	add(c, "add chain " TABLE " in_%d { comment \"to %s: uid %u; its peers: set in_%d_peers\"; "
+	       "}\n", x, tap->name, (unsigned)caller, x);
 	add(c, "flush chain " TABLE " in_%d\n", x);
 	static const char *const kinds[][2] = {{"arp", "arp saddr ip"}, {"ip", "ip saddr"}};
 	for (size_t k = 0; k < 2; k++) {
