@@ -35,7 +35,7 @@ NODE_NS_PREFIX=hpcvm-n
 CTL_ADDR=$NET.254
 CTL_NAME=ctl
 READY_TIMEOUT=${HPCVM_TEST_CLUSTER_TIMEOUT:-90}   # seconds; the machine may be loaded
-IDLE_TIMEOUT=30   # seconds a running cluster's nodes get to become idle again
+IDLE_TIMEOUT=30   # seconds a running cluster's nodes get to serve again (idle or running jobs)
 CG_NAME=hpcvm-test-cluster   # the cpuset cgroup holding one child per node
 MEM_MB=${HPCVM_TEST_CLUSTER_MEM:-4096}   # each node's RealMemory (MB); jobs get half by default
 GRES_DEVICE=/dev/full   # the one GRES device (nic): ConstrainDevices denies it to other jobs
@@ -533,6 +533,15 @@ all_idle() {
   [ "$idle" -eq "$n" ]
 }
 
+# Every node up and serving: idle, or running (or just ending) a job. The cluster is
+# shared by concurrent test sessions, so a node busy with another session's job is a
+# healthy one; a node down, drained or not responding is not.
+all_serving() {
+  local n=$1 serving
+  serving=$(client sinfo -h -N -t idle,alloc,mix,comp -o '%N' | sort -u | wc -l)
+  [ "$serving" -eq "$n" ]
+}
+
 up_failed() {
   trap - EXIT
   echo "test-cluster: up failed (exit $1); removing what was made" >&2
@@ -561,12 +570,12 @@ do_up() {
       do_down
     else
       [ "$have" = "$n" ] || die "a test cluster with $have nodes is up; run '$0 down' first"
-      # A job that just ended leaves its nodes 'completing' for a moment.
-      if (READY_TIMEOUT=$IDLE_TIMEOUT && wait_for "$n idle nodes" all_idle "$n") 2>/dev/null; then
+      # Other sessions' jobs may hold nodes: up means serving (idle or busy), not idle.
+      if (READY_TIMEOUT=$IDLE_TIMEOUT && wait_for "$n serving nodes" all_serving "$n") 2>/dev/null; then
         say "already up: $n nodes"
         return 0
       fi
-      die "a test cluster is up but not all $n nodes are idle after ${IDLE_TIMEOUT}s; see '$0 status', or '$0 down'"
+      die "a test cluster is up but not all $n nodes are serving (idle or running jobs) after ${IDLE_TIMEOUT}s; see '$0 status', or '$0 down'"
     fi
   fi
   [ -z "$(node_namespaces)" ] || die "namespaces from an earlier test cluster exist; run '$0 down' first"
