@@ -39,7 +39,8 @@
 # Settings (environment; ids must be the same on every node): HPCVM_GROUP, HPCVM_GID,
 # HPCVM_QEMU_USER, HPCVM_QEMU_UID, HPCVM_QEMU_GID (defaults in scripts/site-ids.sh),
 # HPCVM_BRIDGES (br0), HPCVM_NETGUARD_RANGES (CIDRs VMs' addresses may lie in, space
-# separated; unset: each bridge's own subnets), HPCVM_HUGETLBFS (/dev/hugepages-hpcvm), HPCVM_HUGEPAGES (unset:
+# separated; unset: each bridge's own subnets), HPCVM_JOB_ISOLATION (off; on: a job's VMs
+# reach only each other and the hosts), HPCVM_HUGETLBFS (/dev/hugepages-hpcvm), HPCVM_HUGEPAGES (unset:
 # the pool is left as it is), HPCVM_PREFIX (/opt/hpcvm), HPCVM_BIN_LINK
 # (/usr/local/bin/hpcvm; empty: none), HPCVM_CACHE (/var/cache/hpcvm), HPCVM_PYTHON
 # (/usr/bin/python3), HPCVM_NODE_STATE (/var/lib/hpcvm-node: what was done, for
@@ -51,6 +52,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 . "$REPO/scripts/site-ids.sh"
 HPCVM_BRIDGES=${HPCVM_BRIDGES:-br0}
 HPCVM_NETGUARD_RANGES=${HPCVM_NETGUARD_RANGES:-}
+HPCVM_JOB_ISOLATION=${HPCVM_JOB_ISOLATION:-off}
 HPCVM_HUGETLBFS=${HPCVM_HUGETLBFS:-/dev/hugepages-hpcvm}
 HPCVM_HUGEPAGES=${HPCVM_HUGEPAGES:-}
 HPCVM_PREFIX=${HPCVM_PREFIX:-/opt/hpcvm}
@@ -312,6 +314,11 @@ step_netguard() {
   local bridge range conf=""
   for bridge in $HPCVM_BRIDGES; do conf+="bridge $bridge"$'\n'; done
   for range in $HPCVM_NETGUARD_RANGES; do conf+="range $range"$'\n'; done
+  case $HPCVM_JOB_ISOLATION in
+    on) conf+="job-isolation on"$'\n' ;;
+    off | "") ;;
+    *) die "HPCVM_JOB_ISOLATION must be on or off, not '$HPCVM_JOB_ISOLATION'" ;;
+  esac
   [ -d "$(dirname "$NETGUARD_CONF")" ] || {
     remember created-netguard-conf-dir "$(dirname "$NETGUARD_CONF")"
     run mkdir -p "$(dirname "$NETGUARD_CONF")"

@@ -118,7 +118,8 @@ def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
         box.sh(
             "userdel -f hpcvm-qemu 2>/dev/null; groupdel hpcvm-qemu 2>/dev/null;"
             " groupdel hpcvm 2>/dev/null; rm -f /etc/qemu/bridge.conf /etc/qemu/hpcvm-*;"
-            " rm -rf /etc/hpcvm /usr/local/lib/hpcvm /etc/systemd/system/hpcvm-netguard.service;"
+            " rm -rf /etc/hpcvm /usr/local/lib/hpcvm /etc/systemd/system/hpcvm-netguard.service"
+            " /etc/tmpfiles.d/hpcvm-addresses.conf;"
             f" dpkg-statoverride --remove {NETGUARD};"
             " rm -rf /var/lib/hpcvm-node; true"
         )
