@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.cluster.addresses import DEFAULT_CLAIMS
-from tests import cluster_support
+from tests import cluster_support, segment_attempts
 from tests.integration.test_cluster_job import JOB_SCRIPT, MPI_PING, RANK_LINE, qemu_of, read
 from tests.sites import SlurmSite, auto_address, wait_until
 from tests.users import in_child_as, process_as, remove_user
@@ -95,6 +95,10 @@ class TwoUsers:
     claimed: list[str] = field(default_factory=list)  # the victim's claim files' addresses
     answers: dict[str, str] = field(default_factory=dict)  # attempt -> "ok" or errno name
     expected: dict[str, str] = field(default_factory=dict)  # attempt -> errno name
+    segment: segment_attempts.SegmentAttempt | None = None  # the network attempts
+    guards: dict[str, str] = field(default_factory=dict)  # node -> the job VM's tap's chain
+    chains_running: dict[str, list[str]] = field(default_factory=dict)  # node -> chains
+    chains_after: dict[str, list[str]] = field(default_factory=dict)  # after the job
     out: str = ""
     returncode: int | None = None
 
@@ -226,9 +230,28 @@ def attempts(seen: TwoUsers, checkpoint: Path) -> list[list[str]]:
     for line in qemu_of(seen.name):
         pid = line.split(":")[0]
         tries.append([f"kill QEMU pid {pid}", "kill", pid, "EPERM"])
-    # network attempts: see test_network_bridge / netguard
+    # network attempts: try_the_segment (tests/segment_attempts.py)
     seen.expected = {t[0]: t[-1] for t in tries}
     return [t[:-1] for t in tries]
+
+
+def try_the_segment(cluster: cluster_support.LocalCluster, hpcvm: Path, seen: TwoUsers) -> None:
+    """The job's VMs' taps guarded on both nodes; then, on the first node, the other
+    user's own VM on the node's bridge tries to take the job VM's address and MAC, the
+    node's and the controller's (tests/segment_attempts.py), and goes down again before
+    the MPI run (the CPU back to the job)."""
+    vms = {node: f"{seen.name}-{node}" for node in seen.nodes}
+    seen.guards = {
+        n: segment_attempts.guard_chain(cluster, VICTIM_UID, vm, n) for n, vm in vms.items()
+    }
+    seen.chains_running = {n: segment_attempts.node_chains(cluster, n) for n in seen.nodes}
+    node = seen.nodes[0]
+    attacker = segment_attempts.Attacker(cluster, hpcvm, OTHER, node, f"{seen.name}-x")
+    seen.segment = segment_attempts.SegmentAttempt(node=node, attacker=attacker.name)
+    try:
+        segment_attempts.attempt(attacker, seen.segment, VICTIM_UID, vms[node])
+    finally:
+        attacker.down()
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +279,12 @@ def two_users(
         exe = work / "mpi_ping"
         subprocess.run(["mpicc", "-O1", "-o", str(exe), str(MPI_PING)], check=True)
         hold = work / "hold.sh"
-        hold.write_text(f'#!/bin/sh\nwhile [ ! -e {work}/go ]; do sleep 1; done\nexec {exe} "$@"\n')
+        # The guests see the job's directory through a read-only 9p share with cache=loose
+        # (guest/scripts.py): a lookup of `go` before it exists stays negative there, so
+        # the ranks wait for it in the directory's listing, which 9p reads anew each time.
+        hold.write_text(
+            f'#!/bin/sh\nuntil ls {work} | grep -qx go; do sleep 1; done\nexec {exe} "$@"\n'
+        )
         for path in (exe, hold):
             path.chmod(0o755)
             os.chown(path, VICTIM_UID, VICTIM_UID)
@@ -285,9 +313,11 @@ def two_users(
                 node=seen.nodes[0], user=OTHER,
             )  # fmt: skip
             seen.answers = json.loads(done.stdout.strip().splitlines()[-1])
+            try_the_segment(cluster, user_hpcvm, seen)
         (work / "go").touch()
         seen.returncode = site.wait(job)
         seen.out = read(job.out)
+        seen.chains_after = {n: segment_attempts.node_chains(cluster, n) for n in seen.nodes}
         yield seen
 
 
@@ -340,3 +370,51 @@ def test_the_victims_mpi_job_completes_with_the_right_answer(two_users: TwoUsers
     assert sorted((host, int(size), int(token)) for _, size, host, token in ranks) == [
         (f"{two_users.name}-{node}", 2, 43) for node in two_users.nodes
     ], text
+
+
+def test_the_job_vms_taps_are_guarded_while_they_run_and_not_after(two_users: TwoUsers) -> None:
+    """Each job VM's tap had its chain in its node's guard table (nft's own listing)
+    while the job ran, and the chain went with the job's VMs; so did the attacker's."""
+    assert sorted(two_users.guards) == two_users.nodes, two_users.out
+    for node, chain in two_users.guards.items():
+        assert chain in two_users.chains_running[node], (node, two_users.chains_running)
+        assert chain not in two_users.chains_after[node], (node, two_users.chains_after)
+    segment = two_users.segment
+    assert segment is not None and segment.attacker_chain in segment.chains
+    assert segment.attacker_chain not in two_users.chains_after[segment.node]
+
+
+def test_the_other_users_guest_takes_no_address_or_mac_on_the_segment(two_users: TwoUsers) -> None:
+    """The other user's guest, on the job VM's node and bridge, took the job VM's, the
+    node's and the controller's addresses (ip addr, gratuitous ARP, ARP replies) and
+    sent from the job VM's MAC, a forged one and the job VM's address. The node's and
+    the controller's neighbour tables (their kernels' own views) and the node bridge's
+    forwarding entry for the job VM's MAC are as they were, the job VM's MAC QEMU's own;
+    the attacker's own traffic still flows."""
+    segment = two_users.segment
+    assert segment is not None and segment.up is not None, two_users.out
+    assert segment.up.returncode == 0, segment.up.stderr
+    attack = segment.attack
+    assert attack is not None
+    assert attack.returncode == 0, attack.stdout + attack.stderr
+    assert segment.before["node: victim"] == segment.victim_mac
+    assert segment.before["controller: victim"] == segment.victim_mac
+    assert None not in segment.before.values(), segment.before
+    assert segment.after == segment.before
+    assert segment.fdb_before == segment.fdb_after == segment.victim_tap
+    own = segment.own_ping
+    assert own is not None
+    assert own.returncode == 0, own.stdout + own.stderr
+
+
+def test_the_admin_sees_the_attackers_frames_dropped_and_none_of_the_victims(
+    two_users: TwoUsers,
+) -> None:
+    """nft's named counters in the node's guard table (read as root, the admin): the
+    attacker's tap dropped frames for each reason (a MAC not its own, ARP and IPv4 from
+    an address not its own); the job VM's tap dropped nothing."""
+    segment = two_users.segment
+    assert segment is not None and segment.attacker_chain and segment.victim_chain
+    for reason in ("mac", "arp", "ip"):
+        assert segment.drops[f"{segment.attacker_chain}_{reason}"] > 0, segment.drops
+        assert segment.drops[f"{segment.victim_chain}_{reason}"] == 0, segment.drops
