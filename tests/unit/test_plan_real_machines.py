@@ -374,15 +374,15 @@ def test_cores_run_short_every_node_gives_its_cores_first(tmp_path: Path) -> Non
 
 
 def test_memory_picks_nodes_and_refusal_names_the_largest_size(tmp_path: Path) -> None:
-    """Four 1 GiB nodes (hwloc's synthetic memory): 2 vCPUs and 1G do not fit one node
-    with QEMU's overhead, so they spread; 8G fits no choice: exit 3, one line naming
-    the largest size, which then plans."""
+    """Four 1 GiB nodes (hwloc's synthetic memory): 2 vCPUs and 800M do not fit one node
+    with QEMU's overhead (TCG's: a synthetic host has no KVM), so they spread; 8G fits
+    no choice: exit 3, one line naming the largest size, which then plans."""
     xml = synthetic_xml("numa:4(memory=1GiB) core:4 pu:1", tmp_path / "small.xml")
     base = ["plan", "--profile", "numa", "--vcpus", "2", "--page-size", "4K", "--topology"]
-    done = hpcvm(*base, str(xml), "--memory", "1G", "--format", "json")
+    done = hpcvm(*base, str(xml), "--memory", "800M", "--format", "json")
     assert done.returncode == 0, done.stderr
     p = VMPlan.model_validate_json(done.stdout)
-    assert len(p.guest_nodes) == 2 and all(g.memory_bytes == 512 * MIB for g in p.guest_nodes)
+    assert len(p.guest_nodes) == 2 and all(g.memory_bytes == 400 * MIB for g in p.guest_nodes)
     refused = hpcvm(*base, str(xml), "--memory", "8G")
     assert refused.returncode == 3 and refused.stdout == "" and refused.stderr.count("\n") == 1
     best = refused.stderr.split("use --memory ")[1].split()[0]
