@@ -2,7 +2,11 @@
 VMs on the Slurm test cluster; the other, on those nodes while it runs, tries to take
 its state, read its files, reach its VMs' control sockets and signal its QEMU, and
 squats its address slots. Each attempt is refused by the kernel (EACCES, EPERM: the
-OS's answer, not hpcvm's), and the job's MPI run completes with the right answer.
+OS's answer, not hpcvm's), and the job's MPI run completes with the right answer. On
+the segment, the other user's own VM on the job VM's node and bridge tries to take the
+job VM's, the node's and the controller's addresses and the job VM's MAC
+(tests/segment_attempts.py): hpcvm-netguard drops it all, as the node's and the
+controller's neighbour tables and nft's counters show.
 
 The job's user (``VICTIM``) is made here, fresh, so that its runtime directory does not
 exist yet and the other user, the cluster's test user (``OTHER``, hpcvm-test), can make
