@@ -37,7 +37,10 @@ def test_a_restored_job_has_its_checkpoints_addresses(tmp_path: Path) -> None:
     assert node.job_addresses(spec) == ["10.77.0.200/24", "10.77.0.201/24", "10.77.0.202/24"]
 
 
-def test_the_peers_reach_the_helper_only_while_the_job_holds_them() -> None:
+def test_the_peers_reach_the_helper_only_while_the_job_holds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(netguard, "CONFIG", _config(tmp_path, "job-isolation on\n"))
     assert netguard.guard_argv(NIC, fd=7) == [
         "guard", "--mac", NIC.mac, "--ip", "10.77.0.201", "--fd", "7",
     ]  # fmt: skip
@@ -47,6 +50,16 @@ def test_the_peers_reach_the_helper_only_while_the_job_holds_them() -> None:
             "--peer", "10.77.0.200", "--peer", "10.77.0.201", "--ifname", "hv0",
         ]  # fmt: skip
     assert "--peer" not in netguard.guard_argv(NIC)
+
+
+def test_no_peers_reach_a_helper_where_the_site_has_no_isolation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node whose helper predates isolation (it refuses --peer) still guards the taps
+    of a site that does not isolate jobs."""
+    monkeypatch.setattr(netguard, "CONFIG", _config(tmp_path, "bridge br0\n"))
+    with netguard.job_peers(["10.77.0.200/24", "10.77.0.201/24"]):
+        assert "--peer" not in netguard.guard_argv(NIC)
 
 
 def _config(tmp_path: Path, text: str) -> Path:

@@ -104,12 +104,12 @@ def job_peers(addresses: Iterable[str]) -> Iterator[None]:
         _peers = before
 
 
-def isolation_on(config: Path = CONFIG) -> bool:
+def isolation_on(config: Path | None = None) -> bool:
     """Whether the admin's config turns job isolation on (``job-isolation on``; the
     helper reads the same file). False when there is none or this user cannot read it
     (the helper judges anyway)."""
     try:
-        lines = config.read_text().splitlines()
+        lines = (config or CONFIG).read_text().splitlines()
     except OSError:
         return False
     on = False
@@ -121,11 +121,14 @@ def isolation_on(config: Path = CONFIG) -> bool:
 
 
 def guard_argv(nic: Nic, *, fd: int | None = None) -> list[str]:
-    """The helper's arguments for ``nic``'s tap (with the peers job_peers set)."""
+    """The helper's arguments for ``nic``'s tap (with the peers job_peers set, where the
+    site's config turns job isolation on: a node's helper from before isolation existed
+    then still guards the taps of a site that does not use it)."""
     argv = ["guard", "--mac", nic.mac]
     if nic.address:
         argv += ["--ip", nic.address.split("/")[0]]
-    argv += [word for peer in _peers for word in ("--peer", peer)]
+    if _peers and isolation_on():
+        argv += [word for peer in _peers for word in ("--peer", peer)]
     if fd is None:
         return [*argv, "--ifname", nic.ifname]
     return [*argv, "--fd", str(fd)]
