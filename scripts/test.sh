@@ -3,7 +3,8 @@
 # guests under QEMU and start a real libvirtd, so they run as root).
 #
 # The unit tests (pure Python, CPU-bound) run on every CPU with pytest-xdist, at least two
-# workers (HPCVM_TEST_WORKERS=N sets another number). Everything else runs as before, in
+# workers (HPCVM_TEST_WORKERS=N sets another number), a test file's tests in one worker
+# (--dist loadfile: its module fixtures are made once). Everything else runs as before, in
 # one process: the integration tests share the Slurm test cluster, huge pages, host
 # tuning and timing-sensitive guests. Each part prints its slowest tests and its total
 # (--durations in pyproject.toml); the script fails when either part fails, after both
@@ -20,7 +21,7 @@ workers=${HPCVM_TEST_WORKERS:-$(nproc)}
 if [ "$workers" -lt 2 ]; then workers=2; fi
 status=0
 echo "test: unit tests on $workers workers"
-.venv/bin/pytest -q -n "$workers" tests/unit || status=$?
+.venv/bin/pytest -q -n "$workers" --dist loadfile tests/unit || status=$?
 echo "test: the rest (integration tests), in one process"
 .venv/bin/pytest -q tests --ignore=tests/unit || status=$?
 exit "$status"
