@@ -31,7 +31,8 @@ from hpcvm.report.fmt import (
     when,
 )
 from hpcvm.report.labels import env_colours
-from hpcvm.report.model import EnvInfo, ReportData, ReportWarning, Row, ScaleReport
+from hpcvm.report.model import EnvInfo, ReportData, ReportWarning, Row
+from hpcvm.report.scale_tables import scale_intro, scale_tables
 from hpcvm.units import human_size
 
 STYLE = """
@@ -219,133 +220,16 @@ def _evidence(data: ReportData) -> str:
     return "".join(parts)
 
 
-def _span(value: float, low: float, high: float) -> str:
-    return f"{value:+.2f} [{low:+.2f}, {high:+.2f}]"
-
-
-def _scale_columns(scale: ScaleReport) -> list[int]:
-    return sorted({scale.ran, *scale.asked})
-
-
-def _cores_head(scale: ScaleReport) -> list[str]:
-    return [f"{c:,} cores" + (" (ran)" if c == scale.ran else "") for c in _scale_columns(scale)]
-
-
-def _measured_text(scale: ScaleReport, env: str, grain: float, overhead: bool) -> str:
-    """What bsp measured at this grain, per rank count: against native (overhead) or
-    against the quiet step, then with the prediction's interval and whether it holds it."""
-    parts = []
-    for m in scale.measured:
-        if m.env != env or scale.grain_of(m) != grain:
-            continue
-        if overhead:
-            if m.overhead_pct is not None:
-                parts.append(f"np {m.cores}: {m.overhead_pct:+.2f}")
-            continue
-        said = f"np {m.cores}, grain {m.grain_ns / 1e3:.3g} us: {m.slowdown_pct:+.2f}"
-        if m.predicted_low_pct is not None and m.predicted_high_pct is not None:
-            inside = "inside" if m.contained else "OUTSIDE"
-            said += f" ({inside} [{m.predicted_low_pct:+.2f}, {m.predicted_high_pct:+.2f}])"
-        parts.append(said)
-    return "; ".join(parts) or "-"
-
-
-def _check_table(scale: ScaleReport) -> str:
-    """Each bsp measurement beside the prediction from the same run's noise."""
-    if not scale.measured:
-        return ""
-    rows = []
-    for m in scale.measured:
-        bounds = (
-            f" [{m.low_pct:+.2f}, {m.high_pct:+.2f}]"
-            if m.low_pct is not None and m.high_pct is not None
-            else ""
-        )
-        predicted = (
-            "-"
-            if m.predicted_pct is None
-            or m.predicted_low_pct is None
-            or m.predicted_high_pct is None
-            else _span(m.predicted_pct, m.predicted_low_pct, m.predicted_high_pct)
-        )
-        verdict = {True: "yes", False: "no", None: "-"}[m.contained]
-        rows.append(
-            [
-                m.env,
-                str(m.cores),
-                f"{m.grain_ns / 1e3:.3g}",
-                f"{m.slowdown_pct:+.2f}{bounds}",
-                predicted,
-                verdict,
-            ]
-        )
-    head = ["env", "np", "grain (us)", "measured slowdown %", "predicted %", "inside"]
-    return "<h3>Prediction checked against the bsp suite</h3>" + table(head, rows, {1, 2})
-
-
-def _scale_tables(scale: ScaleReport) -> str:
-    cols = _scale_columns(scale)
-    parts = [_check_table(scale)]
-    if scale.overheads:
-        rows = []
-        for env in dict.fromkeys(o.env for o in scale.overheads):
-            for grain in scale.grains_ns:
-                mine = {o.cores: o for o in scale.overheads if o.env == env and o.grain_ns == grain}
-                if not mine:
-                    continue
-                spans = [(mine[c].overhead_pct, mine[c].low_pct, mine[c].high_pct) for c in cols]
-                cells = [_span(*span) for span in spans]
-                rows.append(
-                    [env, f"{grain / 1e3:g}", *cells, _measured_text(scale, env, grain, True)]
-                )
-        head = ["env", "grain (us)", *_cores_head(scale), "measured (bsp)"]
-        parts.append("<h3>Predicted overhead against native (%)</h3>")
-        parts.append(table(head, rows, set(range(2, len(head) - 1))))
-    rows = []
-    for c in scale.curves:
-        by = {p.cores: p for p in c.points}
-        cells = [
-            _span(by[k].slowdown_pct, by[k].slowdown_low_pct, by[k].slowdown_high_pct) for k in cols
-        ]
-        rows.append(
-            [
-                c.env,
-                f"{c.grain_ns / 1e3:g}",
-                str(c.traces),
-                *cells,
-                _measured_text(scale, c.env, c.grain_ns, False),
-            ]
-        )
-    head = ["env", "grain (us)", "traces", *_cores_head(scale), "measured (bsp)"]
-    parts.append("<h3>Predicted slowdown against a quiet machine (%)</h3>")
-    parts.append(table(head, rows, set(range(2, len(head) - 1))))
-    return "".join(parts)
-
-
 def _scale(data: ReportData) -> str:
-    scale = data.scale
-    if scale is None:
+    """The "At scale" section: report/scale_tables.py's text and tables, laid out."""
+    if data.scale is None:
         return ""
-    first = scale.curves[0] if scale.curves else None
-    how = (
-        f"{first.steps:,} simulated steps per bootstrap replicate, {first.resamples} "
-        f"replicates over the measured traces, {first.confidence * 100:g}% interval"
-        if first
-        else "no environment could be predicted (see the notes)"
+    tables = "".join(
+        f"<h3>{_e(t.title)}</h3>" + table(t.header, t.rows, t.numeric)
+        for t in scale_tables(data.scale)
     )
-    latency = "; ".join(
-        f"{x.env}: {x.latency_ns / 1e3:.3g} us ({x.source})" for x in scale.latencies
-    )
-    intro = (
-        "A bulk-synchronous code: every rank computes a grain of work, then all meet in a "
-        "collective; a step lasts as long as its slowest rank plus the collective "
-        "(latency x ceil(log2 cores)). Each rank's delay per step is drawn from the "
-        f"environment's own measured noise quanta (docs/scale.md). {how}. The run itself "
-        f"had {scale.ran} CPU(s) per noise run. Collective latency per stage: {latency}."
-    )
-    return (
-        f'<section id="scale"><h2>At scale</h2><p>{_e(intro)}</p>{_scale_tables(scale)}</section>'
-    )
+    intro = _e(scale_intro(data.scale))
+    return f'<section id="scale"><h2>At scale</h2><p>{intro}</p>{tables}</section>'
 
 
 def page(title: str, body: str) -> str:
