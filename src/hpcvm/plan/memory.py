@@ -77,7 +77,9 @@ def qemu_overhead(memory_bytes: int, accel: Accel = "tcg") -> int:
     with usable KVM (2026-11-28: the same QEMU 7.2.22 binary and libraries carried
     there, ``-machine q35 -accel kvm -cpu host``, 1 vCPU, the guest's 6.1 kernel and
     hpcvm's initramfs, 25 s after start): VmRSS 57 MiB, of it 26 MiB guest RAM touched,
-    so QEMU's own some 31 MiB, for 256 and for 512 MiB guests. Documented figure to
+    so QEMU's own some 31 MiB, for 256 and for 512 MiB guests (the guest's console was
+    not kept, so how far its boot had got is not known: a lower bound for a booted
+    guest, which the 256 MiB allowance is far above). Documented figure to
     compare: KubeVirt (OpenShift Virtualization 4.x, "Virtual machine memory
     overhead") reserves 218 MiB + 0.2% of guest RAM + 8 MiB per vCPU + 16 MiB per
     graphics device for its whole QEMU/KVM launcher pod; ours is above that up to 4
