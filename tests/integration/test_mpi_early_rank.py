@@ -103,9 +103,10 @@ def test_a_rank_pmix_refuses_in_mpi_init_ends_the_run(tmp_path: Path) -> None:
 
 
 def test_a_rank_working_after_the_others_ended_is_not_cut_short(tmp_path: Path) -> None:
-    # rank 0 spins 8 s of CPU after MPI_Finalize while rank 1 has ended: work, not a hang
+    # rank 0 spins 8 s of CPU or more after MPI_Finalize while rank 1 has ended: work, not
+    # a hang (bash's SECONDS counts whole seconds, so SECONDS + 9 spins between 8 and 9 s)
     spin = (
-        'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then end=$((SECONDS + 8)); '
+        'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then end=$((SECONDS + 9)); '
         "while ((SECONDS < end)); do :; done; echo rank0-done; fi"
     )
     script = _rank_script(tmp_path, f"{_bsp()} {ARGS}; exit $?", after=spin)
