@@ -343,8 +343,10 @@ def describe(nodes: int) -> LocalCluster:
 # Test sessions that use the cluster, one file each (``<pid>-<start time>``), beside the
 # cluster's state directory (which ``down`` removes) so that registering needs no cluster.
 SESSIONS_DIR = Path(os.environ.get("HPCVM_TEST_CLUSTER_SESSIONS", f"{STATE_DIR}-sessions"))
-# In the cluster's state directory: a pytest session brought this cluster up, so the last
-# session to leave takes it down (a cluster started by hand has no such mark: left up).
+# In the registry (not in the cluster's state directory, which a test taking the cluster
+# down and up again, as test_cluster_infra does, would remove): a pytest session brought
+# this cluster up, so the last session to leave takes it down (a cluster started by hand
+# has no such mark: left up).
 STARTED_MARK = "started-by-pytest"
 
 
@@ -364,8 +366,10 @@ def live_sessions(sessions: Path = SESSIONS_DIR) -> list[Path]:
     killed before its teardown) are removed on the way."""
     alive = []
     for entry in sorted(sessions.glob("*-*")):
-        pid, _, start = entry.name.partition("-")
-        if pid.isdigit() and process_start(int(pid)) == start:
+        named = re.fullmatch(r"(\d+)-(\d+)", entry.name)
+        if named is None:
+            continue  # not a session's entry (the started mark)
+        if process_start(int(named[1])) == named[2]:
             alive.append(entry)
         else:
             entry.unlink(missing_ok=True)
@@ -390,13 +394,18 @@ def register_session(sessions: Path = SESSIONS_DIR) -> Path:
     return entry
 
 
-def leave_session(entry: Path, state_dir: Path = STATE_DIR) -> bool:
+def leave_session(entry: Path) -> bool:
     """Unregister ``entry``; whether the cluster should now go down: a pytest session
-    started it (the mark) and no live session still uses it. A session killed before its
-    teardown (its cluster would otherwise stay up for ever, every later session finding
-    it up and leaving it so) is thus cleaned up after by the next one to leave."""
+    started it (the mark, which this then removes) and no live session still uses it. A
+    session killed before its teardown (its cluster would otherwise stay up for ever,
+    every later session finding it up and leaving it so) is thus cleaned up after by the
+    next one to leave."""
     entry.unlink(missing_ok=True)
-    return (state_dir / STARTED_MARK).exists() and not live_sessions(entry.parent)
+    mark = entry.parent / STARTED_MARK
+    if not mark.exists() or live_sessions(entry.parent):
+        return False
+    mark.unlink()
+    return True
 
 
 @pytest.fixture(scope="session")
@@ -410,7 +419,7 @@ def slurm_cluster() -> Iterator[LocalCluster]:
         was_up = is_up()
         cluster = up(CLUSTER_NODES)
         if not was_up:
-            (STATE_DIR / STARTED_MARK).touch()
+            (SESSIONS_DIR / STARTED_MARK).touch()
         entry = register_session()
     try:
         yield cluster
@@ -423,7 +432,7 @@ def slurm_cluster() -> Iterator[LocalCluster]:
 
 def forget_sessions(sessions: Path = SESSIONS_DIR) -> None:
     """Remove the registry when no session is left in it: nothing stays behind."""
-    if not live_sessions(sessions):
+    if not live_sessions(sessions) and not (sessions / STARTED_MARK).exists():
         with contextlib.suppress(OSError):
             (sessions / ".lock").unlink()
             sessions.rmdir()

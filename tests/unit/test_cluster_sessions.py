@@ -36,29 +36,29 @@ def entry_for(sessions: Path, pid: int) -> Path:
 def test_a_killed_sessions_entry_is_dropped_and_the_next_to_leave_takes_the_cluster_down(
     tmp_path: Path,
 ) -> None:
-    sessions, state = tmp_path / "sessions", tmp_path / "state"
-    state.mkdir()
-    (state / cs.STARTED_MARK).touch()
+    sessions = tmp_path / "sessions"
     with cs.sessions_locked(sessions):
         mine = cs.register_session(sessions)
+    (sessions / cs.STARTED_MARK).touch()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_entry = entry_for(sessions, dead.pid)
     dead.wait()
     assert cs.live_sessions(sessions) == [mine]
     assert not dead_entry.exists()
-    assert cs.leave_session(mine, state)
+    assert cs.leave_session(mine)
+    assert not (sessions / cs.STARTED_MARK).exists()  # said once
 
 
 def test_a_live_session_keeps_the_cluster_up(
     tmp_path: Path, other: subprocess.Popen[bytes]
 ) -> None:
-    sessions, state = tmp_path / "sessions", tmp_path / "state"
-    state.mkdir()
-    (state / cs.STARTED_MARK).touch()
+    sessions = tmp_path / "sessions"
     with cs.sessions_locked(sessions):
         mine = cs.register_session(sessions)
+    (sessions / cs.STARTED_MARK).touch()
     entry_for(sessions, other.pid)
-    assert not cs.leave_session(mine, state)
+    assert not cs.leave_session(mine)
+    assert (sessions / cs.STARTED_MARK).exists()  # kept for the last one to leave
     other.kill()
     other.wait()
     assert cs.live_sessions(sessions) == []
@@ -72,11 +72,10 @@ def test_a_reused_pid_is_not_the_session_that_registered(tmp_path: Path) -> None
 
 
 def test_a_cluster_started_by_hand_is_never_taken_down(tmp_path: Path) -> None:
-    sessions, state = tmp_path / "sessions", tmp_path / "state"
-    state.mkdir()
+    sessions = tmp_path / "sessions"
     with cs.sessions_locked(sessions):
         mine = cs.register_session(sessions)
-    assert not cs.leave_session(mine, state)
+    assert not cs.leave_session(mine)
 
 
 def test_the_registry_goes_when_the_last_session_leaves(
@@ -86,7 +85,7 @@ def test_the_registry_goes_when_the_last_session_leaves(
     with cs.sessions_locked(sessions):
         mine = cs.register_session(sessions)
     entry_for(sessions, other.pid)
-    cs.leave_session(mine, tmp_path)
+    cs.leave_session(mine)
     cs.forget_sessions(sessions)
     assert sessions.exists()
     other.kill()
