@@ -112,8 +112,9 @@ def test_the_memory_check_counts_qemus_overhead_for_the_accelerator_in_use() -> 
         request = _request(profile, one)
         plan(host, request.model_copy(update={"accel": "kvm"}))
         plan(host, request.model_copy(update={"accel": "auto"}))  # KVM usable: KVM's figure
-    # (--accel tcg on a host where KVM is usable is counted as KVM by flat_memory and
-    # numa_memory until plan/planner.py hands them the plan's accelerator: issue 39)
+        # --accel tcg on a host where KVM is usable: TCG's QEMU, so TCG's figure
+        with pytest.raises(InfeasiblePlanError, match="#SBATCH --mem"):
+            plan(host, request.model_copy(update={"accel": "tcg"}))
     # a host where KVM is not usable plans TCG under --accel auto, and counts TCG's
     tcg_host = base.model_copy(update={"memory_limit": kvm + MIB})
     with pytest.raises(InfeasiblePlanError, match="#SBATCH --mem"):

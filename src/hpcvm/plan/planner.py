@@ -15,7 +15,14 @@ from hpcvm.host.model import HostTopology
 from hpcvm.plan.cpu import choose_cpu
 from hpcvm.plan.distances import distance_map
 from hpcvm.plan.explain import describe_pinning
-from hpcvm.plan.memory import MemoryPlan, MemoryRefusal, flat_memory, largest_fitting, numa_memory
+from hpcvm.plan.memory import (
+    MemoryPlan,
+    MemoryRefusal,
+    accel_in_use,
+    flat_memory,
+    largest_fitting,
+    numa_memory,
+)
 from hpcvm.plan.model import GuestNode, PlanRequest, Profile, TakenPus, VMPlan
 from hpcvm.plan.notes import Notes
 from hpcvm.plan.passthrough import check_passthrough, passthrough_devices
@@ -183,13 +190,14 @@ def _memory(
     guest: GuestCpus,
     notes: Notes,
 ) -> tuple[tuple[GuestNode, ...], MemoryPlan]:
+    accel = accel_in_use(host, request.accel)  # TCG's QEMU holds its translated code too
     if not profile.vnuma:
         first = selection.mem_node[selection.nodes[0]] if selection else None
-        return (), flat_memory(host, request.memory_bytes, page, first, notes)
+        return (), flat_memory(host, request.memory_bytes, page, first, notes, accel)
     assert selection is not None  # vnuma profiles pin
     mem_of = {d: m for d, m in selection.mem_node.items() if m is not None}
     counts = [(mem_of[d], len(v)) for d, v in guest.nodes]
-    memory, sizes = numa_memory(host, request.memory_bytes, page, counts, notes)
+    memory, sizes = numa_memory(host, request.memory_bytes, page, counts, notes, accel)
     nodes = tuple(
         GuestNode(
             index=g,
