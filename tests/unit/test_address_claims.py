@@ -15,16 +15,14 @@ import errno
 import ipaddress
 import os
 import pwd
-import shutil
 import signal
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hpcvm.cluster.addresses import AddressPool, candidates, claim
 from tests.users import in_child_as, process_as
+from tests.users import open_dir as open_dir  # a fixture
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="setuid to other users: needs root")
 
@@ -36,12 +34,10 @@ NODE = ipaddress.IPv4Interface("10.77.0.3/24")
 
 
 @pytest.fixture
-def claims() -> Iterator[Path]:
+def claims(open_dir: Path) -> Path:
     """A claims directory as the node install makes it: root's, mode 1777."""
-    path = Path(tempfile.mkdtemp(prefix="hpcvm-claims-", dir="/var/tmp"))
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    open_dir.chmod(0o1777)
+    return open_dir
 
 
 def start_time(pid: int) -> int:

@@ -14,7 +14,6 @@ import os
 import pwd
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from hpcvm.cluster import state
 from hpcvm.errors import UsageError
 from hpcvm.runtime import checkpoint_dir, hugetlbfs, paths
 from tests.users import in_child_as
+from tests.users import open_dir as open_dir  # a fixture
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown and setuid: needs root")
 
@@ -31,12 +31,9 @@ NOBODY = pwd.getpwnam("nobody")
 
 
 @pytest.fixture
-def shared() -> Iterator[Path]:
+def shared(open_dir: Path) -> Path:
     """A directory another user can reach (pytest's tmp_path is root's 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="hpcvm-private-", dir="/var/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    return open_dir
 
 
 def nobodys(path: Path, mode: int) -> Path:
