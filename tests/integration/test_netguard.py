@@ -12,6 +12,7 @@ end-to-end test with guests is in test_network_bridge.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,13 +24,16 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_support import TEST_USER
+from tests import cluster_support
+from tests.cluster_support import TEST_USER, LocalCluster
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 BUILT = REPO / "src" / "hpcvm" / "data" / "hpcvm-netguard"
 INSTALLED = Path("/usr/local/lib/hpcvm/hpcvm-netguard")  # scripts/install-node.sh's
+# the test user exists while the Slurm test cluster is up (scripts/test-cluster.sh)
+slurm_cluster = cluster_support.slurm_cluster
 BRIDGE_HELPER = "/usr/lib/qemu/qemu-bridge-helper"
 BRIDGE, NODE = "br0", "10.96.0.1/24"
 TABLE = ("table", "bridge", "hpcvm_netguard")
@@ -97,22 +101,31 @@ class Netns:
         return int(json.loads(out)[0]["ifindex"])
 
 
-@pytest.fixture(scope="module")
-def netns() -> Iterator[Netns]:
+@contextlib.contextmanager
+def bridged_netns(prefix: str, *more: Sequence[str]) -> Iterator[Netns]:
+    """A network namespace with the node's bridge (and the ``ip`` commands ``more``),
+    removed with everything in it afterwards; skips where the helper cannot run."""
     if os.geteuid() != 0 or not BUILT.exists() or shutil.which("nft") is None:
         pytest.skip(f"needs root, nft and {BUILT} (make all; scripts/setup.sh)")
-    ns = Netns(f"hpcvm-guard-{os.getpid()}")
+    ns = Netns(f"{prefix}-{os.getpid()}")
     subprocess.run(["ip", "netns", "add", ns.name], check=True)
     try:
         for argv in (
             ["link", "add", BRIDGE, "type", "bridge"],
             ["addr", "add", NODE, "dev", BRIDGE],
             ["link", "set", BRIDGE, "up"],
+            *more,
         ):
             subprocess.run(["ip", "-n", ns.name, *argv], check=True)
         yield ns
     finally:
         subprocess.run(["ip", "netns", "del", ns.name], check=False)
+
+
+@pytest.fixture(scope="module")
+def netns() -> Iterator[Netns]:
+    with bridged_netns("hpcvm-guard") as ns:
+        yield ns
 
 
 class Tap:
@@ -336,11 +349,14 @@ def test_a_config_others_may_write_is_refused(netns: Netns, tmp_path: Path) -> N
     assert proc.returncode == 1 and "line 1 is not 'bridge NAME'" in proc.stderr
 
 
-def test_a_user_guards_their_own_tap_through_the_installed_grant(netns: Netns) -> None:
+def test_a_user_guards_their_own_tap_through_the_installed_grant(
+    netns: Netns, slurm_cluster: LocalCluster
+) -> None:
     """The test user (group hpcvm) gets a tap from QEMU's bridge helper and guards it
     with the installed setuid helper (scripts/install-node.sh; scripts/setup.sh makes
     this machine a node): root's options are refused to them, their uid is in the
-    rules' log prefix, and the address must lie in the bridge's subnet."""
+    rules' log prefix, and the address must lie in the bridge's subnet. (The test user
+    comes with the Slurm test cluster: hence its fixture.)"""
     info = INSTALLED.stat() if INSTALLED.exists() else None
     if info is None or not info.st_mode & 0o4000 or info.st_uid != 0:
         pytest.skip(f"{INSTALLED} is not installed setuid root: scripts/install-node.sh")

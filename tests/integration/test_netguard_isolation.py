@@ -12,8 +12,6 @@ actually got from the kernel, and nft's listing (chains, sets, exact counter val
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -22,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_netguard import BUILT, Netns, arp
+from tests.integration.test_netguard import BUILT, Netns, arp, bridged_netns
 
 pytestmark = pytest.mark.integration
 
@@ -148,23 +146,14 @@ def kinds(ip: str, mac: str | None = None) -> set[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def netns() -> Iterator[Netns]:
-    if os.geteuid() != 0 or not BUILT.exists() or shutil.which("nft") is None:
-        pytest.skip(f"needs root, nft and {BUILT} (make all; scripts/setup.sh)")
-    ns = Netns(f"hpcvm-iso-{os.getpid()}")
-    subprocess.run(["ip", "netns", "add", ns.name], check=True)
-    try:
-        for argv in (
-            ["link", "add", BRIDGE, "type", "bridge"],
-            ["addr", "add", NODE, "dev", BRIDGE],
-            ["link", "set", BRIDGE, "up"],
-            ["link", "add", UPLINK[0], "type", "veth", "peer", "name", UPLINK[1]],
-            ["link", "set", UPLINK[0], "master", BRIDGE, "up"],
-            ["link", "set", UPLINK[1], "up"],
-        ):
-            subprocess.run(["ip", "-n", ns.name, *argv], check=True)
+    """The node's bridge with an uplink (a veth: where other nodes' frames come in)."""
+    with bridged_netns(
+        "hpcvm-iso",
+        ["link", "add", UPLINK[0], "type", "veth", "peer", "name", UPLINK[1]],
+        ["link", "set", UPLINK[0], "master", BRIDGE, "up"],
+        ["link", "set", UPLINK[1], "up"],
+    ) as ns:
         yield ns
-    finally:
-        subprocess.run(["ip", "netns", "del", ns.name], check=False)
 
 
 @pytest.fixture()
