@@ -267,7 +267,10 @@ def _holder_alive(text: str, owner: int) -> bool:
 
 
 def _start_time(pid: int) -> int:
-    """When ``pid`` started, in clock ticks since boot (/proc/PID/stat's 22nd field):
-    with the pid, it names one process, even once the pid is reused."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[19])
+    """When ``pid`` started (runtime.state.process_start_ticks); OSError when gone."""
+    from hpcvm.runtime.state import process_start_ticks  # here: it loads the models
+
+    ticks = process_start_ticks(pid)
+    if ticks is None:
+        raise FileNotFoundError(f"/proc/{pid}/stat")
+    return ticks

@@ -188,12 +188,18 @@ def _boot_time() -> float:
     raise RuntimeFailure("cannot read the boot time from /proc/stat")
 
 
+def process_start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (field 22 of /proc/PID/stat), None
+    when it is gone: with the pid it names one process, even once the pid is reused."""
+    fields = _proc_stat(pid)
+    return None if fields is None else int(fields[19])  # fields[] starts at field 3
+
+
 def process_start_time(pid: int) -> float | None:
     """Wall-clock start time of ``pid`` (1 s precision), None when it is gone."""
-    fields = _proc_stat(pid)
-    if fields is None:
+    ticks = process_start_ticks(pid)
+    if ticks is None:
         return None
-    ticks = int(fields[19])  # field 22 of stat; fields[] starts at field 3
     return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
 
 
