@@ -27,7 +27,7 @@ from hpcvm.bench import evidence
 from hpcvm.bench.cpuset import Cpuset
 from hpcvm.bench.environments import CLEAN_ENV, NATIVE, RunOutput, decode_output
 from hpcvm.bench.launch import find_program, mpirun_program, with_cpu_set
-from hpcvm.bench.mpiwatch import RankWatch, kill_session, rank_lines
+from hpcvm.bench.mpiwatch import LAUNCHERS, RankWatch, kill_session, rank_lines
 from hpcvm.bench.placement import Confinement
 from hpcvm.bench.versions import host_versions
 from hpcvm.errors import RuntimeFailure
@@ -109,7 +109,7 @@ class NativeEnvironment:
         timed_out = False
         hung: str | None = None
         try:
-            out, err, hung = _communicate(proc, start + timeout)
+            out, err, hung = _communicate(proc, start + timeout, watch=launches_mpi(argv))
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
@@ -167,11 +167,23 @@ def mpi_held(argv: Sequence[str], cpus: Sequence[int]) -> list[str]:
 WATCH_POLL = 0.5  # seconds between looks at mpirun's ranks (bench/mpiwatch.py)
 
 
-def _communicate(proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bytes, str | None]:
-    """The run's output once it ends, with None; or, when its mpirun hangs after a rank
-    ended (bench/mpiwatch.py), the run killed at once and why. TimeoutExpired past
-    ``deadline`` (time.monotonic)."""
-    watch = RankWatch(session=proc.pid)
+def launches_mpi(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` starts Open MPI's launcher: only such a run can hang the way
+    bench/mpiwatch.py watches for, and only it pays for the watch (a look through /proc
+    twice a second, which a single-process run's measurement is spared)."""
+    return any(Path(arg).name.startswith(LAUNCHERS) for arg in argv)
+
+
+def _communicate(
+    proc: subprocess.Popen[bytes], deadline: float, *, watch: bool
+) -> tuple[bytes, bytes, str | None]:
+    """The run's output once it ends, with None; or, when ``watch`` and its mpirun hangs
+    after a rank ended (bench/mpiwatch.py), the run killed at once and why.
+    TimeoutExpired past ``deadline`` (time.monotonic)."""
+    if not watch:
+        out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        return out, err, None
+    ranks = RankWatch(session=proc.pid)
     while True:
         left = deadline - time.monotonic()
         try:
@@ -180,7 +192,7 @@ def _communicate(proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes,
         except subprocess.TimeoutExpired:
             if left <= WATCH_POLL:
                 raise
-        if (why := watch.stuck()) is not None:
+        if (why := ranks.stuck()) is not None:
             _kill_group(proc)
             out, err = proc.communicate()
             return out, err, why
