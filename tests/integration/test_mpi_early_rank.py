@@ -12,6 +12,7 @@ while the other rank has ended, must not be cut short.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import time
 from pathlib import Path
@@ -25,7 +26,9 @@ from hpcvm.errors import BenchmarkError
 
 TIMEOUT = 120.0  # what each run would wait without the watch
 PROMPT = 30.0  # GRACE (5 s) plus mpirun's start on a loaded 2-core machine
-TEST_UID = 2390  # tests/cluster_support.TEST_USER's uid: any uid but root's will do
+# a user that exists everywhere: PMIx refuses a rank of another uid in MPI_Init, but a
+# uid with no passwd entry makes its client crash there instead (no hang to watch)
+TEST_UID = pwd.getpwnam("nobody").pw_uid
 ARGS = '-s 200 -i 20 -o "$PWD/raw"'
 
 
