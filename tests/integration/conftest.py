@@ -1,10 +1,13 @@
 """Fixtures for tests that use the real machine: a running libvirtd, huge pages.
 
 ``libvirtd`` (session): makes sure a libvirtd serves ``qemu:///system`` and returns that
-URI. If none answers, it starts ``virtlogd -d`` and ``libvirtd -d`` (as on this machine,
-where there is no systemd) and waits for the socket; at the end of the session it stops
-the daemons it started (and only those), so a test run leaves no process behind. A
-daemon that was already running (systemd's, or another session's) is left alone.
+URI. If none answers, it starts ``libvirtd -d`` (as on this machine, where there is no
+systemd) and waits for the socket; whether libvirtd answered or not, it starts
+``virtlogd -d`` when nothing accepts a connection on virtlogd's socket (a socket file
+left by a virtlogd that died is not a daemon: libvirtd then cannot start any domain). At
+the end of the session it stops the daemons it started (and only those), so a test run
+leaves no process behind. A daemon that was already running (systemd's, or another
+session's) is left alone.
 
 ``hugepages`` (session): a ``HugePages`` helper. ``ensure_free(page_size, count)``
 raises the kernel's pool by what is missing (never lowers it) and mounts hugetlbfs at
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +44,17 @@ def _virsh_answers(uri: str) -> bool:
     return proc.returncode == 0
 
 
+def _listens(path: Path) -> bool:
+    """Whether a daemon accepts connections on a unix socket (not just a file there)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 def _start_daemon(argv: list[str]) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     if proc.returncode != 0:
@@ -52,17 +67,17 @@ def libvirtd() -> Iterator[str]:
     for tool in ("libvirtd", "virtlogd", "virsh"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} not found: run scripts/setup.sh (libvirt-daemon-system)")
-    if LIBVIRT_SOCK.exists() and _virsh_answers(LIBVIRT_URI):
-        yield LIBVIRT_URI
-        return
     started: list[str] = []
-    if not VIRTLOGD_SOCK.exists():
+    if not _listens(VIRTLOGD_SOCK):
+        VIRTLOGD_SOCK.unlink(missing_ok=True)
         _start_daemon(["virtlogd", "-d"])
         started.append("virtlogd")
-    _start_daemon(["libvirtd", "-d"])
-    started.insert(0, "libvirtd")
     try:
-        _wait_for_libvirtd()
+        if not (LIBVIRT_SOCK.exists() and _virsh_answers(LIBVIRT_URI)):
+            _start_daemon(["libvirtd", "-d"])
+            started.insert(0, "libvirtd")
+            _wait_for_libvirtd()
+        _wait_for(VIRTLOGD_SOCK)
         yield LIBVIRT_URI
     finally:
         for name in started:
@@ -76,6 +91,14 @@ def _wait_for_libvirtd() -> None:
             return
         time.sleep(0.5)
     pytest.fail(f"libvirtd did not answer on {LIBVIRT_URI} within {DAEMON_TIMEOUT:.0f} s")
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + DAEMON_TIMEOUT
+    while not _listens(path):
+        if time.monotonic() > deadline:
+            pytest.fail(f"nothing listens on {path} within {DAEMON_TIMEOUT:.0f} s")
+        time.sleep(0.2)
 
 
 def _stop_daemon(name: str) -> None:

@@ -193,7 +193,9 @@ def _sample(env: GuestSampler, workdir: Path) -> Any:
     workdir.mkdir(parents=True)
     (workdir / "hpccinf.txt").write_bytes(_files()["hpccinf.txt"])
     (workdir / "nul.bin").write_bytes(_files()["nul.bin"])
-    copy = "cat hpccinf.txt nul.bin > hpccoutf.txt; echo done; echo warn >&2; exit 3"
+    # the sleep spans some timer ticks: a bare copy takes ~1 ms, in which no interrupt
+    # may fire at all (CI once saw an empty guest rate table)
+    copy = "cat hpccinf.txt nul.bin > hpccoutf.txt; sleep 0.2; echo done; echo warn >&2; exit 3"
     argv = ["/usr/bin/env", "-C", str(workdir), "/bin/sh", "-c", copy]
     return env.run(argv, workdir, 30.0, outputs=("hpccoutf.txt", "not-made.txt"))
 

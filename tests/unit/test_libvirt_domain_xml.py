@@ -148,3 +148,16 @@ def test_one_line_joins_libvirts_multiline_errors() -> None:
         lb.one_line(text)
         == "internal error: qemu unexpectedly closed the monitor: | warning: x | qemu: bad"
     )
+
+
+def test_a_dead_virtlogd_gets_its_fix_in_the_error() -> None:
+    """libvirtd answers but cannot start a domain when its log daemon is gone (the
+    error text is libvirt's own, as a libvirtd without virtlogd printed it in CI)."""
+    libvirt = pytest.importorskip("libvirt")
+    text = "Failed to connect socket to '/run/libvirt/virtlogd-sock': Connection refused"
+    message = lb._error_text(libvirt.libvirtError(text))
+    assert message.startswith(text) and "start virtlogd" in message
+    assert "\n" not in message
+    assert lb._error_text(libvirt.libvirtError("domain is not running")) == (
+        "domain is not running"
+    )

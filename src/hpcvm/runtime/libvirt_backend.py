@@ -116,7 +116,18 @@ def _libvirt() -> Any:
 
 def _error_text(exc: Exception) -> str:
     message = exc.get_error_message() if hasattr(exc, "get_error_message") else None
-    return one_line(str(message or exc))
+    text = one_line(str(message or exc))
+    if "virtlogd-sock" in text:
+        text += f"; {_reach_virtlogd()}"
+    return text
+
+
+def _reach_virtlogd() -> str:
+    """libvirtd answers but cannot start a domain without its log daemon (virtlogd),
+    which may have died or never been started where there is no systemd."""
+    if os.geteuid() == 0:
+        return "start virtlogd (`virtlogd -d`, or `systemctl start virtlogd`)"
+    return "ask your admin to start virtlogd (`systemctl start virtlogd`)"
 
 
 # -- the domain XML ---------------------------------------------------------------------
