@@ -1,28 +1,39 @@
 #!/bin/bash
 # A batch job that saves itself before its time limit and goes on after a requeue, where
 # it was, on whichever nodes Slurm gives it next: the usual Slurm pattern, with the whole
-# job's VMs as the checkpoint (nothing asked of the MPI program).
+# job's VMs as the checkpoint (nothing asked of the MPI program). With
+# HPCVM_CHECKPOINT_EVERY it also saves itself at that interval, so that a node that
+# dies without warning costs only the work since the last checkpoint.
 #
-#   HPCVM_IMAGE=$PWD/guest.qcow2 sbatch -N 2 --time=12:00:00 \
-#       docs/examples/hpcvm-checkpoint-job.sh PROGRAM ARGS...
+#   HPCVM_IMAGE=$PWD/guest.qcow2 [HPCVM_CHECKPOINT_EVERY=30m] sbatch -N 2 \
+#       --time=12:00:00 docs/examples/hpcvm-checkpoint-job.sh PROGRAM ARGS...
 #
 # PROGRAM is a path inside the image (the guests see no host files: a mounted share
 # would block the checkpoint). The image needs openssh-server, Open MPI, iproute2 and
 # qemu-guest-agent with cloud-init (docs/checkpoint.md). What happens:
 #
 # 1. First start: cluster up boots one VM per node from the image, and the MPI program
-#    starts detached in the first VM (its output waits in the guest).
+#    starts detached in the first VM (its output waits in the guest). With
+#    HPCVM_CHECKPOINT_EVERY, a keeper saves the running job every that often into the
+#    next directory of the series $HPCVM_CHECKPOINT (checkpoint-000001, ...), keeping the
+#    newest HPCVM_CHECKPOINT_KEEP (1).
 # 2. Slurm sends SIGUSR1 to this script (--signal=B:USR1@600: 600 s before the time
-#    limit). The trap pauses every VM, saves them all into $HPCVM_CHECKPOINT, takes them
-#    down and requeues the job (--requeue). A checkpoint replaces the previous one only
-#    once it is complete.
-# 3. Next start: the checkpoint exists, so cluster up --restore starts the saved VMs,
-#    re-planned for the new nodes, and they run on together; cluster wait then gets the
-#    program's output and exit status as if nothing had happened.
+#    limit). The trap pauses every VM, saves them all as the series' next checkpoint,
+#    takes them down and requeues the job (--requeue). A checkpoint is complete or
+#    absent (written aside, then renamed): a job killed meanwhile keeps the last one.
+# 3. A node's VM dies meanwhile (the node crashed, the VM was killed): cluster wait ends
+#    with exit 11 naming it. With a complete checkpoint the job requeues itself; without
+#    one it ends. (Where Slurm itself requeues a job whose node failed, the next start
+#    is the same.)
+# 4. Next start: the series holds a complete checkpoint, so cluster up --restore starts
+#    the newest one's VMs, re-planned for the new nodes, and they run on together;
+#    cluster wait then gets the program's output and exit status as if nothing had
+#    happened (from the checkpoint on: work after it is done again).
 #
 # The settings are environment variables, as in hpcvm-job.sh; the test of this script
 # (tests/integration/test_cluster_checkpoint.py) sends the signal by hand
-# (scancel --signal=USR1 --batch JOB), which is what Slurm does at the time limit.
+# (scancel --signal=USR1 --batch JOB), which is what Slurm does at the time limit, and
+# kills a node's QEMU as a crash would.
 #SBATCH --job-name=hpcvm-ckpt
 #SBATCH --requeue
 #SBATCH --open-mode=append
@@ -32,7 +43,9 @@ set -uo pipefail
 hpcvm=${HPCVM:-hpcvm}
 name=${HPCVM_NAME:-job${SLURM_JOB_ID}}
 image=${HPCVM_IMAGE:?set HPCVM_IMAGE to the guests disk image}
-checkpoint=${HPCVM_CHECKPOINT:-$PWD/hpcvm-checkpoint-$SLURM_JOB_ID}   # a shared file system
+series=${HPCVM_CHECKPOINT:-$PWD/hpcvm-checkpoint-$SLURM_JOB_ID}   # a shared file system
+every=${HPCVM_CHECKPOINT_EVERY:-}              # e.g. 30m; empty: only at the signal
+keep=${HPCVM_CHECKPOINT_KEEP:-1}
 nodes=${SLURM_JOB_NUM_NODES:-1}
 vcpus=${HPCVM_VCPUS:-1}
 memory=${HPCVM_MEMORY:-1G}
@@ -40,45 +53,39 @@ profile=${HPCVM_PROFILE:-hpc}
 address=${HPCVM_ADDRESS:-auto}
 extra=${HPCVM_UP_OPTIONS:-}                    # e.g. --accel tcg
 waiter=
+periodic=()
+if [ -n "$every" ]; then
+    periodic=(--checkpoint-every "$every" --checkpoint-dir "$series" --checkpoint-keep "$keep")
+fi
 
 say() { echo "hpcvm-checkpoint-job: $*"; }
+saved() { compgen -G "$series/checkpoint-*/job.json" >/dev/null; }
 
-# A new checkpoint replaces the last one only once it is complete, by renames: if the
-# job is killed in between, the next start finds one of the two whole.
-promote() {
-    [ -d "$checkpoint" ] && mv "$checkpoint" "$checkpoint.old"
-    mv "$checkpoint.next" "$checkpoint" && rm -rf "$checkpoint.old"
-}
-
-checkpoint_and_requeue() {
-    say "signalled: saving cluster $name into $checkpoint"
-    if [ -n "$waiter" ]; then kill "$waiter" 2>/dev/null; wait "$waiter"; fi
-    rm -rf "$checkpoint.next"
-    "$hpcvm" cluster checkpoint "$name" "$checkpoint.next"
-    if [ ! -f "$checkpoint.next/job.json" ]; then   # not written: the VMs run on
-        say "the checkpoint failed: the job ends here (the last complete one, if any, stays in $checkpoint)" >&2
-        "$hpcvm" cluster down "$name"
-        exit 1
-    fi
-    promote
-    say "saved; requeueing job $SLURM_JOB_ID"
+requeue() {
+    say "requeueing job $SLURM_JOB_ID: $*"
     scontrol requeue "$SLURM_JOB_ID"
     exit 0
 }
+
+checkpoint_and_requeue() {
+    say "signalled: saving cluster $name into $series"
+    if [ -n "$waiter" ]; then kill "$waiter" 2>/dev/null; wait "$waiter"; fi
+    if ! "$hpcvm" cluster checkpoint "$name" "$series" --series; then   # the VMs run on
+        say "the checkpoint failed: the job ends here (the last complete one, if any, stays in $series)" >&2
+        "$hpcvm" cluster down "$name"
+        exit 1
+    fi
+    requeue "saved"
+}
 trap checkpoint_and_requeue USR1
 
-# A start after a kill between the two renames above
-if [ ! -d "$checkpoint" ] && [ -f "$checkpoint.next/job.json" ]; then promote; fi
-[ -d "$checkpoint.old" ] && [ -d "$checkpoint" ] && rm -rf "$checkpoint.old"
-[ ! -d "$checkpoint" ] && [ -d "$checkpoint.old" ] && mv "$checkpoint.old" "$checkpoint"
-
-if [ -d "$checkpoint" ]; then
-    say "restoring cluster $name from $checkpoint (restart ${SLURM_RESTART_COUNT:-0})"
-    "$hpcvm" cluster up --name "$name" --restore "$checkpoint" || exit 1
+if saved; then
+    say "restoring cluster $name from $series (restart ${SLURM_RESTART_COUNT:-0})"
+    "$hpcvm" cluster up --name "$name" --restore "$series" "${periodic[@]}" || exit 1
 else
     # shellcheck disable=SC2086  # $extra is a list of options
     "$hpcvm" cluster up --name "$name" --image "$image" --profile "$profile" --vcpus "$vcpus" \
-        --memory "$memory" --address "$address" $extra || exit 1
+        --memory "$memory" --address "$address" "${periodic[@]}" $extra || exit 1
     "$hpcvm" cluster exec --detach "$name" -- mpirun -np $((vcpus * nodes)) --map-by node "$@" ||
         { "$hpcvm" cluster down "$name"; exit 1; }
 fi
@@ -90,8 +97,14 @@ fi
 waiter=$!
 wait "$waiter"
 status=$?
-trap - USR1   # the program has ended: nothing left to save
+trap - USR1   # the program has ended (or cannot go on): nothing left to save
+"$hpcvm" cluster ps "$name"
 "$hpcvm" cluster down "$name"
-rm -rf "$checkpoint"
+if [ "$status" -eq 11 ]; then   # a node's VM was lost
+    if saved; then requeue "a node's VM was lost; the next start restores the newest checkpoint"; fi
+    say "a node's VM was lost and no checkpoint was complete: the job ends here" >&2
+    exit 1
+fi
+rm -rf "$series"
 say "the program ended with exit status $status"
 exit "$status"

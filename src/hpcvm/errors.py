@@ -89,3 +89,11 @@ class TuneError(HpcvmError):
     file, what the kernel answered and what state the host was left in."""
 
     exit_code = 10
+
+
+class NodeLost(HpcvmError):
+    """A cluster job lost a node's VM while it ran (the VM died, its node's task
+    failed): its MPI program cannot go on; the message names the node and the job's
+    last complete checkpoint, from which a requeued job restores (cluster/periodic.py)."""
+
+    exit_code = 11

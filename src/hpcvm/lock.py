@@ -11,6 +11,7 @@ process to wait for or stop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import fcntl
 import json
@@ -18,7 +19,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ __all__ = ["BusyError", "Holder", "exclusive", "is_held", "read_holder"]
 # reader never makes a writer refuse itself (naming the previous, perhaps dead, holder).
 READER_GRACE_S = 0.5
 _RETRY_S = 0.02
+_OUTWAIT_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,22 @@ def is_held(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def exclusive(path: Path, what: str, advice: str, *, remove: bool = False) -> Iterator[Holder]:
+def exclusive(
+    path: Path,
+    what: str,
+    advice: str,
+    *,
+    remove: bool = False,
+    label: str | None = None,
+    outwait: Callable[[Holder], bool] | None = None,
+    patience: float = 0.0,
+) -> Iterator[Holder]:
     """Hold the lock in ``path`` for the block, or raise BusyError at once.
+
+    ``label`` is what the lock file says this holder does (the command line when None).
+    A holder for which ``outwait(holder)`` is true is waited for, up to ``patience``
+    seconds, instead of refused at once: work that ends by itself (a periodic
+    checkpoint) delays the next writer rather than failing it.
 
     ``what`` names the thing written ("results directory r/"), ``advice`` what the
     refused user should do ("wait for it, or stop it and run again with --resume").
@@ -95,9 +111,20 @@ def exclusive(path: Path, what: str, advice: str, *, remove: bool = False) -> It
     thing leaves it in place.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = _open_locked(path, what, advice)
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fd = _open_locked(path, what, advice)
+            break
+        except BusyError:
+            holder = read_holder(path)
+            if outwait is None or holder is None or not outwait(holder):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(_OUTWAIT_POLL_S)
     try:
-        me = _me()
+        me = _me() if label is None else dataclasses.replace(_me(), command=label)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me.__dict__).encode() + b"\n", 0)
         yield me

@@ -1,16 +1,22 @@
-"""A whole MPI job checkpointed in its VMs at a signal, requeued, and restored on two
-other nodes, where it goes on: docs/examples/hpcvm-checkpoint-job.sh, submitted by the
-unprivileged test user to the Slurm test cluster (scripts/test-cluster.sh, cgroup
-plugins), as a site's user would.
+"""A whole MPI job checkpointed in its VMs at a signal and at an interval, requeued,
+restored on two other nodes, where it loses a node's VM, requeued again and restored
+from its last periodic checkpoint, where it goes on to the end:
+docs/examples/hpcvm-checkpoint-job.sh, submitted by the unprivileged test user to the
+Slurm test cluster (scripts/test-cluster.sh, cgroup plugins), as a site's user would.
 
 The story (one job, module scope): the job boots one VM per node on node1 and node2
 from the test image (tests/image_builder.py: Open MPI, sshd and tests/cluster/mpi_ring.c
-in it), starts the MPI ring detached, and is sent SIGUSR1 as Slurm sends it before a
-time limit (``scancel --signal=USR1 --batch``); the script checkpoints the job and
-requeues it. The requeued job is moved to node3 and node4 (``scontrol update``, as the
-user may), restores the saved VMs there and collects the ring's output with ``cluster
-wait``. Then damaged, incomplete and mismatched copies of the checkpoint are restored
-and must be refused before any VM runs.
+in it), with a checkpoint every few seconds (HPCVM_CHECKPOINT_EVERY), starts the MPI
+ring detached, and once a periodic checkpoint is complete is sent SIGUSR1 as Slurm
+sends it before a time limit (``scancel --signal=USR1 --batch``); the script saves the
+job as the series' next checkpoint and requeues it. The requeued job is moved to node3
+and node4 (``scontrol update``, as the user may) and restores the saved VMs there. Once
+it has taken a periodic checkpoint there, the QEMU of its second VM is killed, as a
+node crash ends it without warning: ``cluster wait`` ends (exit 11) naming the node,
+and the script requeues the job, which restores the newest periodic checkpoint on node1
+and node2 and collects the ring's output with ``cluster wait``. Then damaged,
+incomplete and mismatched copies of the signal's checkpoint are restored and must be
+refused before any VM runs.
 
 Oracles independent of hpcvm: the MPI program's own output (every round once, in
 order, and a counter that is right only when no message was lost or repeated: Open
@@ -27,9 +33,10 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,8 +52,9 @@ image = cluster_support.image
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "docs" / "examples" / "hpcvm-checkpoint-job.sh"
-ROUNDS = 60
-DELAY_MS = 500
+ROUNDS = 200
+DELAY_MS = 300
+EVERY = "10s"  # the periodic checkpoints' interval
 NAME = "ck"
 VMS = f"{NAME}-node"  # every VM of the job: NAME-<node>
 FIRST = ("node1", "node2")
@@ -61,12 +69,16 @@ class Story:
     cluster: LocalCluster
     job: str
     out: Path
-    first_run: str  # the job's output when it was requeued
+    first_run: str  # the job's output when it was requeued at the signal
+    second_run: str  # ... and when it was requeued after the lost VM
     text: str  # all of it, at the end
-    saved: Path  # a copy of the checkpoint, taken while the job waited to start again
+    saved: Path  # a copy of the signal's checkpoint, taken while the job waited
+    history: list[dict[str, Any]]  # the series' checkpoints.jsonl at the second requeue
     workdir: Path
     hpcvm: str
     started_at_signal: float  # seconds from the ring's start to the signal
+    killed: str  # the node whose VM's QEMU the test killed
+    signal_seq: int  # the number of the signal's checkpoint in the series
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +90,7 @@ def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterato
             HPCVM_IMAGE=str(image),
             HPCVM_MEMORY="384M",
             HPCVM_CHECKPOINT=str(work / "checkpoint"),
+            HPCVM_CHECKPOINT_EVERY=EVERY,
             # two disk-image guests booting at once under TCG: minutes on a slow day
             HPCVM_UP_OPTIONS="--accel tcg --housekeeping 0 --timeout 900 --ready-timeout 600",
         )
@@ -104,6 +117,34 @@ def _text(out: Path) -> str:
     return out.read_text(errors="replace") if out.is_file() else ""
 
 
+def _periodic_saved(work: Path) -> int:
+    """How many periodic checkpoints the series' history records as saved."""
+    path = work / "checkpoint" / "checkpoints.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return sum(1 for line in lines if json.loads(line)["ok"])
+
+
+def _newest(work: Path) -> Path:
+    done = sorted((work / "checkpoint").glob("checkpoint-*/job.json"))
+    assert done, list((work / "checkpoint").iterdir())
+    return done[-1].parent
+
+
+def _kill_qemu(vm: str) -> None:
+    """SIGKILL the QEMU of ``vm``, as a node that crashes ends it (found in /proc)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"qemu-system" in cmdline and vm.encode() in cmdline:
+            os.kill(int(proc.name), 9)
+            return
+    pytest.fail(f"no QEMU of {vm} to kill")
+
+
 def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: str) -> Story:
     user = cluster_support.TEST_USER
 
@@ -113,23 +154,40 @@ def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: st
             "RUNNING",
         )
 
+    def periodic_after(count: int) -> Callable[[], bool]:
+        return lambda: _periodic_saved(work) > count or job_state(cluster, job) != "RUNNING"
+
+    def move_to(nodes: tuple[str, ...]) -> None:
+        cluster.run(["scontrol", "update", f"JobId={job}", f"ReqNodeList={','.join(nodes)}",
+                     "StartTime=now"], user=user)  # fmt: skip
+
     wait_until("the ring to start", started_or_ended, timeout=BOOT_TIMEOUT)
     assert "cluster wait" in _text(out), _text(out)
     started = time.monotonic()
-    time.sleep(4)  # a few rounds before the signal
+    wait_until("a periodic checkpoint", periodic_after(0), timeout=600)
     signalled = time.monotonic() - started
     cluster.run(["scancel", "--signal=USR1", "--batch", job], user=user)
     wait_until("the checkpoint and the requeue", lambda: job_state(cluster, job) == "PENDING",
                timeout=600)  # fmt: skip
     first_run = _text(out)
-    assert "saved; requeueing" in first_run, first_run
-    saved = work / "saved"
-    subprocess.run(["cp", "-a", str(work / "checkpoint"), str(saved)], check=True)
-    cluster.run(["scontrol", "update", f"JobId={job}", f"ReqNodeList={','.join(THEN)}",
-                 "StartTime=now"], user=user)  # fmt: skip
+    assert "requeueing job" in first_run, first_run
+    saved, signal_member = work / "saved", _newest(work)
+    subprocess.run(["cp", "-a", str(signal_member), str(saved)], check=True)
+    before = _periodic_saved(work)
+    move_to(THEN)
+    wait_until("a periodic checkpoint of the restored job", periodic_after(before), timeout=900)
+    assert job_state(cluster, job) == "RUNNING", _text(out)
+    _kill_qemu(f"{NAME}-node2")  # on THEN[1] now
+    wait_until("the requeue after the lost VM", lambda: job_state(cluster, job) == "PENDING",
+               timeout=300)  # fmt: skip
+    second_run = _text(out)
+    history_file = work / "checkpoint" / "checkpoints.jsonl"
+    history = [json.loads(line) for line in history_file.read_text().splitlines()]
+    move_to(FIRST)
     wait_until("the restored job to end", lambda: job_state(cluster, job) not in
                ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"), timeout=900)  # fmt: skip
-    return Story(cluster, job, out, first_run, _text(out), saved, work, hpcvm, signalled)
+    return Story(cluster, job, out, first_run, second_run, _text(out), saved, history, work,
+                 hpcvm, signalled, THEN[1], int(signal_member.name.split("-")[1]))  # fmt: skip
 
 
 def test_the_mpi_job_went_on_across_the_checkpoint(story: Story) -> None:
@@ -142,6 +200,10 @@ def test_the_mpi_job_went_on_across_the_checkpoint(story: Story) -> None:
     assert job_state(story.cluster, story.job) == "COMPLETED"
 
 
+def _ready_rows(text: str) -> list[tuple[str, ...]]:
+    return [row for row in PS_ROW.findall(text) if row[2] == "ready"]
+
+
 def test_it_was_saved_mid_run_on_two_nodes_and_restored_on_two_others(story: Story) -> None:
     manifest = json.loads((story.saved / "job.json").read_text())
     assert [(v["node"], v["vm"]) for v in manifest["vms"]] == [(n, f"{NAME}-{n}") for n in FIRST]
@@ -150,14 +212,53 @@ def test_it_was_saved_mid_run_on_two_nodes_and_restored_on_two_others(story: Sto
         ["/usr/local/bin/mpi_ring", str(ROUNDS), str(DELAY_MS)]
     ]
     assert story.started_at_signal < ROUNDS * DELAY_MS / 1000
-    after = story.text[len(story.first_run) :]
-    assert "restoring cluster ck" in after and "(restart 1)" in after, after
-    rows = {(node, vm) for node, vm, state, *_ in PS_ROW.findall(after) if state == "ready"}
-    assert rows == {(THEN[0], f"{NAME}-node1"), (THEN[1], f"{NAME}-node2")}, after
-    # the saved guests keep their addresses
+    second = story.second_run[len(story.first_run) :]
+    assert "restoring cluster ck" in second and "(restart 1)" in second, second
+    rows = {(node, vm) for node, vm, *_ in _ready_rows(second)}
+    assert rows == {(THEN[0], f"{NAME}-node1"), (THEN[1], f"{NAME}-node2")}, second
+    # the saved guests keep their addresses, on every restore
     saved_addresses = sorted(v["address"] for v in manifest["vms"])
-    shown = sorted(addr for _n, _v, state, addr, *_ in PS_ROW.findall(after) if state == "ready")
-    assert shown == saved_addresses
+    third = story.text[len(story.second_run) :]
+    for segment in (second, third):
+        assert sorted({row[3] for row in _ready_rows(segment)}) == saved_addresses, segment
+
+
+def test_periodic_checkpoints_were_taken_and_said_while_the_ring_ran(story: Story) -> None:
+    """Both runs before the end saved the job at the interval; each saved one is
+    complete in the history with what it cost, and cluster wait said it in the job's
+    output as it happened."""
+    saved = [t for t in story.history if t["ok"]]
+    assert not [t for t in story.history if not t["ok"]], story.history
+    assert len(saved) >= 2, story.history
+    for taken in saved:
+        assert taken["paused_seconds"] > 0 and taken["bytes"] > 0, taken
+        assert Path(taken["path"]).parent == story.workdir / "checkpoint", taken
+    first = saved[0]
+    said = f"hpcvm: cluster {NAME}: periodic checkpoint {first['seq']} at "
+    assert said in story.first_run and " saved in " in story.first_run, story.first_run
+    assert f"checkpoints: every {EVERY}" in story.first_run, story.first_run
+    # one series: the signal's checkpoint numbered between the first run's periodic
+    # ones and the second run's
+    seqs = [t["seq"] for t in saved]
+    assert story.signal_seq not in seqs, (story.signal_seq, seqs)
+    assert min(seqs) < story.signal_seq < max(seqs), (story.signal_seq, seqs)
+    assert "requeueing job" in story.first_run and ": saved" in story.first_run
+
+
+def test_a_lost_vm_ended_the_wait_and_the_newest_periodic_checkpoint_was_restored(
+    story: Story,
+) -> None:
+    second = story.second_run[len(story.first_run) :]
+    errors = [line for line in second.splitlines() if "lost a VM while its program ran" in line]
+    assert len(errors) == 1 and story.killed in errors[0], second
+    assert "its newest complete checkpoint is" in errors[0], errors[0]
+    assert "a node's VM was lost; the next start restores the newest checkpoint" in second
+    newest = max(t["seq"] for t in story.history if t["ok"])
+    third = story.text[len(story.second_run) :]
+    assert "(restart 2)" in third, third
+    assert f"is checkpoint-{newest:06d}" in third, third
+    rows = {(node, vm) for node, vm, *_ in _ready_rows(third)}
+    assert rows == {(FIRST[0], f"{NAME}-node1"), (FIRST[1], f"{NAME}-node2")}, third
 
 
 def test_the_restored_vcpus_ran_in_their_new_nodes_cpusets(story: Story) -> None:
@@ -176,8 +277,21 @@ def test_the_restored_vcpus_ran_in_their_new_nodes_cpusets(story: Story) -> None
 
 def test_the_checkpoint_is_gone_once_the_job_ended(story: Story) -> None:
     assert not (story.workdir / "checkpoint").exists()
-    assert not list(story.workdir.glob("checkpoint.next*"))
     assert not list(story.workdir.glob(".checkpoint*partial*"))
+    assert vm_count(VMS) == 0
+    keepers = [
+        p
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and b"keeper\x00" + NAME.encode() in _cmdline(p)
+    ]
+    assert not keepers, keepers
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 # -- refusals: nothing may start from a bad checkpoint ------------------------------------

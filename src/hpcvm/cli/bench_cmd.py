@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from hpcvm.bench.choices import (
 )
 from hpcvm.bench.outdir import path_option
 from hpcvm.bench.variants import syntax as variant_syntax
-from hpcvm.cli.common import console, err_console
+from hpcvm.cli.common import console, err_console, parse_duration
 from hpcvm.errors import SamplesFailed, UsageError
 from hpcvm.runtime.backends import BACKENDS
 from hpcvm.units import format_size, parse_size
@@ -46,7 +45,6 @@ if TYPE_CHECKING:  # the implementation is imported when a command runs, not for
     from hpcvm.stats.overhead import Method
     from hpcvm.store import SampleRecord
 
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h)?\s*$")
 # The default comparison (the README's first command): the reference study's two ends,
 # QEMU's defaults and the tuned guest, against the host itself.
 DEFAULT_ENVS = ("native", "vm:naive", "vm:hpc")
@@ -99,16 +97,6 @@ class BenchOptions:
 def warn(message: str) -> None:
     """A warning on stderr in one line, never wrapped (it may be long: it names paths)."""
     click.echo(f"hpcvm: warning: {message}", err=True)
-
-
-def parse_duration(text: str, what: str) -> float | None:
-    """``90s``, ``30m``, ``2h``, ``1800`` (seconds) -> seconds; ``none`` -> no cap."""
-    if text.strip().lower() in ("none", "off"):
-        return None
-    match = _DURATION.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise UsageError(f"malformed {what} {text!r}: use e.g. 90s, 30m or 2h")
-    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2) or "s"]
 
 
 def parse_target(text: str) -> float:

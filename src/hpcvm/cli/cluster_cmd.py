@@ -7,22 +7,27 @@ on one machine with ``--batch local --nodes N``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from hpcvm.cli.common import console, err_console, seconds
+from hpcvm.cli.common import console, err_console, parse_duration, seconds
 from hpcvm.cli.vm_options import require_shape, vm_options_shape_optional
 from hpcvm.cluster.addresses import AUTO
 from hpcvm.cluster.batches import BATCH_SYSTEMS, DEFAULT_BATCH
-from hpcvm.errors import UsageError
-from hpcvm.signals import interrupting
+from hpcvm.errors import NodeLost, RuntimeFailure, UsageError
+from hpcvm.signals import interrupting, signals_deferred
 
 if TYPE_CHECKING:
+    from hpcvm.cluster.checkpoint_model import PeriodicCheckpoints
+    from hpcvm.cluster.control import JobWatch
     from hpcvm.runtime.options import VmOptions
 
 DEFAULT_UP_TIMEOUT = 300.0
@@ -92,6 +97,32 @@ def cluster() -> None:
     help="Restore the VMs of a job checkpoint (cluster checkpoint) instead, one per node "
     "in node order, each re-planned for its node; the VM options are the checkpoint's.",
 )
+@click.option(
+    "--checkpoint-every",
+    "checkpoint_every",
+    default=None,
+    metavar="DURATION",
+    help="Save the whole job every DURATION (90s, 30m, 2h) while it runs, into a new "
+    "directory of --checkpoint-dir; a job requeued after a node failure restores the "
+    "newest with --restore DIR (docs/checkpoint.md).",
+)
+@click.option(
+    "--checkpoint-dir",
+    "checkpoint_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Where --checkpoint-every's checkpoints go (made if missing; on a file system "
+    "every node shares).",
+)
+@click.option(
+    "--checkpoint-keep",
+    "checkpoint_keep",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="How many complete periodic checkpoints to keep (the newest).",
+)
 def up_cmd(
     name: str,
     batch: str,
@@ -99,6 +130,9 @@ def up_cmd(
     spare: int,
     timeout: float,
     restore: Path | None,
+    checkpoint_every: str | None,
+    checkpoint_dir: Path | None,
+    checkpoint_keep: int,
     **kw: Any,
 ) -> int:
     """Start one VM per node of this allocation; return when every guest answers.
@@ -115,12 +149,15 @@ def up_cmd(
     from hpcvm.cluster.spec import ClusterRequest
     from hpcvm.runtime.network import parse_address
 
+    periodic = _periodic(checkpoint_every, checkpoint_dir, checkpoint_keep)
     if restore is not None:
         _refuse_vm_options(kw)
+        restore = _restorable(restore)
         request = control.restore_request(restore, name, batch, nodes, os.getcwd(), spare)
         with interrupting():
             ready = control.up(request, timeout, _say, restore=restore.absolute())
         _say(f"{name}: {len(ready)} VM(s) restored and running")
+        _start_periodic(name, periodic)
         return 0
     require_shape(kw)
     values = VmOptionValues.parse(kw)
@@ -149,7 +186,78 @@ def up_cmd(
     with interrupting():
         ready = control.up(request, timeout, _say)
     _say(f"{name}: {len(ready)} VM(s) up")
+    _start_periodic(name, periodic)
     return 0
+
+
+def _periodic(every: str | None, directory: Path | None, keep: int) -> PeriodicCheckpoints | None:
+    """The periodic checkpoints asked for, their directory checked before anything
+    starts (made once the VMs run); None without --checkpoint-every."""
+    from hpcvm.cluster import checkpoint_series, periodic
+    from hpcvm.cluster.checkpoint_model import PeriodicCheckpoints
+
+    if every is None:
+        if directory is not None:
+            raise UsageError("--checkpoint-dir is for --checkpoint-every: give both, or neither")
+        return None
+    if directory is None:
+        raise UsageError(
+            "--checkpoint-every needs --checkpoint-dir DIR (on a file system every node "
+            "shares): where the checkpoints go"
+        )
+    seconds = parse_duration(every, "--checkpoint-every")
+    if seconds is None or seconds < periodic.MIN_EVERY:
+        raise UsageError(
+            f"--checkpoint-every {every!r}: give an interval of at least "
+            f"{periodic.MIN_EVERY:g} s, e.g. 30m"
+        )
+    series = checkpoint_series.prepare(directory, make=False)
+    return PeriodicCheckpoints(every=seconds, directory=str(series), keep=keep)
+
+
+@contextlib.contextmanager
+def _made_if_failing(directory: Path | None) -> Iterator[None]:
+    """A series directory this command made goes again (when empty) if it fails."""
+    try:
+        yield
+    except BaseException:
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
+
+
+def _start_periodic(name: str, plan: PeriodicCheckpoints | None) -> None:
+    from hpcvm.cluster import checkpoint_series, periodic
+    from hpcvm.report.fmt import duration
+
+    if plan is None:
+        return
+    try:
+        checkpoint_series.prepare(Path(plan.directory))
+        pid = periodic.start(name, plan)
+    except BaseException:
+        from hpcvm.cluster import control
+
+        with signals_deferred():
+            control.down(name, _say)  # a job asked to be saved is not left unsaved
+        raise
+    _say(
+        f"{name}: a checkpoint every {duration(plan.every)} into {plan.directory} "
+        f"(keeping the newest {plan.keep}; pid {pid}, log {plan.directory}/{periodic.LOG})"
+    )
+
+
+def _restorable(directory: Path) -> Path:
+    """``--restore DIR``: a job checkpoint, or a series of periodic ones (its newest
+    complete one that reads back whole)."""
+    from hpcvm.cluster import checkpoint_series
+
+    if not checkpoint_series.is_series(directory):
+        return directory
+    chosen = checkpoint_series.newest_restorable(directory, say=lambda m: _say(f"--restore: {m}"))
+    _say(f"--restore: the newest complete checkpoint of {directory} is {chosen.name}")
+    return chosen
 
 
 def _check_vm_paths(vm: VmOptions) -> None:
@@ -232,8 +340,15 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
     spares = {n: "spare" if n in listening else gone for n in record.spare}
     if as_json:
         rows = [e.model_dump(exclude={"step"}) for e in latest]
-        data = {"name": name, "job": record.job_id, "holder": alive, "nodes": rows}
-        console.print_json(data={**data, "spare": spares})
+        data: dict[str, Any] = {"name": name, "job": record.job_id, "holder": alive}
+        data |= {"nodes": rows, "spare": spares}
+        if record.periodic is not None:
+            from hpcvm.cluster.periodic import history
+
+            taken = history(Path(record.periodic.directory))
+            data["periodic"] = record.periodic.model_dump()
+            data["checkpoints"] = [t.model_dump() for t in taken]
+        console.print_json(data=data)
         return 0
     table = Table(title=f"cluster {name} (job {record.job_id})")
     for column in ("node", "VM", "state", "address", "vCPU -> PU", "profile", "accel"):
@@ -250,8 +365,36 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
     for node, said in spares.items():
         table.add_row(node, "", said, "", "", "", "")
     # Not cut to 80 columns when piped into a batch job's output: every cell whole.
-    (console if console.is_terminal else Console(width=WIDE, emoji=False)).print(table)
+    out = console if console.is_terminal else Console(width=WIDE, emoji=False)
+    out.print(table)
+    for line in _periodic_lines(name, record.periodic):
+        out.print(line, markup=False, highlight=False)
     return 0
+
+
+def _periodic_lines(name: str, plan: PeriodicCheckpoints | None) -> list[str]:
+    """What ``ps`` says of a job's periodic checkpoints: the plan, how many were taken
+    and failed, the last one, and the stand-still as a share of the interval."""
+    from hpcvm.cluster import periodic
+    from hpcvm.report.fmt import duration
+
+    if plan is None:
+        return []
+    taken = periodic.history(Path(plan.directory))
+    ok = [t for t in taken if t.ok]
+    lines = [
+        f"checkpoints: every {duration(plan.every)} into {plan.directory} (keeping "
+        f"{plan.keep}): {len(ok)} saved, {len(taken) - len(ok)} failed"
+    ]
+    if taken:
+        lines.append(f"last: {periodic.describe(name, taken[-1])}")
+    if ok:
+        still = sum(t.paused_seconds or 0.0 for t in ok) / len(ok)
+        lines.append(
+            f"the VMs stood still {still:.2f} s per checkpoint on average: "
+            f"{100 * still / plan.every:.3g} % of the interval"
+        )
+    return lines
 
 
 def _ps_all(as_json: bool) -> int:
@@ -327,8 +470,12 @@ def exec_cmd(name: str, timeout: float | None, detach: bool, argv: tuple[str, ..
 )
 def wait_cmd(name: str, command_id: int | None, timeout: float | None) -> int:
     """Wait for a command cluster exec --detach started; print its output, exit with its
-    exit status. ID may be left out when there is one."""
-    from hpcvm.cluster import control
+    exit status. ID may be left out when there is one. A job that loses a node's VM
+    meanwhile ends the wait with exit 11, naming the node and the job's newest complete
+    checkpoint (a requeued job restores it); its periodic checkpoints are said as they
+    are taken."""
+    from hpcvm.cluster import control, state
+    from hpcvm.runtime.guest_exec import ExecTimeout
     from hpcvm.runtime.model import ExecResult
 
     def report(result: ExecResult) -> None:
@@ -337,7 +484,68 @@ def wait_cmd(name: str, command_id: int | None, timeout: float | None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
 
-    return control.wait_detached(name, command_id, timeout, report).exit_code
+    plan = state.read_record(name).periodic
+    watch = control.JobWatch(name)
+    news = _periodic_news(name, plan)
+
+    def meanwhile() -> None:
+        news()
+        if (lost := watch.lost()) is not None:
+            raise _node_lost(name, lost, plan)
+
+    try:
+        return control.wait_detached(name, command_id, timeout, report, meanwhile).exit_code
+    except (RuntimeFailure, OSError) as exc:  # the first VM's agent gone with its node
+        if isinstance(exc, ExecTimeout):
+            raise
+        lost = _settled(watch)
+        if lost is None:
+            raise
+        raise _node_lost(name, lost, plan) from exc
+
+
+def _settled(watch: JobWatch, seconds: float = 10.0) -> str | None:
+    """What the job lost, looking again for a while: the events that say so reach the
+    batch node a little after the failure the wait met."""
+    deadline = time.monotonic() + seconds
+    while (lost := watch.lost()) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return lost
+
+
+def _node_lost(name: str, lost: str, plan: PeriodicCheckpoints | None) -> NodeLost:
+    """The one line for a job that lost a VM: what, and where its work survives."""
+    from hpcvm.cluster import checkpoint_series
+
+    newest = checkpoint_series.complete(Path(plan.directory)) if plan is not None else []
+    if newest:
+        where = (
+            f"its newest complete checkpoint is {newest[-1]}: requeue the job and restore it "
+            f"(cluster up --restore {plan.directory if plan else newest[-1]})"
+        )
+    else:
+        where = "it has no complete checkpoint (cluster up --checkpoint-every takes them)"
+    return NodeLost(f"cluster {name} lost a VM while its program ran ({lost}); {where}")
+
+
+def _periodic_news(name: str, plan: PeriodicCheckpoints | None) -> Callable[[], None]:
+    """For cluster wait: each periodic checkpoint of the job, said on stderr as it is
+    recorded (the job's output then shows what each cost, or why it failed)."""
+    from hpcvm.cluster import periodic
+
+    if plan is None:
+        return lambda: None
+    series = Path(plan.directory)
+    seen = len(periodic.history(series))
+
+    def news() -> None:
+        nonlocal seen
+        taken = periodic.history(series)
+        for one in taken[seen:]:
+            click.echo(f"hpcvm: {periodic.describe(name, one)}", err=True)
+        seen = max(seen, len(taken))
+
+    return news
 
 
 @cluster.command("checkpoint")
@@ -346,14 +554,33 @@ def wait_cmd(name: str, command_id: int | None, timeout: float | None) -> int:
 @click.option(
     "--resume", is_flag=True, help="Run the VMs on after the save instead of taking them down."
 )
-def checkpoint_cmd(name: str, directory: Path, resume: bool) -> int:
+@click.option(
+    "--series",
+    "in_series",
+    is_flag=True,
+    help="DIRECTORY is a series of checkpoints (made if missing; cluster up "
+    "--checkpoint-dir): this one becomes its next member, and once it is complete the "
+    "older ones beyond the job's --checkpoint-keep (1 without one) go.",
+)
+def checkpoint_cmd(name: str, directory: Path, resume: bool, in_series: bool) -> int:
     """Pause every VM of the job, then save them all into DIRECTORY (on a file system
     every node shares), then take them down (or --resume). Restore later, on any nodes:
-    cluster up --restore DIRECTORY."""
-    from hpcvm.cluster import checkpoint
+    cluster up --restore DIRECTORY (a series: its newest complete checkpoint)."""
+    from hpcvm.cluster import checkpoint, checkpoint_series, state
 
-    with interrupting():
-        saved = checkpoint.checkpoint(name, directory, resume_after=resume, say=_say)
+    keep = 1
+    if in_series:
+        plan = state.read_record(name).periodic if state.has_record(name) else None
+        keep = plan.keep if plan is not None else 1
+        made = not directory.exists()
+        directory = checkpoint_series.prepare(directory)
+    with interrupting(), _made_if_failing(directory if in_series and made else None):
+        saved = checkpoint.checkpoint(
+            name, directory, resume_after=resume, say=_say, in_series=in_series
+        )
+    if in_series:
+        for path in checkpoint_series.prune(directory, keep):
+            _say(f"{name}: removed {path} (keeping the newest {keep})")
     size = sum(r.state_bytes + r.disk_bytes for r in saved.results)
     how = "paused for" if resume else "paused until saved for"
     _say(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -56,6 +57,19 @@ def seconds(ctx: click.Context, param: click.Parameter, value: object) -> float 
             f"{option} {value!r} is not a positive number of seconds: give e.g. {option} 90"
         )
     return number
+
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h)?\s*$")
+
+
+def parse_duration(text: str, what: str) -> float | None:
+    """``90s``, ``30m``, ``2h``, ``1800`` (seconds) -> seconds; ``none`` -> no cap."""
+    if text.strip().lower() in ("none", "off"):
+        return None
+    match = _DURATION.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise UsageError(f"malformed {what} {text!r}: use e.g. 90s, 30m or 2h")
+    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2) or "s"]
 
 
 def host_source_options(func: F) -> F:

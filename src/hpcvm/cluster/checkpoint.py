@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcvm.cluster import checkpoint_series as series
 from hpcvm.cluster import control, state
 from hpcvm.cluster.batch import BatchSystem
 from hpcvm.cluster.batches import get_batch
@@ -58,13 +59,28 @@ class JobSaved:
     #                        (taken down: to the end of the save step)
 
 
-def checkpoint(name: str, directory: Path, *, resume_after: bool, say: Say) -> JobSaved:
+def checkpoint(
+    name: str,
+    directory: Path,
+    *,
+    resume_after: bool,
+    say: Say,
+    periodic: bool = False,
+    in_series: bool = False,
+) -> JobSaved:
     """Check, pause, save every VM of cluster ``name`` into ``directory``, then take the
     job's VMs down (or run them on). On failure the VMs run again and no directory is
     left. A Ctrl-C or SIGTERM waits until the VMs run again or are saved: a phase is not
-    cut short on some nodes while it goes on on others."""
-    target = checkpoint_dir.check_target(directory)
-    with state.one_writer(name):
+    cut short on some nodes while it goes on on others. ``in_series``: ``directory`` is
+    a series of checkpoints (cluster/periodic.py) and this one becomes its next member,
+    numbered while the job's lock is held. ``periodic``: taken by the job's keeper,
+    which other writers wait for."""
+    if not in_series:
+        checkpoint_dir.check_target(directory)
+    with state.one_writer(name, periodic=periodic):
+        target = checkpoint_dir.check_target(
+            series.next_member(directory) if in_series else directory
+        )
         record, ready = _ready_vms(name)
         spec = _saved_spec(record)
         _phase(record, ready, "check", target.parent)

@@ -49,6 +49,16 @@ class SavedVm(Frozen):
     address: str
 
 
+class PeriodicCheckpoints(Frozen):
+    """``cluster up --checkpoint-every``: the job saves itself every ``every`` seconds
+    into a new directory of the series ``directory`` (cluster/periodic.py), keeping
+    the newest ``keep`` complete ones."""
+
+    every: float
+    directory: str
+    keep: int = 1
+
+
 class DetachedExec(Frozen):
     """A command ``cluster exec --detach`` started in the first VM: its guest pid,
     whose output and exit status qemu-ga keeps in the guest until ``cluster wait``

@@ -39,7 +39,8 @@ from hpcvm.cluster.spec import (
     spare_nodes,
 )
 from hpcvm.cluster.state import ClusterRecord
-from hpcvm.errors import BusyError, RuntimeFailure, UsageError
+from hpcvm.cluster.state_files import taken_down_by_another
+from hpcvm.errors import BusyError, HpcvmError, RuntimeFailure, UsageError
 from hpcvm.runtime import netguard, paths
 from hpcvm.runtime import state as vm_state
 from hpcvm.runtime.migration_channel import new_secret
@@ -392,6 +393,40 @@ def status(name: str) -> tuple[ClusterRecord, list[NodeEvent], bool]:
     return record, list(latest_per_node(state.events(name)).values()), alive
 
 
+class JobWatch:
+    """Whether a running job lost a node's VM, for ``cluster wait``: a VM that died or a
+    node task that failed (a node that crashed, a VM killed) says so in an event, and
+    then the step ends the others and the holder removes the job's state. So each look
+    remembers the losses it saw, and a job whose state went without ``cluster down``
+    (no ``taking-down`` mark) while its program ran counts as lost too. A guest whose
+    peer vanished is not told (its TCP connections wait out their retransmissions), so
+    its MPI program would hang: watching the job is how the wait ends."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seen: dict[int, NodeEvent] = {}
+        self.downed = False  # a `cluster down` was seen taking it down: not lost
+
+    def lost(self) -> str | None:
+        """One line naming what was lost, or None while every VM runs."""
+        directory = state.cluster_dir(self.name)
+        try:
+            _record, latest, alive = status(self.name)
+        except (HpcvmError, OSError, ValueError):
+            latest, alive = [], False
+        for event in latest:
+            if event.event in ("died", "failed"):
+                self.seen[event.index] = event
+        if self.seen:
+            return "; ".join(
+                f"{e.node}: {e.message or e.event}" for _i, e in sorted(self.seen.items())
+            )
+        self.downed = self.downed or taken_down_by_another(directory)
+        if not alive and not self.downed:
+            return "its holder step ended while the program ran (the job's VMs are gone)"
+        return None
+
+
 def first_vm(name: str) -> tuple[ClusterRecord, NodeEvent]:
     """The record and the first node's ``ready`` event, checked to be on this node
     (where mpirun runs: ``exec``, bench's runs)."""
@@ -447,12 +482,17 @@ WAIT_POLL = 0.5  # seconds between asks whether a detached command has ended
 
 
 def wait_detached(
-    name: str, pid: int | None, timeout: float | None, report: Callable[[ExecResult], None]
+    name: str,
+    pid: int | None,
+    timeout: float | None,
+    report: Callable[[ExecResult], None],
+    meanwhile: Callable[[], None] | None = None,
 ) -> ExecResult:
     """Until the detached command ``pid`` (the only one when None) ends; then
     ``report(result)``, its output and exit status. qemu-ga tells an ended command's
     result once and then forgets it: a SIGTERM or Ctrl-C that arrives between asking
-    and reporting waits until the result is reported."""
+    and reporting waits until the result is reported. ``meanwhile`` runs between asks
+    (the CLI says the job's periodic checkpoints there as they happen)."""
     from hpcvm.runtime.guest_exec import ExecTimeout, connected
 
     record, first = first_vm(name)
@@ -467,6 +507,8 @@ def wait_detached(
                     report(result)
                     _forget(name, chosen.pid)
                     return result
+            if meanwhile is not None:
+                meanwhile()
             if deadline is not None and time.monotonic() > deadline:
                 raise ExecTimeout(
                     f"command {chosen.pid} ({' '.join(chosen.argv)}) still runs after "

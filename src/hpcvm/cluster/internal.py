@@ -17,6 +17,8 @@
   VM's node: sends the VM to a spare node (migrate_node.py).
 - ``checkpoint-node PHASE_JSON``: one task of a ``cluster checkpoint`` phase: check,
   pause, save or resume this node's VM (checkpoint_node.py).
+- ``keeper NAME PLAN_JSON``: on the batch node, checkpoints the job at an interval
+  (``cluster up --checkpoint-every``, periodic.py).
 
 Why one module and not hidden CLI commands: these are not commands a user runs, and
 each must start with the same interpreter and package as the process that starts it
@@ -102,6 +104,15 @@ def _checkpoint_node(args: list[str]) -> int:
     return checkpoint_node.run(args[0])
 
 
+def _keeper(args: list[str]) -> int:
+    from hpcvm.cluster import periodic
+
+    if len(args) != 2:
+        raise UsageError("keeper takes the cluster's name and its checkpoint plan as JSON")
+    os.umask(0o077)
+    return periodic.run(args[0], args[1])
+
+
 def _migrate_source(args: list[str]) -> int:
     from hpcvm.cluster import migrate_node
 
@@ -125,6 +136,7 @@ ROLES: dict[str, Callable[[list[str]], int]] = {
     "container-rank": _container_rank,
     "checkpoint-node": _checkpoint_node,
     "migrate-source": _migrate_source,
+    "keeper": _keeper,
 }
 
 

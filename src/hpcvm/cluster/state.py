@@ -24,15 +24,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from hpcvm.cluster.checkpoint_model import KEY_FILE, DetachedExec
+from hpcvm.cluster.checkpoint_model import KEY_FILE, DetachedExec, PeriodicCheckpoints
 from hpcvm.cluster.guest_mpi import keygen
 from hpcvm.cluster.spec import ClusterSpec, NodeEvent, parse_events
 from hpcvm.cluster.state_files import TAKING_DOWN, remove_dir
 from hpcvm.errors import BusyError, UsageError
-from hpcvm.lock import exclusive
+from hpcvm.lock import Holder, exclusive
 from hpcvm.model import Frozen
 from hpcvm.runtime import paths
 
@@ -41,6 +42,8 @@ LOG_FILE = "holder.log"
 RECORD_FILE = "cluster.json"
 SPEC_FILE = "spec.json"
 LOCK_SUFFIX = ".lock"
+PERIODIC_LABEL = "hpcvm periodic checkpoint of cluster"
+PERIODIC_PATIENCE = 3600.0  # seconds another writer waits for a periodic checkpoint
 
 
 class ClusterRecord(Frozen):
@@ -56,6 +59,8 @@ class ClusterRecord(Frozen):
     vcpus: int
     # commands `cluster exec --detach` started in the first VM, not yet waited for
     detached: tuple[DetachedExec, ...] = ()
+    periodic: PeriodicCheckpoints | None = None  # cluster up --checkpoint-every
+    keeper_pid: int | None = None  # the process that takes them (cluster/periodic.py)
 
 
 def clusters_dir() -> Path:
@@ -83,19 +88,41 @@ def log_path(name: str) -> Path:
 
 
 @contextlib.contextmanager
-def one_writer(name: str) -> Iterator[None]:
+def one_writer(name: str, *, periodic: bool = False, patient: bool = True) -> Iterator[None]:
     """One ``cluster up`` or ``down`` of a name at a time (hpcvm.lock: dies with its
     holder). The lock file sits beside the state directory, which up and the holder
     remove and remake, so that both processes lock the same file; it goes when released
-    (``remove``), and the clusters' directory with it once that is empty."""
+    (``remove``), and the clusters' directory with it once that is empty.
+
+    A periodic checkpoint (``periodic``: cluster/periodic.py) says so in the lock; any
+    other writer waits for it to end (a save is bounded, and the user's ``down`` or
+    ``checkpoint`` must not fail because the job happened to be saving itself), saying
+    once on stderr that it waits (unless not ``patient``: a check that only looks).
+    The periodic one never waits: it tries again later."""
     directory = cluster_dir(name)
     clusters_dir()
+    said: list[int] = []
+
+    def outwait(holder: Holder) -> bool:
+        if periodic or not patient or not holder.command.startswith(PERIODIC_LABEL):
+            return False
+        if holder.pid not in said:
+            said.append(holder.pid)
+            sys.stderr.write(
+                f"hpcvm: cluster {name}: waiting for its periodic checkpoint "
+                f"(pid {holder.pid}) to finish\n"
+            )
+        return True
+
     try:
         with exclusive(
             directory.parent / f"{directory.name}{LOCK_SUFFIX}",
             f"cluster {name!r}",
             f"wait for it to finish, or stop it and run hpcvm cluster down {name}",
             remove=True,
+            label=f"{PERIODIC_LABEL} {name}" if periodic else None,
+            outwait=outwait,
+            patience=PERIODIC_PATIENCE,
         ):
             yield
     finally:
@@ -203,7 +230,7 @@ def remove_if_stale(name: str) -> bool:
     """Remove the state of a cluster nothing runs any more (its holder is gone and no
     ``up`` or ``down`` holds its lock): what a job killed outright leaves, the holder
     having died before it could clean up. Whether it was removed."""
-    with contextlib.suppress(BusyError), one_writer(name):
+    with contextlib.suppress(BusyError), one_writer(name, patient=False):
         try:
             alive = has_record(name) and holder_alive(read_record(name))
         except ValueError:  # a record cut short: nothing can use it
