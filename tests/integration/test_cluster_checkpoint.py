@@ -57,6 +57,7 @@ DELAY_MS = 300
 EVERY = "10s"  # the periodic checkpoints' interval
 NAME = "ck"
 VMS = f"{NAME}-node"  # every VM of the job: NAME-<node>
+SAID = re.compile(rf"^hpcvm: cluster {NAME}: periodic checkpoint \d+ at \S+ saved in ", re.M)
 FIRST = ("node1", "node2")
 THEN = ("node3", "node4")
 ROUND = re.compile(r"^round=(\d+) counter=(\d+) host=(\S+) peer=(\S+)$", re.M)
@@ -117,11 +118,9 @@ def _text(out: Path) -> str:
     return out.read_text(errors="replace") if out.is_file() else ""
 
 
-def _periodic_saved(work: Path) -> int:
-    """How many periodic checkpoints the series' history records as saved."""
-    path = work / "checkpoint" / "checkpoints.jsonl"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return sum(1 for line in lines if json.loads(line)["ok"])
+def _keeper_log(work: Path) -> str:
+    log = work / "checkpoint" / "checkpoints.log"
+    return "\n--- the keeper's log:\n" + (log.read_text() if log.is_file() else "(none)")
 
 
 def _newest(work: Path) -> Path:
@@ -154,8 +153,12 @@ def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: st
             "RUNNING",
         )
 
-    def periodic_after(count: int) -> Callable[[], bool]:
-        return lambda: _periodic_saved(work) > count or job_state(cluster, job) != "RUNNING"
+    def periodic_said(since: int) -> Callable[[], bool]:
+        """cluster wait said a saved periodic checkpoint in the output after ``since``
+        (or the job has ended)."""
+        return lambda: bool(SAID.search(_text(out)[since:])) or job_state(cluster, job) not in (
+            "PENDING", "RUNNING", "REQUEUED", "CONFIGURING"
+        )  # fmt: skip
 
     def move_to(nodes: tuple[str, ...]) -> None:
         cluster.run(["scontrol", "update", f"JobId={job}", f"ReqNodeList={','.join(nodes)}",
@@ -164,8 +167,9 @@ def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: st
     wait_until("the ring to start", started_or_ended, timeout=BOOT_TIMEOUT)
     assert "cluster wait" in _text(out), _text(out)
     started = time.monotonic()
-    wait_until("a periodic checkpoint", periodic_after(0), timeout=600)
+    wait_until("a periodic checkpoint", periodic_said(0), timeout=600)
     signalled = time.monotonic() - started
+    assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(work)
     cluster.run(["scancel", "--signal=USR1", "--batch", job], user=user)
     wait_until("the checkpoint and the requeue", lambda: job_state(cluster, job) == "PENDING",
                timeout=600)  # fmt: skip
@@ -173,10 +177,10 @@ def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: st
     assert "requeueing job" in first_run, first_run
     saved, signal_member = work / "saved", _newest(work)
     subprocess.run(["cp", "-a", str(signal_member), str(saved)], check=True)
-    before = _periodic_saved(work)
     move_to(THEN)
-    wait_until("a periodic checkpoint of the restored job", periodic_after(before), timeout=900)
-    assert job_state(cluster, job) == "RUNNING", _text(out)
+    wait_until("a periodic checkpoint of the restored job", periodic_said(len(first_run)),
+               timeout=900)  # fmt: skip
+    assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(work)
     _kill_qemu(f"{NAME}-node2")  # on THEN[1] now
     wait_until("the requeue after the lost VM", lambda: job_state(cluster, job) == "PENDING",
                timeout=300)  # fmt: skip

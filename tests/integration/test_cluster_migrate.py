@@ -1,17 +1,22 @@
 """One node's VM moved to a third node while an MPI program runs across the job's two
-VMs, submitted by the unprivileged test user to the Slurm test cluster
-(scripts/test-cluster.sh, cgroup plugins), as a site's user would.
+VMs, by the user and then by the job's keeper when the admin drains its node, submitted
+by the unprivileged test user to the Slurm test cluster (scripts/test-cluster.sh,
+cgroup plugins), as a site's user would.
 
 The story (one job, module scope): a 3-node job (node1, node2, node3) starts a VM on
-node1 and node2 from the test image with node3 spare (``cluster up --spare 1``), starts
-the MPI ring detached, moves node2's VM to node3 (``cluster migrate``), shows ``cluster
-ps``, collects the ring's output with ``cluster wait``, and takes the job down.
+node1 and node2 from the test image with node3 spare (``cluster up --spare 1
+--on-drain migrate``), starts the MPI ring detached, moves node2's VM to node3
+(``cluster migrate``), shows ``cluster ps`` and waits for the ring with ``cluster
+wait``. Meanwhile the test, as the admin, drains node3 (``scontrol update
+State=DRAIN``, as before maintenance): the job's keeper moves the VM back to node2, the
+spare again. The script shows ``cluster ps``, collects the ring's output and takes the
+job down; the test resumes node3.
 
 Oracles independent of hpcvm: the MPI program's own output (every round once, in order,
 and a counter that is right only when no message was lost or repeated; Open MPI's TCP
-transport does not reconnect, so a connection broken by the move would abort it), the
-kernel's cpuset of node3 for where the moved vCPU runs, and /proc for QEMU processes
-left behind.
+transport does not reconnect, so a connection broken by a move would abort it), Slurm's
+own view of node3 (drained), the kernel's cpuset of node3 for where the moved vCPU
+runs, and /proc for QEMU processes left behind.
 """
 
 from __future__ import annotations
@@ -35,25 +40,28 @@ image = cluster_support.image
 
 NAME = "mg"
 VMS = f"{NAME}-node"  # every VM of the job: NAME-<node>
-ROUNDS = 60
+ROUNDS = 120
 DELAY_MS = 500
 ROUND = re.compile(r"^round=(\d+) counter=(\d+) host=(\S+) peer=(\S+)$", re.M)
 PS_ROW = re.compile(r"^│ (node\d) +│ (\S*) +│ (\w+) +│ (\S*) +│ (\S*) +│", re.M)
 MOVED = re.compile(r"moved from node2 to node3 as (\S+) at (\S+); the guest stood still (\d+) ms")
+REASON = "hpcvm-test-maintenance"
 JOB_TIMEOUT = 1500.0  # two disk-image guests booting under TCG, the ring, the move
 
 SCRIPT = """#!/bin/bash
 set -uo pipefail
 h=$HPCVM
-"$h" cluster up --name {name} --spare 1 --image "$HPCVM_IMAGE" --profile hpc --vcpus 1 \\
-    --memory 384M --address auto $HPCVM_UP_OPTIONS || exit 1
+"$h" cluster up --name {name} --spare 1 --on-drain migrate --image "$HPCVM_IMAGE" \\
+    --profile hpc --vcpus 1 --memory 384M --address auto $HPCVM_UP_OPTIONS || exit 1
 "$h" cluster ps {name}
 "$h" cluster exec --detach {name} -- mpirun -np 2 --map-by node \\
     /usr/local/bin/mpi_ring {rounds} {delay}
 sleep 6
 "$h" cluster migrate {name} --node node2 --to node3; echo "migrate-rc=$?"
 "$h" cluster ps {name}
+echo "shown after the move"
 "$h" cluster wait {name} --timeout 900; echo "wait-rc=$?"
+"$h" cluster ps {name}
 "$h" cluster down {name}
 """
 
@@ -64,6 +72,7 @@ class Story:
     job: str
     text: str
     runtime_root: Path  # where the test user's VMs' run directories are
+    drained: str  # Slurm's own line for node3 once the job ended
 
 
 @pytest.fixture(scope="module")
@@ -83,18 +92,31 @@ def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterato
                 f"--output={out}", "--parsable", str(script)]  # fmt: skip
         done = slurm_cluster.run(argv, env=env, user=cluster_support.TEST_USER)
         job = done.stdout.strip().split(";")[0]
+
+        def ended() -> bool:
+            return job_state(slurm_cluster, job) not in ("PENDING", "RUNNING", "COMPLETING")
+
         try:
-            wait_until("the job to end", lambda: job_state(slurm_cluster, job) not in
-                       ("PENDING", "RUNNING", "COMPLETING"), timeout=JOB_TIMEOUT)  # fmt: skip
-            text = out.read_text(errors="replace") if out.is_file() else ""
-            yield Story(slurm_cluster, job, text, site.runtime_root())
+            wait_until("the user's move", lambda: "shown after the move" in _text(out) or ended(),
+                       timeout=JOB_TIMEOUT)  # fmt: skip
+            slurm_cluster.run(["scontrol", "update", "NodeName=node3", "State=DRAIN",
+                               f"Reason={REASON}"])  # fmt: skip
+            wait_until("the job to end", ended, timeout=JOB_TIMEOUT)
+            drained = slurm_cluster.run(["scontrol", "show", "node", "--oneliner", "node3"])
+            yield Story(slurm_cluster, job, _text(out), site.runtime_root(), drained.stdout)
         finally:
+            slurm_cluster.run(["scontrol", "update", "NodeName=node3", "State=RESUME"],
+                              check=False)  # fmt: skip
             slurm_cluster.run(["scancel", job], check=False)
             wait_until(
                 "the job's VMs to go",
                 lambda: vm_count(VMS) == 0,
                 timeout=120,
             )
+
+
+def _text(out: Path) -> str:
+    return out.read_text(errors="replace") if out.is_file() else ""
 
 
 def test_the_mpi_program_went_on_across_the_move(story: Story) -> None:
@@ -111,6 +133,7 @@ def test_the_vm_moved_mid_run_and_kept_its_address(story: Story) -> None:
     moved = MOVED.search(story.text)
     assert moved is not None, story.text
     before, after = story.text.split("migrate-rc=0", 1)
+    after = after.split("wait-rc=", 1)[0]
     rows_before = {n: (vm, st, addr) for n, vm, st, addr, _ in PS_ROW.findall(before)}
     rows_after = {n: (vm, st, addr) for n, vm, st, addr, _ in PS_ROW.findall(after)}
     assert rows_before["node3"][1] == "spare", before
@@ -123,8 +146,22 @@ def test_the_vm_moved_mid_run_and_kept_its_address(story: Story) -> None:
     assert "done counter" not in before
 
 
+def test_the_keeper_moved_the_vm_off_the_drained_node_to_the_spare(story: Story) -> None:
+    """node3 drained (Slurm says so, with the admin's reason) while its VM ran: the
+    keeper moved it to node2, the spare since the user's move, and node3 became the
+    spare; the guest kept its address across both moves."""
+    assert "DRAIN" in story.drained and REASON in story.drained, story.drained
+    before = story.text.split("migrate-rc=0", 1)[0]
+    end = story.text.split("wait-rc=", 1)[1]
+    rows_before = {n: (vm, st, addr) for n, vm, st, addr, _ in PS_ROW.findall(before)}
+    rows_end = {n: (st, addr) for n, _vm, st, addr, _ in PS_ROW.findall(end)}
+    assert rows_end["node2"] == ("ready", rows_before["node2"][2]), end
+    assert rows_end["node3"][0] == "spare", end
+    assert "a node that drains: migrate" in story.text, story.text
+
+
 def test_the_moved_vcpu_runs_in_node3s_cpuset(story: Story) -> None:
-    after = story.text.split("migrate-rc=0", 1)[-1]
+    after = story.text.split("migrate-rc=0", 1)[-1].split("wait-rc=", 1)[0]
     cpuset = cluster_support.node_cpuset("node3")
     if cpuset is None:
         pytest.skip("the test cluster made no cpusets here (docs/cluster-testing.md)")

@@ -69,6 +69,16 @@ def _pids(marker: Path) -> list[int]:
     return [int(p) for p in text]
 
 
+@pytest.fixture(autouse=True)
+def _sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here, as at a terminal: a test run started in the
+    background by a shell inherits SIGINT ignored, and Python then installs no handler
+    (the interrupt tests waited out their guest commands' 300 s)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def _interrupt_in(seconds: float) -> threading.Timer:
     """A real SIGINT to this process after ``seconds`` (Python raises KeyboardInterrupt
     in the main thread, where the agent waits)."""

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -123,6 +123,17 @@ def cluster() -> None:
     show_default=True,
     help="How many complete periodic checkpoints to keep (the newest).",
 )
+@click.option(
+    "--on-drain",
+    "on_drain",
+    type=click.Choice(["none", "migrate", "checkpoint"]),
+    default="none",
+    show_default=True,
+    help="When the admin drains one of the job's nodes: migrate moves its VM to a spare "
+    "node (--spare; with none left, as checkpoint); checkpoint sends the batch script "
+    "SIGUSR1, as before a time limit (docs/examples/hpcvm-checkpoint-job.sh saves the job "
+    "and requeues it).",
+)
 def up_cmd(
     name: str,
     batch: str,
@@ -133,6 +144,7 @@ def up_cmd(
     checkpoint_every: str | None,
     checkpoint_dir: Path | None,
     checkpoint_keep: int,
+    on_drain: str,
     **kw: Any,
 ) -> int:
     """Start one VM per node of this allocation; return when every guest answers.
@@ -150,6 +162,7 @@ def up_cmd(
     from hpcvm.runtime.network import parse_address
 
     periodic = _periodic(checkpoint_every, checkpoint_dir, checkpoint_keep)
+    _check_drains(batch, on_drain)
     if restore is not None:
         _refuse_vm_options(kw)
         restore = _restorable(restore)
@@ -157,7 +170,7 @@ def up_cmd(
         with interrupting():
             ready = control.up(request, timeout, _say, restore=restore.absolute())
         _say(f"{name}: {len(ready)} VM(s) restored and running")
-        _start_periodic(name, periodic)
+        _start_keeper(name, periodic, on_drain)
         return 0
     require_shape(kw)
     values = VmOptionValues.parse(kw)
@@ -186,14 +199,14 @@ def up_cmd(
     with interrupting():
         ready = control.up(request, timeout, _say)
     _say(f"{name}: {len(ready)} VM(s) up")
-    _start_periodic(name, periodic)
+    _start_keeper(name, periodic, on_drain)
     return 0
 
 
 def _periodic(every: str | None, directory: Path | None, keep: int) -> PeriodicCheckpoints | None:
     """The periodic checkpoints asked for, their directory checked before anything
     starts (made once the VMs run); None without --checkpoint-every."""
-    from hpcvm.cluster import checkpoint_series, periodic
+    from hpcvm.cluster import checkpoint_series, keeper
     from hpcvm.cluster.checkpoint_model import PeriodicCheckpoints
 
     if every is None:
@@ -206,10 +219,10 @@ def _periodic(every: str | None, directory: Path | None, keep: int) -> PeriodicC
             "shares): where the checkpoints go"
         )
     seconds = parse_duration(every, "--checkpoint-every")
-    if seconds is None or seconds < periodic.MIN_EVERY:
+    if seconds is None or seconds < keeper.MIN_EVERY:
         raise UsageError(
             f"--checkpoint-every {every!r}: give an interval of at least "
-            f"{periodic.MIN_EVERY:g} s, e.g. 30m"
+            f"{keeper.MIN_EVERY:g} s, e.g. 30m"
         )
     series = checkpoint_series.prepare(directory, make=False)
     return PeriodicCheckpoints(every=seconds, directory=str(series), keep=keep)
@@ -227,25 +240,45 @@ def _made_if_failing(directory: Path | None) -> Iterator[None]:
         raise
 
 
-def _start_periodic(name: str, plan: PeriodicCheckpoints | None) -> None:
-    from hpcvm.cluster import checkpoint_series, periodic
-    from hpcvm.report.fmt import duration
+def _check_drains(batch: str, on_drain: str) -> None:
+    from hpcvm.cluster.batch import Drains
+    from hpcvm.cluster.batches import get_batch
 
-    if plan is None:
+    if on_drain != "none" and not isinstance(get_batch(batch), Drains):
+        raise UsageError(
+            f"--on-drain {on_drain}: the {batch} batch system tells no node drains; use it "
+            "with a batch system that does (slurm), or leave it out"
+        )
+
+
+def _start_keeper(name: str, periodic: PeriodicCheckpoints | None, on_drain: str) -> None:
+    """The job's keeper (cluster/keeper.py), when it has something to do; a failure to
+    start it takes the job down (a job asked to be kept is not left unkept)."""
+    from hpcvm.cluster import checkpoint_series, keeper
+    from hpcvm.cluster.state import OnDrain
+
+    if periodic is None and on_drain == "none":
         return
     try:
-        checkpoint_series.prepare(Path(plan.directory))
-        pid = periodic.start(name, plan)
+        if periodic is not None:
+            checkpoint_series.prepare(Path(periodic.directory))
+        plan = keeper.KeeperPlan(periodic=periodic, on_drain=cast(OnDrain, on_drain))
+        pid = keeper.start(name, plan)
     except BaseException:
         from hpcvm.cluster import control
 
         with signals_deferred():
-            control.down(name, _say)  # a job asked to be saved is not left unsaved
+            control.down(name, _say)
         raise
-    _say(
-        f"{name}: a checkpoint every {duration(plan.every)} into {plan.directory} "
-        f"(keeping the newest {plan.keep}; pid {pid}, log {plan.directory}/{periodic.LOG})"
-    )
+    if periodic is not None:
+        _say(
+            f"{name}: a checkpoint every {keeper.interval_text(periodic.every)} into "
+            f"{periodic.directory} "
+            f"(keeping the newest {periodic.keep}; log {periodic.directory}/{keeper.LOG})"
+        )
+    if on_drain != "none":
+        _say(f"{name}: a node that drains: {on_drain} (the keeper, pid {pid}, asks every "
+             f"{keeper.DRAIN_POLL:g} s)")  # fmt: skip
 
 
 def _restorable(directory: Path) -> Path:
@@ -342,8 +375,9 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
         rows = [e.model_dump(exclude={"step"}) for e in latest]
         data: dict[str, Any] = {"name": name, "job": record.job_id, "holder": alive}
         data |= {"nodes": rows, "spare": spares}
+        data["on_drain"] = record.on_drain
         if record.periodic is not None:
-            from hpcvm.cluster.periodic import history
+            from hpcvm.cluster.keeper import history
 
             taken = history(Path(record.periodic.directory))
             data["periodic"] = record.periodic.model_dump()
@@ -369,25 +403,26 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
     out.print(table)
     for line in _periodic_lines(name, record.periodic):
         out.print(line, markup=False, highlight=False)
+    if record.on_drain != "none":
+        out.print(f"a node that drains: {record.on_drain}", markup=False, highlight=False)
     return 0
 
 
 def _periodic_lines(name: str, plan: PeriodicCheckpoints | None) -> list[str]:
     """What ``ps`` says of a job's periodic checkpoints: the plan, how many were taken
     and failed, the last one, and the stand-still as a share of the interval."""
-    from hpcvm.cluster import periodic
-    from hpcvm.report.fmt import duration
+    from hpcvm.cluster import keeper
 
     if plan is None:
         return []
-    taken = periodic.history(Path(plan.directory))
+    taken = keeper.history(Path(plan.directory))
     ok = [t for t in taken if t.ok]
     lines = [
-        f"checkpoints: every {duration(plan.every)} into {plan.directory} (keeping "
+        f"checkpoints: every {keeper.interval_text(plan.every)} into {plan.directory} (keeping "
         f"{plan.keep}): {len(ok)} saved, {len(taken) - len(ok)} failed"
     ]
     if taken:
-        lines.append(f"last: {periodic.describe(name, taken[-1])}")
+        lines.append(f"last: {keeper.describe(name, taken[-1])}")
     if ok:
         still = sum(t.paused_seconds or 0.0 for t in ok) / len(ok)
         lines.append(
@@ -531,18 +566,18 @@ def _node_lost(name: str, lost: str, plan: PeriodicCheckpoints | None) -> NodeLo
 def _periodic_news(name: str, plan: PeriodicCheckpoints | None) -> Callable[[], None]:
     """For cluster wait: each periodic checkpoint of the job, said on stderr as it is
     recorded (the job's output then shows what each cost, or why it failed)."""
-    from hpcvm.cluster import periodic
+    from hpcvm.cluster import keeper
 
     if plan is None:
         return lambda: None
     series = Path(plan.directory)
-    seen = len(periodic.history(series))
+    seen = len(keeper.history(series))
 
     def news() -> None:
         nonlocal seen
-        taken = periodic.history(series)
+        taken = keeper.history(series)
         for one in taken[seen:]:
-            click.echo(f"hpcvm: {periodic.describe(name, one)}", err=True)
+            click.echo(f"hpcvm: {keeper.describe(name, one)}", err=True)
         seen = max(seen, len(taken))
 
     return news

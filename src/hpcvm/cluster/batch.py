@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -91,4 +91,20 @@ class BatchSystem(Protocol):
 
     def this_node(self, env: Mapping[str, str]) -> str:
         """The name of the node this process runs on, as the allocation names it."""
+        ...
+
+
+@runtime_checkable
+class Drains(Protocol):
+    """What a batch system may also tell: which nodes an admin drains, and a way to
+    warn a job's batch script (the keeper's answer to a drain, cluster/keeper.py). A
+    batch system without it runs jobs whose keeper watches no drains."""
+
+    def draining(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Those of ``nodes`` being drained or drained, each with the admin's reason."""
+        ...
+
+    def warn_job(self, job_id: str, signal_name: str) -> bool:
+        """Send ``signal_name`` to the job's batch script (as before a time limit);
+        whether the batch system took it."""
         ...

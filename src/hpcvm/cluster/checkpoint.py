@@ -65,19 +65,19 @@ def checkpoint(
     *,
     resume_after: bool,
     say: Say,
-    periodic: bool = False,
+    keeper: bool = False,
     in_series: bool = False,
 ) -> JobSaved:
     """Check, pause, save every VM of cluster ``name`` into ``directory``, then take the
     job's VMs down (or run them on). On failure the VMs run again and no directory is
     left. A Ctrl-C or SIGTERM waits until the VMs run again or are saved: a phase is not
     cut short on some nodes while it goes on on others. ``in_series``: ``directory`` is
-    a series of checkpoints (cluster/periodic.py) and this one becomes its next member,
-    numbered while the job's lock is held. ``periodic``: taken by the job's keeper,
-    which other writers wait for."""
+    a series of checkpoints (cluster/keeper.py) and this one becomes its next member,
+    numbered while the job's lock is held. ``keeper``: taken by the job's keeper
+    (cluster/keeper.py), which other writers wait for."""
     if not in_series:
         checkpoint_dir.check_target(directory)
-    with state.one_writer(name, periodic=periodic):
+    with state.one_writer(name, keeper=keeper):
         target = checkpoint_dir.check_target(
             series.next_member(directory) if in_series else directory
         )

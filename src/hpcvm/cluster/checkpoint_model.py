@@ -51,7 +51,7 @@ class SavedVm(Frozen):
 
 class PeriodicCheckpoints(Frozen):
     """``cluster up --checkpoint-every``: the job saves itself every ``every`` seconds
-    into a new directory of the series ``directory`` (cluster/periodic.py), keeping
+    into a new directory of the series ``directory`` (cluster/keeper.py), keeping
     the newest ``keep`` complete ones."""
 
     every: float

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcvm import timeline
 from hpcvm.cluster import checkpoint_model, guest_mpi, state
@@ -48,6 +49,9 @@ from hpcvm.runtime.model import ExecResult, Machine
 from hpcvm.runtime.network import parse_network
 from hpcvm.runtime.shares import check_job_dir
 from hpcvm.signals import signals_deferred
+
+if TYPE_CHECKING:
+    from hpcvm.runtime.agent import GuestAgent
 
 DOWN_WAIT = 60.0  # seconds for every node to report its VM down
 LOG_TAIL = 20
@@ -412,8 +416,10 @@ class JobWatch:
         directory = state.cluster_dir(self.name)
         try:
             _record, latest, alive = status(self.name)
-        except (HpcvmError, OSError, ValueError):
+        except UsageError:  # no record: the holder removed the job's state
             latest, alive = [], False
+        except (HpcvmError, OSError, ValueError):
+            return None  # a read that failed now; the next look tells
         for event in latest:
             if event.event in ("died", "failed"):
                 self.seen[event.index] = event
@@ -499,22 +505,43 @@ def wait_detached(
     chosen = _detached(record, pid)
     machine = vm_of(name, first)
     deadline = None if timeout is None else time.monotonic() + timeout
-    with connected(machine) as agent:
-        while True:
-            with signals_deferred():
-                result = agent.exit_status(chosen.pid)
-                if result is not None:
-                    report(result)
-                    _forget(name, chosen.pid)
-                    return result
-            if meanwhile is not None:
-                meanwhile()
-            if deadline is not None and time.monotonic() > deadline:
-                raise ExecTimeout(
-                    f"command {chosen.pid} ({' '.join(chosen.argv)}) still runs after "
-                    f"{timeout:g} s; wait again later"
-                )
-            time.sleep(WAIT_POLL)
+    while True:
+        try:
+            with connected(machine) as agent:
+                return _wait_on(agent, name, chosen, (deadline, timeout), report, meanwhile)
+        except RuntimeFailure as exc:
+            if isinstance(exc, ExecTimeout) or not state.keeper_working(name):
+                raise
+            time.sleep(WAIT_POLL)  # the keeper stood the VMs still to save them: ask again
+
+
+def _wait_on(
+    agent: GuestAgent,
+    name: str,
+    chosen: DetachedExec,
+    limit: tuple[float | None, float | None],
+    report: Callable[[ExecResult], None],
+    meanwhile: Callable[[], None] | None,
+) -> ExecResult:
+    """``wait_detached`` on one connection to the first VM's agent."""
+    from hpcvm.runtime.guest_exec import ExecTimeout
+
+    deadline, timeout = limit
+    while True:
+        with signals_deferred():
+            result = agent.exit_status(chosen.pid)
+            if result is not None:
+                report(result)
+                _forget(name, chosen.pid)
+                return result
+        if meanwhile is not None:
+            meanwhile()
+        if deadline is not None and time.monotonic() > deadline:
+            raise ExecTimeout(
+                f"command {chosen.pid} ({' '.join(chosen.argv)}) still runs after "
+                f"{timeout:g} s; wait again later"
+            )
+        time.sleep(WAIT_POLL)
 
 
 def _forget(name: str, pid: int) -> None:

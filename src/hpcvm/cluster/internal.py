@@ -18,7 +18,7 @@
 - ``checkpoint-node PHASE_JSON``: one task of a ``cluster checkpoint`` phase: check,
   pause, save or resume this node's VM (checkpoint_node.py).
 - ``keeper NAME PLAN_JSON``: on the batch node, checkpoints the job at an interval
-  (``cluster up --checkpoint-every``, periodic.py).
+  (``cluster up --checkpoint-every``, keeper.py).
 
 Why one module and not hidden CLI commands: these are not commands a user runs, and
 each must start with the same interpreter and package as the process that starts it
@@ -105,12 +105,12 @@ def _checkpoint_node(args: list[str]) -> int:
 
 
 def _keeper(args: list[str]) -> int:
-    from hpcvm.cluster import periodic
+    from hpcvm.cluster import keeper
 
     if len(args) != 2:
         raise UsageError("keeper takes the cluster's name and its checkpoint plan as JSON")
     os.umask(0o077)
-    return periodic.run(args[0], args[1])
+    return keeper.run(args[0], args[1])
 
 
 def _migrate_source(args: list[str]) -> int:

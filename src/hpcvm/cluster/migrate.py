@@ -51,11 +51,11 @@ class Migrated:
     sent: NodeResult  # the source's result: downtime_ms, total_ms, bytes moved
 
 
-def migrate(name: str, node: str, to: str, say: Say) -> Migrated:
+def migrate(name: str, node: str, to: str, say: Say, *, keeper: bool = False) -> Migrated:
     """Move cluster ``name``'s VM on ``node`` to the spare node ``to``; refused before
     anything moves when either is not what it must be. On failure the VM runs on at
-    ``node``."""
-    with state.one_writer(name):
+    ``node``. ``keeper``: the job's keeper moves it off a drained node."""
+    with state.one_writer(name, keeper=keeper):
         record, latest, alive = control.status(name)
         if not alive:
             raise RuntimeFailure(f"cluster {name} is not up (see hpcvm cluster ps {name})")

@@ -17,6 +17,7 @@ task's output line as it comes.
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -144,3 +145,43 @@ class Slurm:
 
     def this_node(self, env: Mapping[str, str]) -> str:
         return env.get("SLURMD_NODENAME") or socket.gethostname()
+
+    def draining(self, nodes: Sequence[str]) -> dict[str, str]:
+        """``scontrol show node --oneliner``: a node whose state carries the DRAIN flag
+        (draining while jobs run, drained after), with its Reason. A node Slurm cannot
+        be asked about counts as not draining (the keeper asks again soon)."""
+        if not nodes:
+            return {}
+        done = subprocess.run(
+            [program("scontrol"), "show", "node", "--oneliner", ",".join(nodes)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        return parse_draining(done.stdout) if done.returncode == 0 else {}
+
+    def warn_job(self, job_id: str, signal_name: str) -> bool:
+        argv = [program("scancel"), "--quiet", "--batch", f"--signal={signal_name}", job_id]
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+        return done.returncode == 0
+
+
+_FIELD = re.compile(r"(?:^|\s)(\w+)=")
+
+
+def parse_draining(text: str) -> dict[str, str]:
+    """Node -> reason of every node in ``scontrol show node --oneliner`` output whose
+    State has the DRAIN flag (``IDLE+DRAIN``, ``MIXED+DRAIN``, ``DRAINING``...). The
+    Reason runs to the next field (it may hold spaces)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        marks = list(_FIELD.finditer(line))
+        ends = [m.start() for m in marks[1:]] + [len(line)]
+        fields = {
+            m.group(1): line[m.end() : end].strip() for m, end in zip(marks, ends, strict=True)
+        }
+        state = fields.get("State", "")
+        if fields.get("NodeName") and "DRAIN" in state.upper():
+            found[fields["NodeName"]] = fields.get("Reason", "")
+    return found

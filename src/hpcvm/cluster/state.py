@@ -27,13 +27,14 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 from hpcvm.cluster.checkpoint_model import KEY_FILE, DetachedExec, PeriodicCheckpoints
 from hpcvm.cluster.guest_mpi import keygen
 from hpcvm.cluster.spec import ClusterSpec, NodeEvent, parse_events
 from hpcvm.cluster.state_files import TAKING_DOWN, remove_dir
 from hpcvm.errors import BusyError, UsageError
-from hpcvm.lock import Holder, exclusive
+from hpcvm.lock import Holder, exclusive, is_held, read_holder
 from hpcvm.model import Frozen
 from hpcvm.runtime import paths
 
@@ -42,8 +43,10 @@ LOG_FILE = "holder.log"
 RECORD_FILE = "cluster.json"
 SPEC_FILE = "spec.json"
 LOCK_SUFFIX = ".lock"
-PERIODIC_LABEL = "hpcvm periodic checkpoint of cluster"
-PERIODIC_PATIENCE = 3600.0  # seconds another writer waits for a periodic checkpoint
+# what the keeper does when one of the job's nodes drains (cluster/keeper.py)
+OnDrain = Literal["none", "migrate", "checkpoint"]
+KEEPER_LABEL = "hpcvm keeper of cluster"  # a periodic checkpoint, a move off a drained node
+KEEPER_PATIENCE = 3600.0  # seconds another writer waits for the keeper's work
 
 
 class ClusterRecord(Frozen):
@@ -60,7 +63,8 @@ class ClusterRecord(Frozen):
     # commands `cluster exec --detach` started in the first VM, not yet waited for
     detached: tuple[DetachedExec, ...] = ()
     periodic: PeriodicCheckpoints | None = None  # cluster up --checkpoint-every
-    keeper_pid: int | None = None  # the process that takes them (cluster/periodic.py)
+    on_drain: OnDrain = "none"  # cluster up --on-drain
+    keeper_pid: int | None = None  # the process that does both (cluster/keeper.py)
 
 
 def clusters_dir() -> Path:
@@ -88,29 +92,30 @@ def log_path(name: str) -> Path:
 
 
 @contextlib.contextmanager
-def one_writer(name: str, *, periodic: bool = False, patient: bool = True) -> Iterator[None]:
+def one_writer(name: str, *, keeper: bool = False, patient: bool = True) -> Iterator[None]:
     """One ``cluster up`` or ``down`` of a name at a time (hpcvm.lock: dies with its
     holder). The lock file sits beside the state directory, which up and the holder
     remove and remake, so that both processes lock the same file; it goes when released
     (``remove``), and the clusters' directory with it once that is empty.
 
-    A periodic checkpoint (``periodic``: cluster/periodic.py) says so in the lock; any
-    other writer waits for it to end (a save is bounded, and the user's ``down`` or
-    ``checkpoint`` must not fail because the job happened to be saving itself), saying
-    once on stderr that it waits (unless not ``patient``: a check that only looks).
-    The periodic one never waits: it tries again later."""
+    The job's keeper (``keeper``: cluster/keeper.py, taking a periodic checkpoint or
+    moving a VM off a drained node) says so in the lock; any other writer waits for it
+    to end (its work is bounded, and the user's ``down`` or ``checkpoint`` must not fail
+    because the job happened to be saving itself), saying once on stderr that it waits
+    (unless not ``patient``: a check that only looks). The keeper never waits: it tries
+    again later."""
     directory = cluster_dir(name)
     clusters_dir()
     said: list[int] = []
 
     def outwait(holder: Holder) -> bool:
-        if periodic or not patient or not holder.command.startswith(PERIODIC_LABEL):
+        if keeper or not patient or not holder.command.startswith(KEEPER_LABEL):
             return False
         if holder.pid not in said:
             said.append(holder.pid)
             sys.stderr.write(
-                f"hpcvm: cluster {name}: waiting for its periodic checkpoint "
-                f"(pid {holder.pid}) to finish\n"
+                f"hpcvm: cluster {name}: waiting for its keeper (pid {holder.pid}: a "
+                "periodic checkpoint, or a move off a drained node) to finish\n"
             )
         return True
 
@@ -120,14 +125,23 @@ def one_writer(name: str, *, periodic: bool = False, patient: bool = True) -> It
             f"cluster {name!r}",
             f"wait for it to finish, or stop it and run hpcvm cluster down {name}",
             remove=True,
-            label=f"{PERIODIC_LABEL} {name}" if periodic else None,
+            label=f"{KEEPER_LABEL} {name}" if keeper else None,
             outwait=outwait,
-            patience=PERIODIC_PATIENCE,
+            patience=KEEPER_PATIENCE,
         ):
             yield
     finally:
         with contextlib.suppress(OSError):
             directory.parent.rmdir()
+
+
+def keeper_working(name: str) -> bool:
+    """Whether the job's keeper holds its lock now (a periodic checkpoint or a move off
+    a drained node: the VMs may stand paused, and their agents not answer)."""
+    directory = cluster_dir(name)
+    path = directory.parent / f"{directory.name}{LOCK_SUFFIX}"
+    holder = read_holder(path)
+    return holder is not None and holder.command.startswith(KEEPER_LABEL) and is_held(path)
 
 
 def has_record(name: str) -> bool:
@@ -145,7 +159,12 @@ def read_record(name: str) -> ClusterRecord:
 
 
 def write_record(record: ClusterRecord) -> None:
-    (cluster_dir(record.name) / RECORD_FILE).write_text(record.model_dump_json())
+    """Replace the record in one rename: a reader (``ps``, the keeper, ``cluster
+    wait``'s watch) never sees it half written, which it took for a cluster gone."""
+    path = cluster_dir(record.name) / RECORD_FILE
+    partial = path.with_name(f".{RECORD_FILE}.{os.getpid()}")
+    partial.write_text(record.model_dump_json())
+    partial.replace(path)
 
 
 def events(name: str) -> list[NodeEvent]:

@@ -1,4 +1,5 @@
-"""Periodic checkpoints of a cluster job: ``cluster up --checkpoint-every``.
+"""The keeper of a cluster job, on its batch node: periodic checkpoints (``cluster up
+--checkpoint-every``) and the answer to a drained node (``cluster up --on-drain``).
 
 A checkpoint at the time limit (docs/examples/hpcvm-checkpoint-job.sh) saves a job
 that is warned. A node that crashes gives no warning: only a checkpoint taken before
@@ -18,10 +19,20 @@ wait`` says each one as it happens (in the job's output). A failed checkpoint (a
 disk, a node that stopped answering) leaves the VMs running and the last complete
 checkpoint in place; the keeper tries again at the next interval.
 
+A node the admin drains (before maintenance, or when its health check fails) is a
+failure announced: the keeper asks the batch system every few seconds which of the
+job's nodes drain (batch.Drains), and with ``--on-drain migrate`` moves a drained
+node's VM to a spare node of the job (``cluster up --spare``; cluster/migrate.py), so
+the job loses only the move's stand-still. With no spare left, or ``--on-drain
+checkpoint``, it sends the batch script SIGUSR1, as the batch system does before a time
+limit: the checkpoint job script saves the job and requeues it, and the batch system
+starts it again away from the drained node.
+
 The keeper ends when the cluster does (``down``, the job's end, its holder gone). It
-holds the cluster's lock while it saves; any other writer (``down``, ``checkpoint``,
-``exec --detach``) waits for it rather than failing (state.one_writer), and when one
-of those holds the lock the keeper tries again a little later.
+holds the cluster's lock while it saves or moves; any other writer (``down``,
+``checkpoint``, ``exec --detach``) waits for it rather than failing
+(state.one_writer), and when one of those holds the lock the keeper tries again a
+little later.
 """
 
 from __future__ import annotations
@@ -35,14 +46,19 @@ import time
 from pathlib import Path
 
 from hpcvm.cluster import state
+from hpcvm.cluster.batch import BatchSystem, Drains
+from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.checkpoint_model import PeriodicCheckpoints
 from hpcvm.cluster.checkpoint_series import PREFIX, next_member, prune
 from hpcvm.cluster.spawn import internal_argv
-from hpcvm.errors import BusyError, HpcvmError
+from hpcvm.cluster.state import ClusterRecord, OnDrain
+from hpcvm.errors import BusyError, HpcvmError, UsageError
 from hpcvm.model import Frozen
 
 HISTORY = "checkpoints.jsonl"
 LOG = "checkpoints.log"
+KEEPER_LOG = "keeper.log"  # in the job's state directory, when there is no series
+DRAIN_POLL = 5.0  # seconds between asks which of the job's nodes drain
 POLL = 1.0  # seconds between the keeper's looks at whether its cluster still runs
 BUSY_RETRY = 5.0  # seconds before the keeper tries again when another writer holds the lock
 MIN_EVERY = 1.0  # seconds; shorter than a save takes is no interval at all
@@ -106,48 +122,141 @@ def describe(name: str, taken: Taken) -> str:
 # -- the keeper ---------------------------------------------------------------------------
 
 
-def start(name: str, plan: PeriodicCheckpoints) -> int:
+class KeeperPlan(Frozen):
+    """What a job's keeper does: periodic checkpoints, the answer to a drained node."""
+
+    periodic: PeriodicCheckpoints | None = None
+    on_drain: OnDrain = "none"
+
+
+def start(name: str, plan: KeeperPlan) -> int:
     """Start the keeper of cluster ``name`` (up has made it) and note it in the record;
-    its pid. Its output goes to the series' log."""
-    series = Path(plan.directory)
+    its pid. Its output goes to the series' log, or without one to the job's state
+    directory (``keeper.log``)."""
     with state.one_writer(name):
         record = state.read_record(name)
-        with (series / LOG).open("ab") as log:
-            keeper = subprocess.Popen(
+        if plan.periodic is not None:
+            where = Path(plan.periodic.directory)
+            log_path = where / LOG
+        else:
+            where = state.cluster_dir(name)
+            log_path = where / KEEPER_LOG
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
                 [*internal_argv("keeper"), name, plan.model_dump_json()],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=series,
+                cwd=where,
                 start_new_session=True,  # a Ctrl-C in the user's terminal is not its end
             )
-        state.write_record(record.model_copy(update={"periodic": plan, "keeper_pid": keeper.pid}))
-    return keeper.pid
+        update = {"periodic": plan.periodic, "on_drain": plan.on_drain, "keeper_pid": process.pid}
+        state.write_record(record.model_copy(update=update))
+    return process.pid
 
 
 def run(name: str, plan_json: str) -> int:
     """The keeper's loop (module doc); returns when the cluster is gone."""
-    plan = PeriodicCheckpoints.model_validate_json(plan_json)
-    series = Path(plan.directory)
-    job = state.read_record(name).job_id
-    next_at = time.monotonic() + plan.every
+    plan = KeeperPlan.model_validate_json(plan_json)
+    record = state.read_record(name)
+    job, periodic = record.job_id, plan.periodic
+    drains = Drained(name, plan.on_drain, get_batch(record.batch))
+    next_save = time.monotonic() + periodic.every if periodic is not None else math.inf
     while _still_up(name, job):
-        left = next_at - time.monotonic()
-        if left > 0:
-            time.sleep(min(left, POLL))
+        drains.look()
+        if time.monotonic() < next_save:
+            time.sleep(POLL)
             continue
+        assert periodic is not None
+        series = Path(periodic.directory)
         try:
             taken = take(name, series)
         except BusyError:
-            next_at = time.monotonic() + BUSY_RETRY  # down, checkpoint or exec: not ours
+            next_save = time.monotonic() + BUSY_RETRY  # down, checkpoint or exec: not ours
             continue
         _record(series, taken)
         _say(describe(name, taken))
         if taken.ok:
-            for path in prune(series, plan.keep):
-                _say(f"cluster {name}: removed {path.name} (--checkpoint-keep {plan.keep})")
-        next_at = time.monotonic() + plan.every
+            for path in prune(series, periodic.keep):
+                _say(f"cluster {name}: removed {path.name} (--checkpoint-keep {periodic.keep})")
+        next_save = time.monotonic() + periodic.every
     return 0
+
+
+class Drained:
+    """The keeper's answer to the job's nodes that drain (module doc): each drained
+    node's VM moved to a spare once, or the batch script warned once."""
+
+    def __init__(self, name: str, on_drain: OnDrain, batch: BatchSystem) -> None:
+        self.name = name
+        self.on_drain = on_drain
+        self.batch = batch if isinstance(batch, Drains) else None
+        self.handled: set[str] = set()
+        self.warned = False
+        self.next_look = 0.0
+
+    def look(self) -> None:
+        """Ask the batch system, at most every DRAIN_POLL seconds; act on what is new."""
+        if self.on_drain == "none" or self.batch is None or self.warned:
+            return
+        if time.monotonic() < self.next_look:
+            return
+        self.next_look = time.monotonic() + DRAIN_POLL
+        try:
+            record = state.read_record(self.name)
+        except HpcvmError:
+            return  # the job is ending: the keeper's loop sees it next
+        draining = self.batch.draining((*record.nodes, *record.spare))
+        for node in record.nodes:
+            if node in draining and node not in self.handled:
+                self._answer(record, node, draining[node], draining)
+
+    def _answer(
+        self, record: ClusterRecord, node: str, reason: str, draining: dict[str, str]
+    ) -> None:
+        why = f"node {node} drains ({reason or 'no reason given'})"
+        if self.on_drain == "migrate":
+            spares = [n for n in record.spare if n not in draining]
+            if node == record.nodes[0]:
+                why += "; the first VM (it runs mpirun) does not move"
+            elif not spares:
+                why += "; no spare node is left to move its VM to"
+            else:
+                moved = self._move(node, spares[0], why)
+                if moved is None:
+                    return  # another writer holds the job: the next look tries again
+                if moved:
+                    return
+                why += "; moving its VM failed"
+        self._warn(record, why)
+
+    def _move(self, node: str, spare: str, why: str) -> bool | None:
+        """Move ``node``'s VM to ``spare``: whether it moved (None: not now, busy)."""
+        from hpcvm.cluster import migrate
+
+        try:
+            moved = migrate.migrate(self.name, node, spare, _say, keeper=True)
+        except BusyError:
+            return None
+        except HpcvmError as exc:
+            _say(f"cluster {self.name}: {why}; moving its VM to {spare} failed: {exc}")
+            return False
+        self.handled.add(node)
+        stood = (moved.sent.downtime_ms or 0.0) + (moved.sent.disk_ms or 0.0)
+        _say(
+            f"cluster {self.name}: {why}: moved its VM {moved.vm} to the spare node "
+            f"{moved.target}; the guest stood still {stood:.0f} ms"
+        )
+        return True
+
+    def _warn(self, record: ClusterRecord, why: str) -> None:
+        """No move: the batch script is signalled to save the job and requeue it."""
+        assert self.batch is not None
+        self.warned = True
+        if self.batch.warn_job(record.job_id, "USR1"):
+            _say(f"cluster {self.name}: {why}: sent the batch script SIGUSR1 (save, requeue)")
+        else:
+            _say(f"cluster {self.name}: {why}: could not signal the batch script; it runs on")
 
 
 def take(name: str, series: Path) -> Taken:
@@ -160,7 +269,7 @@ def take(name: str, series: Path) -> Taken:
     seq = int(next_member(series).name[len(PREFIX) :])  # a failure's number, for the log
     try:
         saved = checkpoint.checkpoint(
-            name, series, resume_after=True, say=_say, periodic=True, in_series=True
+            name, series, resume_after=True, say=_say, keeper=True, in_series=True
         )
     except BusyError:
         raise
@@ -183,8 +292,10 @@ def _still_up(name: str, job: str) -> bool:
     same job, and its holder lives."""
     try:
         record = state.read_record(name)
-    except (HpcvmError, OSError, ValueError):
+    except UsageError:  # its state is gone
         return False
+    except (HpcvmError, OSError, ValueError):
+        return True  # a read that failed now; the next look tells
     return record.job_id == job and state.holder_alive(record)
 
 
@@ -192,6 +303,14 @@ def _say(message: str) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     sys.stdout.write(f"{stamp} hpcvm: {message}\n")
     sys.stdout.flush()
+
+
+def interval_text(seconds: float) -> str:
+    """An interval as ``--checkpoint-every`` takes it: ``2h``, ``30m``, ``90s``."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 # -- what an interval costs ---------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Periodic checkpoints (cluster/periodic.py) without a batch system: the series of a
+"""Periodic checkpoints (cluster/keeper.py) without a batch system: the series of a
 job's checkpoints on disk (checkpoint_series.py: which is restored, what is pruned),
 its history, the intervals that minimise lost work (checked against scipy's
 minimisation of the models they come from), the lock that makes other writers wait for
@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 from scipy.optimize import minimize_scalar
 
-from hpcvm.cluster import checkpoint_series, periodic
-from hpcvm.cluster.periodic import Taken
+from hpcvm.cli.common import parse_duration
+from hpcvm.cluster import checkpoint_series, keeper
+from hpcvm.cluster.keeper import Taken
+from hpcvm.cluster.slurm import parse_draining
 from hpcvm.errors import BusyError, UsageError
 from hpcvm.lock import exclusive
 from tests.unit.test_cluster_checkpoint import _cli, _one_error, write_checkpoint
@@ -88,24 +90,24 @@ def test_the_history_reads_back_and_skips_a_line_cut_short(tmp_path: Path) -> No
     ok = Taken(seq=1, at=time.time(), ok=True, seconds=3.5, paused_seconds=2.25,
                bytes=3 << 20, path=str(series / "checkpoint-000001"))  # fmt: skip
     failed = Taken(seq=2, at=time.time(), ok=False, seconds=0.5, error="no space left on device")
-    periodic._record(series, ok)
-    periodic._record(series, failed)
-    with (series / periodic.HISTORY).open("a") as fh:
+    keeper._record(series, ok)
+    keeper._record(series, failed)
+    with (series / keeper.HISTORY).open("a") as fh:
         fh.write('{"seq": 3, "at": 1')  # a keeper killed while it wrote
-    assert periodic.history(series) == [ok, failed]
-    assert "3.0 MiB" in periodic.describe("j", ok) and "stood still 2.25 s" in periodic.describe(
+    assert keeper.history(series) == [ok, failed]
+    assert "3.0 MiB" in keeper.describe("j", ok) and "stood still 2.25 s" in keeper.describe(
         "j", ok
     )
-    assert "FAILED" in periodic.describe("j", failed)
-    assert "no space left on device" in periodic.describe("j", failed)
+    assert "FAILED" in keeper.describe("j", failed)
+    assert "no space left on device" in keeper.describe("j", failed)
 
 
 @pytest.mark.parametrize(("cost", "mtbf"), [(2.0, 3600.0), (30.0, 86400.0), (120.0, 7200.0)])
 def test_young_interval_minimises_the_lost_fraction(cost: float, mtbf: float) -> None:
     found = minimize_scalar(
-        lambda t: periodic.lost_fraction(t, cost, mtbf), bounds=(cost, mtbf), method="bounded"
+        lambda t: keeper.lost_fraction(t, cost, mtbf), bounds=(cost, mtbf), method="bounded"
     )
-    assert periodic.young_interval(cost, mtbf) == pytest.approx(found.x, rel=1e-3)
+    assert keeper.young_interval(cost, mtbf) == pytest.approx(found.x, rel=1e-3)
 
 
 @pytest.mark.parametrize(("cost", "mtbf"), [(2.0, 3600.0), (30.0, 86400.0), (120.0, 7200.0)])
@@ -120,13 +122,13 @@ def test_daly_interval_is_near_the_optimum_of_his_exponential_model(
         return mtbf * (math.exp((t + cost) / mtbf) - 1.0) / t
 
     found = minimize_scalar(wall, bounds=(cost / 10, 5 * mtbf), method="bounded")
-    daly = periodic.daly_interval(cost, mtbf)
+    daly = keeper.daly_interval(cost, mtbf)
     assert daly == pytest.approx(found.x, rel=0.01)
     assert wall(daly) == pytest.approx(wall(found.x), rel=1e-4)
 
 
 def test_daly_interval_is_the_mtbf_when_a_checkpoint_costs_more_than_two() -> None:
-    assert periodic.daly_interval(cost=500.0, mtbf=200.0) == 200.0
+    assert keeper.daly_interval(cost=500.0, mtbf=200.0) == 200.0
 
 
 HOLD = """
@@ -209,3 +211,28 @@ def test_a_series_checkpoint_of_an_unknown_cluster_leaves_nothing(tmp_path: Path
         or not os.listdir(tmp_path)
         or (set(os.listdir(tmp_path)) <= {"rt"})
     )
+
+
+SLURM_DATA = Path(__file__).parent / "data" / "slurm"
+
+
+def test_draining_nodes_are_read_from_scontrols_own_output() -> None:
+    """``scontrol show node --oneliner node3,node4`` of Slurm 22.05, captured on the
+    test cluster after ``scontrol update NodeName=node4 State=DRAIN Reason=...``: node4
+    drains with its reason (spaces, a comma and Slurm's stamp kept), node3 does not."""
+    text = (SLURM_DATA / "scontrol-show-node-drained.txt").read_text()
+    assert parse_draining(text) == {
+        "node4": "disk check failed, replace sda [root@2026-11-28T04:42:42]"
+    }
+    assert parse_draining(text.replace("State=IDLE+DRAIN", "State=MIXED")) == {}
+    assert parse_draining(text.replace("State=IDLE+DRAIN", "State=DRAINING")) == {
+        "node4": "disk check failed, replace sda [root@2026-11-28T04:42:42]"
+    }
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(7200, "2h"), (1800, "30m"), (90, "90s"), (10, "10s"), (1.5, "1.5s")]
+)
+def test_an_interval_is_said_as_the_option_takes_it(seconds: float, text: str) -> None:
+    assert keeper.interval_text(seconds) == text
+    assert parse_duration(text, "--checkpoint-every") == seconds
