@@ -158,6 +158,8 @@ def test_the_keeper_moved_the_vm_off_the_drained_node_to_the_spare(story: Story)
     assert rows_end["node2"] == ("ready", rows_before["node2"][2]), end
     assert rows_end["node3"][0] == "spare", end
     assert "a node that drains: migrate" in story.text, story.text
+    # cluster wait said it in the job's output as it happened
+    assert f"hpcvm: cluster {NAME}: its VM 1 moved from node3 to node2" in story.text
 
 
 def test_the_moved_vcpu_runs_in_node3s_cpuset(story: Story) -> None:

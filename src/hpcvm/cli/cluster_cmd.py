@@ -525,7 +525,11 @@ def wait_cmd(name: str, command_id: int | None, timeout: float | None) -> int:
 
     def meanwhile() -> None:
         news()
-        if (lost := watch.lost()) is not None:
+        lost = watch.lost()
+        for line in watch.moves:  # a move by cluster migrate or off a drained node
+            click.echo(f"hpcvm: {line}", err=True)
+        watch.moves.clear()
+        if lost is not None:
             raise _node_lost(name, lost, plan)
 
     try:

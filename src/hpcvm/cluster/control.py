@@ -410,6 +410,20 @@ class JobWatch:
         self.name = name
         self.seen: dict[int, NodeEvent] = {}
         self.downed = False  # a `cluster down` was seen taking it down: not lost
+        self.where: dict[int, str] = {}  # VM index -> the node it was last ready on
+        self.moves: list[str] = []  # what moved since the caller last took them
+
+    def _note_moves(self, latest: Sequence[NodeEvent]) -> None:
+        for event in latest:
+            if event.event != "ready":
+                continue
+            was = self.where.get(event.index)
+            if was is not None and was != event.node:
+                self.moves.append(
+                    f"cluster {self.name}: its VM {event.index} moved from {was} to "
+                    f"{event.node} (now {event.vm})"
+                )
+            self.where[event.index] = event.node
 
     def lost(self) -> str | None:
         """One line naming what was lost, or None while every VM runs."""
@@ -420,6 +434,7 @@ class JobWatch:
             latest, alive = [], False
         except (HpcvmError, OSError, ValueError):
             return None  # a read that failed now; the next look tells
+        self._note_moves(latest)
         for event in latest:
             if event.event in ("died", "failed"):
                 self.seen[event.index] = event
