@@ -21,6 +21,10 @@
 #    limit). The trap pauses every VM, saves them all as the series' next checkpoint,
 #    takes them down and requeues the job (--requeue). A checkpoint is complete or
 #    absent (written aside, then renamed): a job killed meanwhile keeps the last one.
+#    The keeper also watches the job's nodes: one the admin drains has its VM moved to
+#    a spare node (HPCVM_SPARE=K keeps the allocation's last K nodes free for that), or
+#    without a spare the keeper sends this script SIGUSR1, as in 2 (HPCVM_ON_DRAIN:
+#    migrate with spares, checkpoint without; none to leave drains alone).
 # 3. A node's VM dies meanwhile (the node crashed, the VM was killed): cluster wait ends
 #    with exit 11 naming it. With a complete checkpoint the job requeues itself; without
 #    one it ends. (Where Slurm itself requeues a job whose node failed, the next start
@@ -46,16 +50,18 @@ image=${HPCVM_IMAGE:?set HPCVM_IMAGE to the guests disk image}
 series=${HPCVM_CHECKPOINT:-$PWD/hpcvm-checkpoint-$SLURM_JOB_ID}   # a shared file system
 every=${HPCVM_CHECKPOINT_EVERY:-}              # e.g. 30m; empty: only at the signal
 keep=${HPCVM_CHECKPOINT_KEEP:-1}
-nodes=${SLURM_JOB_NUM_NODES:-1}
+spare=${HPCVM_SPARE:-0}                        # nodes kept free for a VM to move to
+if [ "$spare" -gt 0 ]; then on_drain=${HPCVM_ON_DRAIN:-migrate}; else on_drain=${HPCVM_ON_DRAIN:-checkpoint}; fi
+nodes=$(( ${SLURM_JOB_NUM_NODES:-1} - spare ))
 vcpus=${HPCVM_VCPUS:-1}
 memory=${HPCVM_MEMORY:-1G}
 profile=${HPCVM_PROFILE:-hpc}
 address=${HPCVM_ADDRESS:-auto}
 extra=${HPCVM_UP_OPTIONS:-}                    # e.g. --accel tcg
 waiter=
-periodic=()
+keeper=(--spare "$spare" --on-drain "$on_drain")
 if [ -n "$every" ]; then
-    periodic=(--checkpoint-every "$every" --checkpoint-dir "$series" --checkpoint-keep "$keep")
+    keeper+=(--checkpoint-every "$every" --checkpoint-dir "$series" --checkpoint-keep "$keep")
 fi
 
 say() { echo "hpcvm-checkpoint-job: $*"; }
@@ -81,11 +87,11 @@ trap checkpoint_and_requeue USR1
 
 if saved; then
     say "restoring cluster $name from $series (restart ${SLURM_RESTART_COUNT:-0})"
-    "$hpcvm" cluster up --name "$name" --restore "$series" "${periodic[@]}" || exit 1
+    "$hpcvm" cluster up --name "$name" --restore "$series" "${keeper[@]}" || exit 1
 else
     # shellcheck disable=SC2086  # $extra is a list of options
     "$hpcvm" cluster up --name "$name" --image "$image" --profile "$profile" --vcpus "$vcpus" \
-        --memory "$memory" --address "$address" "${periodic[@]}" $extra || exit 1
+        --memory "$memory" --address "$address" "${keeper[@]}" $extra || exit 1
     "$hpcvm" cluster exec --detach "$name" -- mpirun -np $((vcpus * nodes)) --map-by node "$@" ||
         { "$hpcvm" cluster down "$name"; exit 1; }
 fi

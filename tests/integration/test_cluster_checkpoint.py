@@ -1,4 +1,4 @@
-"""A whole MPI job checkpointed in its VMs at a signal and at an interval, requeued,
+"""A whole MPI job checkpointed in its VMs at an interval and at a signal, requeued,
 restored on two other nodes, where it loses a node's VM, requeued again and restored
 from its last periodic checkpoint, where it goes on to the end:
 docs/examples/hpcvm-checkpoint-job.sh, submitted by the unprivileged test user to the
@@ -6,23 +6,26 @@ Slurm test cluster (scripts/test-cluster.sh, cgroup plugins), as a site's user w
 
 The story (one job, module scope): the job boots one VM per node on node1 and node2
 from the test image (tests/image_builder.py: Open MPI, sshd and tests/cluster/mpi_ring.c
-in it), with a checkpoint every few seconds (HPCVM_CHECKPOINT_EVERY), starts the MPI
-ring detached, and once a periodic checkpoint is complete is sent SIGUSR1 as Slurm
-sends it before a time limit (``scancel --signal=USR1 --batch``); the script saves the
-job as the series' next checkpoint and requeues it. The requeued job is moved to node3
-and node4 (``scontrol update``, as the user may) and restores the saved VMs there. Once
-it has taken a periodic checkpoint there, the QEMU of its second VM is killed, as a
-node crash ends it without warning: ``cluster wait`` ends (exit 11) naming the node,
-and the script requeues the job, which restores the newest periodic checkpoint on node1
-and node2 and collects the ring's output with ``cluster wait``. Then damaged,
-incomplete and mismatched copies of the signal's checkpoint are restored and must be
-refused before any VM runs.
+in it), with a checkpoint every few seconds (HPCVM_CHECKPOINT_EVERY), and starts the
+MPI ring detached. Once a periodic checkpoint is complete, the test makes the series'
+directory unwritable until a periodic checkpoint has failed (as a full disk would).
+Then it drains node2 as the admin: the job's keeper, with no spare node, sends the
+batch script SIGUSR1, as Slurm does before a time limit (``scancel --signal=USR1
+--batch``), and the script saves the job as the series' next checkpoint and requeues
+it. The requeued job is moved to node3 and node4 (``scontrol update``, as the user
+may) and restores the saved VMs there. Once it has taken a periodic checkpoint there,
+the QEMU of its second VM is killed, as a node crash ends it without warning: ``cluster
+wait`` ends (exit 11) naming the node, and the script requeues the job, which restores
+the newest periodic checkpoint on node1 and node2 and collects the ring's output with
+``cluster wait``. Then damaged, incomplete and mismatched copies of the signal's
+checkpoint are restored and must be refused before any VM runs.
 
 Oracles independent of hpcvm: the MPI program's own output (every round once, in
 order, and a counter that is right only when no message was lost or repeated: Open
 MPI's TCP transport does not reconnect, so a broken connection would abort the job),
-Slurm's record of the job (its restarts and nodes), the kernel's cpuset of each node
-for where the restored vCPUs ran, and /proc for QEMU processes left behind.
+Slurm's record of the job (its restarts and nodes) and of its nodes (drained), the
+kernel's cpuset of each node for where the restored vCPUs ran, and /proc for QEMU
+processes left behind.
 """
 
 from __future__ import annotations
@@ -55,8 +58,10 @@ SCRIPT = REPO / "docs" / "examples" / "hpcvm-checkpoint-job.sh"
 ROUNDS = 200
 DELAY_MS = 300
 EVERY = "10s"  # the periodic checkpoints' interval
+REASON = "hpcvm-test-drain"
 NAME = "ck"
 VMS = f"{NAME}-node"  # every VM of the job: NAME-<node>
+FAILED = re.compile(rf"^hpcvm: cluster {NAME}: periodic checkpoint \d+ at \S+ FAILED .*$", re.M)
 SAID = re.compile(rf"^hpcvm: cluster {NAME}: periodic checkpoint \d+ at \S+ saved in ", re.M)
 FIRST = ("node1", "node2")
 THEN = ("node3", "node4")
@@ -80,6 +85,8 @@ class Story:
     started_at_signal: float  # seconds from the ring's start to the signal
     killed: str  # the node whose VM's QEMU the test killed
     signal_seq: int  # the number of the signal's checkpoint in the series
+    held_at_failure: list[str]  # the series' files when a periodic checkpoint failed
+    keeper_said: str  # the keeper's log when the job was requeued for the drain
 
 
 @pytest.fixture(scope="module")
@@ -168,11 +175,18 @@ def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: st
     assert "cluster wait" in _text(out), _text(out)
     started = time.monotonic()
     wait_until("a periodic checkpoint", periodic_said(0), timeout=600)
+    failed = _a_save_fails(cluster, job, out, work)
     signalled = time.monotonic() - started
     assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(work)
-    cluster.run(["scancel", "--signal=USR1", "--batch", job], user=user)
-    wait_until("the checkpoint and the requeue", lambda: job_state(cluster, job) == "PENDING",
-               timeout=600)  # fmt: skip
+    # the admin drains node2: the keeper (no spare) sends the batch script SIGUSR1, as
+    # Slurm does before a time limit (scancel --signal=USR1 --batch, the same call)
+    cluster.run(["scontrol", "update", "NodeName=node2", "State=DRAIN", f"Reason={REASON}"])
+    try:
+        wait_until("the checkpoint and the requeue", lambda: job_state(cluster, job) == "PENDING",
+                   timeout=600)  # fmt: skip
+    finally:
+        cluster.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False)
+    keeper_said = _keeper_log(work)
     first_run = _text(out)
     assert "requeueing job" in first_run, first_run
     saved, signal_member = work / "saved", _newest(work)
@@ -191,7 +205,22 @@ def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: st
     wait_until("the restored job to end", lambda: job_state(cluster, job) not in
                ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"), timeout=900)  # fmt: skip
     return Story(cluster, job, out, first_run, second_run, _text(out), saved, history, work,
-                 hpcvm, signalled, THEN[1], int(signal_member.name.split("-")[1]))  # fmt: skip
+                 hpcvm, signalled, THEN[1], int(signal_member.name.split("-")[1]),
+                 failed, keeper_said)  # fmt: skip
+
+
+def _a_save_fails(cluster: LocalCluster, job: str, out: Path, work: Path) -> list[str]:
+    """The series' directory made unwritable (as a full disk or a spent quota refuses a
+    save) until cluster wait says a periodic checkpoint failed; what the series held
+    then (its last complete checkpoint must stay, and nothing half written)."""
+    series = work / "checkpoint"
+    series.chmod(0o500)
+    try:
+        wait_until("a failed periodic checkpoint", lambda: bool(FAILED.search(_text(out)))
+                   or job_state(cluster, job) != "RUNNING", timeout=300)  # fmt: skip
+        return sorted(p.name for p in series.iterdir())
+    finally:
+        series.chmod(0o700)
 
 
 def test_the_mpi_job_went_on_across_the_checkpoint(story: Story) -> None:
@@ -232,7 +261,6 @@ def test_periodic_checkpoints_were_taken_and_said_while_the_ring_ran(story: Stor
     complete in the history with what it cost, and cluster wait said it in the job's
     output as it happened."""
     saved = [t for t in story.history if t["ok"]]
-    assert not [t for t in story.history if not t["ok"]], story.history
     assert len(saved) >= 2, story.history
     for taken in saved:
         assert taken["paused_seconds"] > 0 and taken["bytes"] > 0, taken
@@ -247,6 +275,32 @@ def test_periodic_checkpoints_were_taken_and_said_while_the_ring_ran(story: Stor
     assert story.signal_seq not in seqs, (story.signal_seq, seqs)
     assert min(seqs) < story.signal_seq < max(seqs), (story.signal_seq, seqs)
     assert "requeueing job" in story.first_run and ": saved" in story.first_run
+
+
+def test_a_drained_node_without_a_spare_had_the_job_saved_and_requeued(story: Story) -> None:
+    """The keeper saw node2 drain (Slurm's own state, with the admin's reason) and, with
+    no spare node, signalled the batch script, whose trap saved the job and requeued it."""
+    said = f"node node2 drains ({REASON} ["
+    assert said in story.keeper_said, story.keeper_said
+    assert "sent the batch script SIGUSR1" in story.keeper_said, story.keeper_said
+    assert "signalled: saving cluster ck" in story.first_run, story.first_run
+    assert "a node that drains: checkpoint" in story.first_run, story.first_run
+
+
+def test_a_failed_periodic_checkpoint_was_said_and_left_the_last_complete_one(
+    story: Story,
+) -> None:
+    """While the series' directory refused writes, the keeper's checkpoints failed: each
+    is in the history with its reason and was said in the job's output; the VMs ran on
+    (the ring's output is whole, test_the_mpi_job_went_on_across_the_checkpoint), the
+    last complete checkpoint stayed, and nothing half written was left."""
+    failed = [t for t in story.history if not t["ok"]]
+    assert failed and all("cannot write in" in t["error"] for t in failed), story.history
+    said = FAILED.findall(story.first_run)
+    assert said and "the last complete checkpoint stays" in said[0], story.first_run
+    assert "checkpoint-000001" in story.held_at_failure, story.held_at_failure
+    assert not [n for n in story.held_at_failure if "partial" in n], story.held_at_failure
+    assert all(t["seq"] > 1 for t in failed)
 
 
 def test_a_lost_vm_ended_the_wait_and_the_newest_periodic_checkpoint_was_restored(

@@ -141,7 +141,8 @@ def start(name: str, plan: KeeperPlan) -> int:
         else:
             where = state.cluster_dir(name)
             log_path = where / KEEPER_LOG
-        with log_path.open("ab") as log:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "ab") as log:
             process = subprocess.Popen(
                 [*internal_argv("keeper"), name, plan.model_dump_json()],
                 stdin=subprocess.DEVNULL,
