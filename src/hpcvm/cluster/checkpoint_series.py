@@ -64,7 +64,13 @@ def complete(series: Path) -> list[Path]:
 
 
 def is_series(directory: Path) -> bool:
-    return not (directory / MANIFEST).exists() and bool(members(directory))
+    """Whether ``directory`` holds a series (and is no job checkpoint itself). A path
+    this user cannot look into is none: reading it as a checkpoint says why, in one
+    line (checkpoint_model.read)."""
+    try:
+        return not (directory / MANIFEST).exists() and bool(members(directory))
+    except OSError:
+        return False
 
 
 def newest_restorable(series: Path, say: Callable[[str], None] | None = None) -> Path:
