@@ -36,6 +36,7 @@ from tests.cluster_support import LocalCluster
 
 REPO = Path(__file__).resolve().parent.parent
 JOB_TIMEOUT = 420.0  # two TCG guests on a loaded 2-core machine; a bound on a hang
+NETGUARD_CONF = "/etc/hpcvm/netguard.conf"  # scripts/install-node.sh's netguard step
 BRIDGE_ACL = "/etc/qemu/hpcvm-bridges.conf"  # the node install's (scripts/install-node.sh)
 
 
@@ -239,19 +240,26 @@ class SlurmSite:
 
     @contextlib.contextmanager
     def bridge_on_first_node_only(self, bridge: str) -> Iterator[str]:
-        """The bridge on node 1, and allowed to the site's users (the admin's ACL of
-        QEMU's bridge helper) for the while: only node 2 lacks it."""
+        """The bridge on node 1, and allowed to the site's users for the while (the
+        admin's ACL of QEMU's bridge helper, and 'bridge' and 'range' lines in
+        hpcvm-netguard's config, whose guard would refuse a tap in it otherwise): only
+        node 2 lacks it."""
         ns1 = self.cluster.nodes[0].namespace
-        acl = Path(BRIDGE_ACL)
+        acl, guard = Path(BRIDGE_ACL), Path(NETGUARD_CONF)
         before = acl.read_text() if acl.exists() else None
+        guarded = guard.read_text() if guard.exists() else None
         subprocess.run(["ip", "-n", ns1, "link", "add", bridge, "type", "bridge"], check=True)
         try:
             if before is not None:
                 acl.write_text(f"{before}allow {bridge}\n")
+            if guarded is not None:  # brt has no subnet: the guard's range is the segment's
+                guard.write_text(f"{guarded}bridge {bridge}\nrange {self.cluster.subnet}\n")
             yield f"{self.node_prefix}2"
         finally:
             if before is not None:
                 acl.write_text(before)
+            if guarded is not None:
+                guard.write_text(guarded)
             subprocess.run(["ip", "-n", ns1, "link", "del", bridge], check=False)
 
     def diagnostics(self) -> str:
