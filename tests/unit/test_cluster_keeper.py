@@ -236,3 +236,16 @@ def test_draining_nodes_are_read_from_scontrols_own_output() -> None:
 def test_an_interval_is_said_as_the_option_takes_it(seconds: float, text: str) -> None:
     assert keeper.interval_text(seconds) == text
     assert parse_duration(text, "--checkpoint-every") == seconds
+
+
+def test_a_series_the_user_cannot_reach_is_refused_in_one_line() -> None:
+    """Under a directory the user may not enter (as nobody: root's /root is 0700)."""
+    if os.geteuid() != 0 or os.stat("/root").st_mode & 0o005:
+        pytest.skip("needs root to act as nobody, and a /root others may not enter")
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         "from pathlib import Path; from hpcvm.cluster import checkpoint_series as c; "
+         "c.prepare(Path('/root/x'), make=False)"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert "UsageError" in done.stderr and "cannot be reached (Permission denied)" in done.stderr

@@ -29,6 +29,15 @@ def prepare(directory: Path, *, make: bool = True) -> Path:
     not a directory, not writable, where other users could swap files, or a single job
     checkpoint itself."""
     series = directory.absolute()
+    try:
+        series.lstat()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # under a directory this user may not enter
+        raise UsageError(
+            f"--checkpoint-dir {series} cannot be reached ({os.strerror(exc.errno or 0)}): "
+            "give a directory you may write in"
+        ) from None
     if not series.exists():
         checkpoint_dir.check_target(series)  # its parent: exists, writable, safe
         if not make:
