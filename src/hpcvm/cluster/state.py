@@ -121,7 +121,7 @@ def one_writer(name: str, *, keeper: bool = False, patient: bool = True) -> Iter
 
     try:
         with exclusive(
-            directory.parent / f"{directory.name}{LOCK_SUFFIX}",
+            lock_path(name),
             f"cluster {name!r}",
             f"wait for it to finish, or stop it and run hpcvm cluster down {name}",
             remove=True,
@@ -135,11 +135,16 @@ def one_writer(name: str, *, keeper: bool = False, patient: bool = True) -> Iter
             directory.parent.rmdir()
 
 
+def lock_path(name: str) -> Path:
+    """The lock file of cluster ``name``: beside its state directory (one_writer)."""
+    directory = cluster_dir(name)
+    return directory.parent / f"{directory.name}{LOCK_SUFFIX}"
+
+
 def keeper_working(name: str) -> bool:
     """Whether the job's keeper holds its lock now (a periodic checkpoint or a move off
     a drained node: the VMs may stand paused, and their agents not answer)."""
-    directory = cluster_dir(name)
-    path = directory.parent / f"{directory.name}{LOCK_SUFFIX}"
+    path = lock_path(name)
     holder = read_holder(path)
     return holder is not None and holder.command.startswith(KEEPER_LABEL) and is_held(path)
 
