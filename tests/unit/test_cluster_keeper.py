@@ -249,3 +249,22 @@ def test_a_series_the_user_cannot_reach_is_refused_in_one_line() -> None:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert "UsageError" in done.stderr and "cannot be reached (Permission denied)" in done.stderr
+
+
+def test_another_users_series_or_member_is_never_used(tmp_path: Path) -> None:
+    """In a shared sticky directory another user could plant a newer 'checkpoint' to
+    be restored: a series directory not the user's own is refused, and a member not
+    the user's own is not one (nobody's here, made by root for the test)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make another user's directories")
+    series = _series(tmp_path, [1])
+    planted = series / "checkpoint-000009"
+    write_checkpoint(planted)
+    for path in [planted, *planted.rglob("*")]:
+        os.chown(path, 65534, 65534)
+    assert checkpoint_series.newest_restorable(series).name == "checkpoint-000001"
+    assert checkpoint_series.next_member(series).name == "checkpoint-000002"
+    assert checkpoint_series.prune(series, keep=1) == [] and planted.exists()
+    os.chown(series, 65534, 65534)
+    with pytest.raises(UsageError, match="is another user's"):
+        checkpoint_series.prepare(series)

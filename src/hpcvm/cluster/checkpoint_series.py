@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +46,11 @@ def prepare(directory: Path, *, make: bool = True) -> Path:
         series.mkdir(mode=0o700)
     if not series.is_dir():
         raise UsageError(f"--checkpoint-dir {series} is not a directory: give a directory")
+    if series.stat().st_uid != os.geteuid():
+        raise UsageError(
+            f"--checkpoint-dir {series} is another user's: its checkpoints would be theirs "
+            "to plant or replace; give a directory of your own (a new one is made)"
+        )
     if (series / MANIFEST).exists():
         raise UsageError(
             f"--checkpoint-dir {series} is a job checkpoint itself: give the directory "
@@ -57,12 +63,16 @@ def prepare(directory: Path, *, make: bool = True) -> Path:
 
 
 def members(series: Path) -> list[tuple[int, Path]]:
-    """The series' checkpoint directories by number, complete or not, oldest first."""
+    """The series' checkpoint directories by number, complete or not, oldest first:
+    this user's own only (one another user made in a shared directory is never
+    restored, pruned or numbered after)."""
     found: list[tuple[int, Path]] = []
+    me = os.geteuid()
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         for child in series.iterdir():
             match = _NAME.match(child.name)
-            if match and child.is_dir():
+            info = child.lstat() if match else None
+            if match and info and stat.S_ISDIR(info.st_mode) and info.st_uid == me:
                 found.append((int(match.group(1)), child))
     return sorted(found)
 
