@@ -133,3 +133,24 @@ def test_lazy_memory_is_counted_on_the_nodes_that_hold_it(
         str(sysfs_root(snapshots_dir, SNAPSHOT)),
     )
     assert old.returncode == 3  # without the lazy memory it does not fit one node
+
+
+def test_a_small_lazy_gap_is_counted_too(snapshots_dir: Path, tmp_path: Path) -> None:
+    """CI's machine showed nodes 4 % short of MemTotal (24.25 of 25.28 GB): still memory
+    the kernel has not initialised, and counted (a 10 % threshold once let it pass)."""
+    root = tmp_path / SNAPSHOT
+    shutil.copytree(sysfs_root(snapshots_dir, SNAPSHOT), root, symlinks=True)
+    before = discover(sysfs_root=root)
+    in_nodes = sum(n.memory_bytes for n in before.nodes)
+    total = int(in_nodes / 0.96) // KIB * KIB
+    meminfo = root / "proc" / "meminfo"
+    meminfo.write_text(
+        re.sub(r"^MemTotal:\s+\d+", f"MemTotal: {total // KIB}", meminfo.read_text(), flags=re.M)
+    )
+    (root / "proc" / "zoneinfo").write_text(
+        "Node 0, zone   Normal\n        present  1010\n        managed  10\n"
+    )
+    after = discover(sysfs_root=root)
+    assert sum(n.memory_bytes for n in after.nodes) == total
+    assert after.nodes[0].memory_bytes == before.nodes[0].memory_bytes + total - in_nodes
+    assert any("lazily" in w for w in after.warnings)

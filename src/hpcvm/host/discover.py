@@ -35,7 +35,7 @@ from hpcvm.units import format_cpu_list, human_size
 LIVE_ROOT = Path("/")
 LOCAL_DISTANCE = 10
 REMOTE_DISTANCE = 20
-LAZY_MEMORY_RATIO = 0.9  # node totals below this share of MemTotal get a warning
+LAZY_MEMORY_RATIO = 0.99  # node totals below this share of MemTotal: memory not initialised yet
 _SNAPSHOT_HINT = "give the root of an hwloc-gather-topology snapshot"
 
 
