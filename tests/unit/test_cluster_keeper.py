@@ -268,3 +268,20 @@ def test_another_users_series_or_member_is_never_used(tmp_path: Path) -> None:
     os.chown(series, 65534, 65534)
     with pytest.raises(UsageError, match="is another user's"):
         checkpoint_series.prepare(series)
+
+
+def test_a_history_or_log_that_cannot_be_written_does_not_end_the_keeper(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full file system under the series refuses the history's line and the log's:
+    the keeper says what it could and goes on (it once died of the OSError)."""
+    (tmp_path / keeper.HISTORY).mkdir()  # open() for append fails, as ENOSPC would
+    taken = keeper.Taken(seq=3, at=0.0, ok=False, seconds=1.0, error="no space")
+    keeper._record(tmp_path, taken)
+    assert "could not add checkpoint 3" in capsys.readouterr().out
+    full = open("/dev/full", "w")  # noqa: SIM115 - every write: ENOSPC, the kernel's own
+    monkeypatch.setattr(sys, "stdout", full)
+    keeper._say("a line the log cannot take")
+    monkeypatch.undo()
+    with pytest.raises(OSError):  # the line is still in its buffer: it was not written
+        full.close()

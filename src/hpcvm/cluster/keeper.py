@@ -95,11 +95,17 @@ def history(series: Path) -> list[Taken]:
 
 
 def _record(series: Path, taken: Taken) -> None:
-    fd = os.open(series / HISTORY, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    """Append ``taken`` to the history. A history that cannot be written (the series'
+    file system full, its directory gone) is said and the keeper goes on: the VMs run,
+    and the next checkpoint may find room again."""
     try:
-        os.write(fd, (taken.model_dump_json() + "\n").encode())
-    finally:
-        os.close(fd)
+        fd = os.open(series / HISTORY, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (taken.model_dump_json() + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        _say(f"could not add checkpoint {taken.seq} to {series / HISTORY}: {exc.strerror}")
 
 
 def describe(name: str, taken: Taken) -> str:
@@ -175,6 +181,8 @@ def run(name: str, plan_json: str) -> int:
         except BusyError:
             next_save = time.monotonic() + BUSY_RETRY  # down, checkpoint or exec: not ours
             continue
+        if not taken.ok and not _still_up(name, job):
+            break  # the job went meanwhile (saved at a signal, taken down): none was due
         _record(series, taken)
         _say(describe(name, taken))
         if taken.ok:
@@ -301,9 +309,12 @@ def _still_up(name: str, job: str) -> bool:
 
 
 def _say(message: str) -> None:
+    """One line to the keeper's log; a log that cannot take it (its file system full)
+    loses the line, never the keeper."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    sys.stdout.write(f"{stamp} hpcvm: {message}\n")
-    sys.stdout.flush()
+    with contextlib.suppress(OSError):
+        sys.stdout.write(f"{stamp} hpcvm: {message}\n")
+        sys.stdout.flush()
 
 
 def interval_text(seconds: float) -> str:
