@@ -222,3 +222,31 @@ def test_checkpoint_is_never_written_over_a_directory(tmp_path: Path) -> None:
     (tmp_path / "ck").mkdir()
     done = _cli("checkpoint", "ghost", str(tmp_path / "ck"), runtime=tmp_path / "rt")
     assert "already exists: give a new directory" in _one_error(done)
+
+
+def test_a_task_killed_on_one_node_is_named_as_that_nodes_failure() -> None:
+    """srun ends every task of a step once one is killed: the node whose task died gets
+    srun's own line about it, the other only the step's end (as srun 22.05 printed them
+    when the fault suite killed node4's save task)."""
+    from hpcvm.cluster.checkpoint import _why_silent
+
+    stderr = (
+        "srun: error: node4: task 1: Killed\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=2.11\n"
+        "srun: Force Terminated StepId=2.11\n"
+    )
+    assert _why_silent("node4", 143, stderr) == "step exit 143: srun: error: node4: task 1: Killed"
+    assert _why_silent("node3", 143, stderr) == "step exit 143: srun: Force Terminated StepId=2.11"
+
+
+def test_a_node_task_says_a_full_disk_in_the_systems_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where = tmp_path / "vm-2" / "state.bin"
+
+    def fails() -> checkpoint_node.NodeResult:
+        raise OSError(28, os.strerror(28), str(where))
+
+    assert checkpoint_node.report("node2", fails) == 0  # the answer is the line
+    (result,) = checkpoint_node.parse_results(capsys.readouterr().out)
+    assert not result.ok and result.message == f"{os.strerror(28)}: {where}"

@@ -197,8 +197,7 @@ def _phase(
     missing = sorted(set(phase.vms) - {r.node for r in results})
     if failed or missing:
         said = [f"{r.node}: {r.message}" for r in failed]
-        why = f"step exit {code}: {tail(stderr)}"
-        said += [f"{n}: no answer ({why})" for n in missing]
+        said += [f"{n}: no answer ({_why_silent(n, code, stderr)})" for n in missing]
         raise RuntimeFailure(
             f"cluster checkpoint of {record.name}: {action} failed on {'; '.join(said)}"
         )
@@ -239,6 +238,15 @@ def run_step(
             f"the {action} step did not end on every node within {timeout:g} s; it was ended"
         ) from None
     return stdout, stderr, proc.returncode
+
+
+def _why_silent(node: str, code: int, stderr: str) -> str:
+    """Why ``node``'s task gave no answer: the batch system's line about that node's
+    task where it printed one (srun: ``error: node4: task 1: Killed``), else its last
+    line. When one task is killed, srun ends the others too: the node named is the
+    one whose task died."""
+    mine = [line.strip() for line in stderr.splitlines() if f" {node}: task " in line]
+    return f"step exit {code}: {mine[-1] if mine else tail(stderr)}"
 
 
 def tail(text: str) -> str:

@@ -88,6 +88,9 @@ def report(node: str, act: Callable[[], NodeResult]) -> int:
         result = NodeResult(node=node, ok=False, message="interrupted")
     except HpcvmError as exc:
         result = NodeResult(node=node, ok=False, message=str(exc))
+    except OSError as exc:  # the system's words (a full disk: No space left on device)
+        where = f": {exc.filename}" if exc.filename else ""
+        result = NodeResult(node=node, ok=False, message=f"{exc.strerror or exc}{where}")
     except Exception as exc:  # any failure is this node's answer, never an exit code
         result = NodeResult(node=node, ok=False, message=f"{type(exc).__name__}: {exc}")
     result = result.model_copy(update={"seconds": round(time.monotonic() - begin, 6)})
