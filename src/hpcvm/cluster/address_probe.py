@@ -4,12 +4,16 @@ A new guest probes its address itself before using it (RFC 5227, in the guest). 
 restored guest cannot: it already holds its address in its saved memory and uses it
 the moment it runs. So its node asks first, as an unprivileged process may: where the
 address is on a segment this host is on (the kernel's route to it has no gateway), a
-UDP datagram to it makes the kernel resolve it (ARP), and the neighbour table
-(``ip neigh``) then says whether someone answered. An entry the table kept from
-earlier (stale) is not taken as an answer: the kernel would first use it for 5 s
-before asking again, so such an address passes (a missed conflict rather than a
-refused restore). Where the host has no address
-on that segment there is nobody to ask from the host; the address claim on the node
+UDP datagram to its discard port makes the kernel resolve it (ARP) and a live host
+answer it (ICMP port unreachable). Someone answers when the neighbour table (``ip
+neigh``) holds an entry confirmed since the datagram went, or the datagram was
+refused. An entry the table kept from earlier is no answer, whether ``STALE`` or still
+``REACHABLE``: the kernel keeps a neighbour reachable for up to 45 s after the last
+confirmation, so the VM of a job cancelled a moment ago would refuse its own restore
+(found by the fault suite: a restore right after a cancelled job on the same nodes).
+Where the entry is old and the host drops the datagram silently the address passes (a
+missed conflict rather than a refused restore). Where the host has no address on that
+segment there is nobody to ask from the host; the address claim on the node
 (addresses.py) still holds.
 """
 
@@ -41,17 +45,45 @@ def on_link(ip: ipaddress.IPv4Address) -> bool:
     return False
 
 
-def answering_mac(ip: ipaddress.IPv4Address) -> str | None:
-    """The hardware address of a neighbour that has just answered for ``ip``
-    (``REACHABLE``); an entry left from earlier (``STALE``) is not an answer."""
+def answering_mac(ip: ipaddress.IPv4Address, within: float) -> str | None:
+    """The hardware address of a neighbour that has answered for ``ip`` in the last
+    ``within`` seconds (``REACHABLE``, confirmed since; ``ip -s`` gives the age in
+    whole seconds); an entry confirmed earlier is no answer."""
+    done = subprocess.run(
+        ["ip", "-s", "-j", "neigh", "show", "to", str(ip)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    with contextlib.suppress(ValueError, TypeError):
+        for entry in json.loads(done.stdout or "[]"):
+            fresh = int(entry.get("confirmed", within + 1)) <= within
+            if "REACHABLE" in entry.get("state", ()) and entry.get("lladdr") and fresh:
+                return str(entry["lladdr"])
+    return None
+
+
+def known_mac(ip: ipaddress.IPv4Address) -> str:
+    """Whatever hardware address the neighbour table has for ``ip``, for a message."""
     done = subprocess.run(
         ["ip", "-j", "neigh", "show", "to", str(ip)], capture_output=True, text=True, check=False
     )
     with contextlib.suppress(ValueError, TypeError):
         for entry in json.loads(done.stdout or "[]"):
-            if "REACHABLE" in entry.get("state", ()) and entry.get("lladdr"):
+            if entry.get("lladdr"):
                 return str(entry["lladdr"])
-    return None
+    return "a host"
+
+
+def _refused(probe: socket.socket) -> bool:
+    """Whether the probe's datagram was refused (ICMP port unreachable: a live host)."""
+    try:
+        probe.recv(1)
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return True  # something answered on the discard port itself
 
 
 def check_free(address: ipaddress.IPv4Interface, vm: str) -> None:
@@ -60,15 +92,21 @@ def check_free(address: ipaddress.IPv4Interface, vm: str) -> None:
     ip = address.ip
     if not on_link(ip):
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe, contextlib.suppress(OSError):
-        probe.sendto(b"", (str(ip), 9))  # discard: only the ARP request matters
-    until = time.monotonic() + PROBE_WAIT
-    while time.monotonic() < until:
-        mac = answering_mac(ip)
-        if mac is not None:
-            raise RuntimeFailure(
-                f"address {ip} of the saved VM {vm} is in use on the segment ({mac} answers "
-                "for it): is the job it was saved from still running? take it down first",
-                cause=ADDRESS_IN_USE,
-            )
-        time.sleep(0.05)
+    sent = time.monotonic()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.setblocking(False)
+        with contextlib.suppress(OSError):
+            probe.connect((str(ip), 9))  # discard: the ARP request and the refusal matter
+            probe.send(b"")
+        while time.monotonic() < sent + PROBE_WAIT:
+            mac = answering_mac(ip, time.monotonic() - sent)
+            if mac is None and _refused(probe):
+                mac = known_mac(ip)
+            if mac is not None:
+                raise RuntimeFailure(
+                    f"address {ip} of the saved VM {vm} is in use on the segment ({mac} "
+                    "answers for it): is the job it was saved from still running? take it "
+                    "down first",
+                    cause=ADDRESS_IN_USE,
+                )
+            time.sleep(0.05)
