@@ -75,7 +75,7 @@ in_ns() {
   local ns=$1 name=$2
   shift 2
   HPCVM_CG_PROCS=$(node_cgroup "$name")/cgroup.procs \
-    nsenter --net="/run/netns/$ns" -- unshare --mount --uts --propagation private -- sh -c \
+    nsenter --net="/run/netns/$ns" -- unshare --mount --uts --propagation slave -- sh -c \
     'if [ -f "$HPCVM_CG_PROCS" ]; then echo $$ >"$HPCVM_CG_PROCS"; fi
      unset HPCVM_CG_PROCS
      hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"' \
@@ -356,8 +356,12 @@ do_down() {
   remove_slurm_cgroups
   remove_cpusets
   remove_test_user
-  # Only a directory this script made (it carries the marker) is ever removed.
-  if [ -f "$DIR/$MARKER" ]; then rm -rf "$DIR"; fi
+  # Only a directory this script made (it carries the marker) is ever removed, and
+  # what a test mounted under its shared mount point goes first.
+  if [ -f "$DIR/$MARKER" ]; then
+    if mountpoint -q "$DIR/mnt"; then umount -R "$DIR/mnt" || umount -R -l "$DIR/mnt"; fi
+    rm -rf "$DIR"
+  fi
   # `ip netns add` turned /run/netns into a mount point; undo that if it was ours and
   # nothing else lives there now.
   if [ "$created_run_netns" -eq 1 ] && [ -d /run/netns ] && [ -z "$(ls -A /run/netns)" ]; then
@@ -378,6 +382,18 @@ check_tools() {
     command -v "$t" >/dev/null 2>&1 || missing+=("$t")
   done
   [ "${#missing[@]}" -eq 0 ] || die "missing ${missing[*]}; install with: scripts/setup-cluster.sh"
+}
+
+# $DIR/mnt: a mount point the host shares with every node. The nodes' mount namespaces
+# are its slaves (in_ns: --propagation slave; every other mount stays private, so a
+# node's own mounts, its /etc/hosts, never reach the host): a file system a test mounts
+# under it later appears on every node at the same path, as a site's shared file system
+# does (tests/cluster_support.py small_fs: a small tmpfs that fills during a save).
+make_shared_mount() {
+  mkdir -p "$DIR/mnt"
+  chmod 755 "$DIR/mnt"
+  mount --bind "$DIR/mnt" "$DIR/mnt"
+  mount --make-shared "$DIR/mnt"
 }
 
 make_network() {
@@ -589,6 +605,7 @@ do_up() {
   mkdir -p "$DIR"
   chmod 755 "$DIR"
   touch "$DIR/$MARKER"
+  make_shared_mount
   make_cpusets "$n" >"$DIR/node-cpus"
   ensure_test_user
   make_claims_dir

@@ -491,3 +491,69 @@ def built_test_image() -> Path:
 def image() -> Path:
     """The test image, for a module's cluster job (``image = cluster_support.image``)."""
     return built_test_image()
+
+
+@contextlib.contextmanager
+def small_fs(cluster: LocalCluster, size_mib: int) -> Iterator[Path]:
+    """A tmpfs of ``size_mib`` MiB, the test user's (0700), that every node of the
+    test cluster sees at the same path, as a site's shared file system: mounted under
+    the script's shared mount point (``$DIR/mnt``, whose copies in the nodes' mount
+    namespaces are its slaves). ``free_only`` fills it; unmounted afterwards."""
+    shared = cluster.state_dir / "mnt"
+    # mountpoint(1) reads the mount table: a bind mount on its own file system has the
+    # st_dev of its parent, which os.path.ismount takes for no mount
+    if subprocess.run(["mountpoint", "-q", str(shared)], check=False).returncode != 0:
+        pytest.fail(
+            f"{shared} is no mount point: this test cluster was started by an older "
+            "scripts/test-cluster.sh; run `scripts/test-cluster.sh down` and test again"
+        )
+    path = Path(tempfile.mkdtemp(prefix="fs-", dir=shared))
+    options = f"size={size_mib}m,mode=0700,uid={TEST_UID},gid={TEST_UID}"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "hpcvm-test-fs", str(path)],
+                   check=True)  # fmt: skip
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def fs_used(path: Path) -> int:
+    """Bytes used on the file system at ``path`` (statvfs)."""
+    info = os.statvfs(path)
+    return (info.f_blocks - info.f_bfree) * info.f_frsize
+
+
+@contextlib.contextmanager
+def free_only(path: Path, free_bytes: int) -> Iterator[None]:
+    """The tmpfs at ``path`` (``small_fs``) shrunk to what it holds plus
+    ``free_bytes`` while inside, as a disk that fills: the next large write gets ENOSPC
+    from the kernel. Its size is given back afterwards."""
+    before = os.statvfs(path)
+    size = before.f_blocks * before.f_frsize
+    for _attempt in range(5):  # a size below what it holds is refused: it grew meanwhile
+        tight = fs_used(path) + free_bytes
+        argv = ["mount", "-o", f"remount,size={tight // 1024}k", str(path)]
+        if subprocess.run(argv, check=False, capture_output=True).returncode == 0:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"could not shrink the tmpfs at {path} to what it holds")
+    try:
+        yield
+    finally:
+        subprocess.run(["mount", "-o", f"remount,size={size // 1024}k", str(path)], check=True)
+
+
+@contextlib.contextmanager
+def link_down(node: str) -> Iterator[None]:
+    """Node ``node``'s link to the cluster's switch down while inside (its uplink veth
+    ``up0``, in its own namespace), as a cable pulled or a switch port that fails: the
+    node and its VMs reach nothing, and nothing reaches them."""
+    namespace = f"{NODE_NAMESPACE_PREFIX}{node.removeprefix('node')}"
+    subprocess.run(["ip", "-n", namespace, "link", "set", "up0", "down"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "-n", namespace, "link", "set", "up0", "up"], check=True)
