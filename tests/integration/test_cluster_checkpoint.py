@@ -4,21 +4,27 @@ from its last periodic checkpoint, where it goes on to the end:
 docs/examples/hpcvm-checkpoint-job.sh, submitted by the unprivileged test user to the
 Slurm test cluster (scripts/test-cluster.sh, cgroup plugins), as a site's user would.
 
-The story (one job, module scope): the job boots one VM per node on node1 and node2
-from the test image (tests/image_builder.py: Open MPI, sshd and tests/cluster/mpi_ring.c
-in it), with a checkpoint every few seconds (HPCVM_CHECKPOINT_EVERY), and starts the
-MPI ring detached. Once a periodic checkpoint is complete, the test makes the series'
-directory unwritable until a periodic checkpoint has failed (as a full disk would).
-Then it drains node2 as the admin: the job's keeper, with no spare node, sends the
-batch script SIGUSR1, as Slurm does before a time limit (``scancel --signal=USR1
---batch``), and the script saves the job as the series' next checkpoint and requeues
-it. The requeued job is moved to node3 and node4 (``scontrol update``, as the user
-may) and restores the saved VMs there. Once it has taken a periodic checkpoint there,
+The story (one job, module scope): the job boots one VM per node on node1 and node2 from
+the test image (tests/image_builder.py: Open MPI, sshd and tests/cluster/mpi_ring.c in
+it), with a checkpoint every few seconds (HPCVM_CHECKPOINT_EVERY) into a series on a
+small tmpfs that every node sees (the test cluster's shared mount point, as a site's
+shared file system), and starts the MPI ring detached. Once a periodic checkpoint is
+complete, the test shrinks that file system to what it holds until a periodic checkpoint
+has failed for want of space (the kernel's ENOSPC, midway through the save). Then it
+drains node2 as the admin: the job's keeper, with no spare node, sends the batch script
+SIGUSR1, as Slurm does before a time limit (``scancel --signal=USR1 --batch``), and the
+script saves the job as the series' next checkpoint and requeues it. The requeued job is
+moved to node3 and node4 (``scontrol update``, as the user may) and restores the saved
+VMs there. Once it has taken a periodic checkpoint there, node4's link to the switch
+goes down for 10 s (the job must go on and save again), then node4's task of the next
+periodic save is killed (that checkpoint fails, naming node4, and the VMs run on), then
 the QEMU of its second VM is killed, as a node crash ends it without warning: ``cluster
 wait`` ends (exit 11) naming the node, and the script requeues the job, which restores
 the newest periodic checkpoint on node1 and node2 and collects the ring's output with
 ``cluster wait``. Then damaged, incomplete and mismatched copies of the signal's
-checkpoint are restored and must be refused before any VM runs.
+checkpoint are restored and must be refused before any VM runs, and a job restoring an
+intact copy is cancelled while QEMU loads the state: nothing may be left on any node,
+and the copy must be unchanged.
 
 Oracles independent of hpcvm: the MPI program's own output (every round once, in
 order, and a counter that is right only when no message was lost or repeated: Open
@@ -30,6 +36,7 @@ processes left behind.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -55,7 +62,7 @@ image = cluster_support.image
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "docs" / "examples" / "hpcvm-checkpoint-job.sh"
-ROUNDS = 200
+ROUNDS = 320  # 96 s of ring at least: it must outlast the first two runs (about 70 s)
 DELAY_MS = 300
 EVERY = "10s"  # the periodic checkpoints' interval
 REASON = "hpcvm-test-drain"
@@ -68,6 +75,9 @@ THEN = ("node3", "node4")
 ROUND = re.compile(r"^round=(\d+) counter=(\d+) host=(\S+) peer=(\S+)$", re.M)
 PS_ROW = re.compile(r"^│ (node\d) +│ (\S+) +│ (\w+) +│ (\S+) +│ (\S+) +│", re.M)
 BOOT_TIMEOUT = 900.0  # two disk-image guests booting under TCG on a loaded 2-core machine
+SERIES_MIB = 4096  # the shared tmpfs of the series: a few checkpoints of two 384M guests
+FREE_WHEN_FULL = 4 * 2**20  # room left on it while "full": the history's lines, no VM
+LINK_DOWN_SECONDS = 10.0
 
 
 @dataclass
@@ -81,23 +91,31 @@ class Story:
     saved: Path  # a copy of the signal's checkpoint, taken while the job waited
     history: list[dict[str, Any]]  # the series' checkpoints.jsonl at the second requeue
     workdir: Path
+    series: Path  # the job's series of checkpoints, on the small shared tmpfs
     hpcvm: str
     started_at_signal: float  # seconds from the ring's start to the signal
     killed: str  # the node whose VM's QEMU the test killed
     signal_seq: int  # the number of the signal's checkpoint in the series
     held_at_failure: list[str]  # the series' files when a periodic checkpoint failed
     keeper_said: str  # the keeper's log when the job was requeued for the drain
+    outage: Outage  # what the job's output said while node4's link was down, and after
+    killed_save: str  # the job's output after node4's save task was killed
+    held_after_kill: list[str]  # the series' files then
 
 
 @pytest.fixture(scope="module")
 def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterator[Story]:
     site = SlurmSite(slurm_cluster, str(user_hpcvm))
-    with cluster_support.user_dir("hpcvm-ckpt-") as work:
+    with (
+        cluster_support.user_dir("hpcvm-ckpt-") as work,
+        cluster_support.small_fs(slurm_cluster, SERIES_MIB) as shared,
+    ):
+        series = shared / "checkpoint"
         env = site.job_env(
             NAME,
             HPCVM_IMAGE=str(image),
             HPCVM_MEMORY="384M",
-            HPCVM_CHECKPOINT=str(work / "checkpoint"),
+            HPCVM_CHECKPOINT=str(series),
             HPCVM_CHECKPOINT_EVERY=EVERY,
             # two disk-image guests booting at once under TCG: minutes on a slow day
             HPCVM_UP_OPTIONS="--accel tcg --housekeeping 0 --timeout 900 --ready-timeout 600",
@@ -109,7 +127,7 @@ def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterato
         done = slurm_cluster.run(argv, env=env, user=cluster_support.TEST_USER)
         job = done.stdout.strip().split(";")[0]
         try:
-            yield _run_story(slurm_cluster, job, out, work, str(user_hpcvm))
+            yield _run_story(slurm_cluster, job, out, work, series, str(user_hpcvm))
         finally:
             slurm_cluster.run(["scancel", job], check=False)
             wait_until("the job to leave the queue", lambda: job_state(slurm_cluster, job)
@@ -125,14 +143,14 @@ def _text(out: Path) -> str:
     return out.read_text(errors="replace") if out.is_file() else ""
 
 
-def _keeper_log(work: Path) -> str:
-    log = work / "checkpoint" / "checkpoints.log"
+def _keeper_log(series: Path) -> str:
+    log = series / "checkpoints.log"
     return "\n--- the keeper's log:\n" + (log.read_text() if log.is_file() else "(none)")
 
 
-def _newest(work: Path) -> Path:
-    done = sorted((work / "checkpoint").glob("checkpoint-*/job.json"))
-    assert done, list((work / "checkpoint").iterdir())
+def _newest(series: Path) -> Path:
+    done = sorted(series.glob("checkpoint-*/job.json"))
+    assert done, list(series.iterdir())
     return done[-1].parent
 
 
@@ -151,7 +169,9 @@ def _kill_qemu(vm: str) -> None:
     pytest.fail(f"no QEMU of {vm} to kill")
 
 
-def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: str) -> Story:
+def _run_story(
+    cluster: LocalCluster, job: str, out: Path, work: Path, series: Path, hpcvm: str
+) -> Story:
     user = cluster_support.TEST_USER
 
     def started_or_ended() -> bool:
@@ -175,9 +195,9 @@ def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: st
     assert "cluster wait" in _text(out), _text(out)
     started = time.monotonic()
     wait_until("a periodic checkpoint", periodic_said(0), timeout=600)
-    failed = _a_save_fails(cluster, job, out, work)
+    failed = _a_save_fails(cluster, job, out, series)
     signalled = time.monotonic() - started
-    assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(work)
+    assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(series)
     # the admin drains node2: the keeper (no spare) sends the batch script SIGUSR1, as
     # Slurm does before a time limit (scancel --signal=USR1 --batch, the same call)
     cluster.run(["scontrol", "update", "NodeName=node2", "State=DRAIN", f"Reason={REASON}"])
@@ -186,41 +206,111 @@ def _run_story(cluster: LocalCluster, job: str, out: Path, work: Path, hpcvm: st
                    timeout=600)  # fmt: skip
     finally:
         cluster.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False)
-    keeper_said = _keeper_log(work)
+    keeper_said = _keeper_log(series)
     first_run = _text(out)
     assert "requeueing job" in first_run, first_run
-    saved, signal_member = work / "saved", _newest(work)
+    saved, signal_member = work / "saved", _newest(series)
     subprocess.run(["cp", "-a", str(signal_member), str(saved)], check=True)
     move_to(THEN)
     wait_until("a periodic checkpoint of the restored job", periodic_said(len(first_run)),
                timeout=900)  # fmt: skip
-    assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(work)
+    assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(series)
+    outage = _a_link_drops(cluster, job, out, THEN[1])
+    assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(series)
+    killed_save = _a_save_is_killed(cluster, job, out, THEN[1])
+    held_after_kill = sorted(p.name for p in series.iterdir())
+    assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(series)
     _kill_qemu(f"{NAME}-node2")  # on THEN[1] now
     wait_until("the requeue after the lost VM", lambda: job_state(cluster, job) == "PENDING",
                timeout=300)  # fmt: skip
     second_run = _text(out)
-    history_file = work / "checkpoint" / "checkpoints.jsonl"
+    history_file = series / "checkpoints.jsonl"
     history = [json.loads(line) for line in history_file.read_text().splitlines()]
     move_to(FIRST)
     wait_until("the restored job to end", lambda: job_state(cluster, job) not in
                ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"), timeout=900)  # fmt: skip
     return Story(cluster, job, out, first_run, second_run, _text(out), saved, history, work,
-                 hpcvm, signalled, THEN[1], int(signal_member.name.split("-")[1]),
-                 failed, keeper_said)  # fmt: skip
+                 series, hpcvm, signalled, THEN[1], int(signal_member.name.split("-")[1]),
+                 failed, keeper_said, outage, killed_save, held_after_kill)  # fmt: skip
 
 
-def _a_save_fails(cluster: LocalCluster, job: str, out: Path, work: Path) -> list[str]:
-    """The series' directory made unwritable (as a full disk or a spent quota refuses a
-    save) until cluster wait says a periodic checkpoint failed; what the series held
-    then (its last complete checkpoint must stay, and nothing half written)."""
-    series = work / "checkpoint"
-    series.chmod(0o500)
-    try:
+def _a_save_fails(cluster: LocalCluster, job: str, out: Path, series: Path) -> list[str]:
+    """The series' file system shrunk to what it holds (a disk that fills) until cluster
+    wait says a periodic checkpoint failed; what the series held then (its last
+    complete checkpoint must stay, and nothing half written)."""
+    with cluster_support.free_only(series.parent, FREE_WHEN_FULL):
         wait_until("a failed periodic checkpoint", lambda: bool(FAILED.search(_text(out)))
                    or job_state(cluster, job) != "RUNNING", timeout=300)  # fmt: skip
         return sorted(p.name for p in series.iterdir())
-    finally:
-        series.chmod(0o700)
+
+
+@dataclass
+class Outage:
+    seconds: float  # how long node4's link was down
+    said_during: str  # what the job's output said meanwhile
+    said_after: str  # ... from the link's return until a periodic checkpoint was saved
+
+
+def _said_after(
+    cluster: LocalCluster, job: str, out: Path, pattern: re.Pattern[str], since: int
+) -> Callable[[], bool]:
+    """Whether the job's output matched ``pattern`` after offset ``since`` (or the job
+    no longer runs), for wait_until."""
+    return lambda: bool(pattern.search(_text(out)[since:])) or job_state(cluster, job) != "RUNNING"
+
+
+def _a_link_drops(cluster: LocalCluster, job: str, out: Path, node: str) -> Outage:
+    """``node``'s link down for LINK_DOWN_SECONDS, then up. The ring runs across it
+    (its output comes only at its end, from the guest); the job must go on: still
+    running, and saving its next periodic checkpoint after the link is back."""
+    since = len(_text(out))
+    began = time.monotonic()
+    with cluster_support.link_down(node):
+        time.sleep(LINK_DOWN_SECONDS)
+    seconds = time.monotonic() - began
+    back = len(_text(out))
+    wait_until("a periodic checkpoint after the outage", _said_after(cluster, job, out, SAID, back),
+               timeout=300)  # fmt: skip
+    text = _text(out)
+    return Outage(seconds, text[since:back], text[back:])
+
+
+def _a_save_is_killed(cluster: LocalCluster, job: str, out: Path, node: str) -> str:
+    """The next periodic checkpoint's save task on ``node`` SIGKILLed while it saves (its
+    process found in /proc: the phase in its command line, the node in its
+    environment); what the job's output said about it."""
+    since = len(_text(out))
+    found: list[int] = []
+
+    def saving() -> bool:
+        found[:] = _phase_tasks("save", node)
+        return bool(found) or job_state(cluster, job) != "RUNNING"
+
+    wait_until(f"a save on {node}", saving, timeout=120)
+    assert found, _text(out)[since:]
+    for pid in found:
+        os.kill(pid, 9)
+    wait_until("the killed save to be said", _said_after(cluster, job, out, FAILED, since),
+               timeout=300)  # fmt: skip
+    return _text(out)[since:]
+
+
+def _phase_tasks(action: str, node: str) -> list[int]:
+    """The pids of a checkpoint phase's tasks on ``node``."""
+    phase = f'"action":"{action}"'.encode()
+    where = f"SLURMD_NODENAME={node}\0".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"checkpoint-node" in cmdline and phase in cmdline and where in environ:
+            pids.append(int(proc.name))
+    return pids
 
 
 def test_the_mpi_job_went_on_across_the_checkpoint(story: Story) -> None:
@@ -264,7 +354,7 @@ def test_periodic_checkpoints_were_taken_and_said_while_the_ring_ran(story: Stor
     assert len(saved) >= 2, story.history
     for taken in saved:
         assert taken["paused_seconds"] > 0 and taken["bytes"] > 0, taken
-        assert Path(taken["path"]).parent == story.workdir / "checkpoint", taken
+        assert Path(taken["path"]).parent == story.series, taken
     first = saved[0]
     said = f"hpcvm: cluster {NAME}: periodic checkpoint {first['seq']} at "
     assert said in story.first_run and " saved in " in story.first_run, story.first_run
@@ -290,17 +380,43 @@ def test_a_drained_node_without_a_spare_had_the_job_saved_and_requeued(story: St
 def test_a_failed_periodic_checkpoint_was_said_and_left_the_last_complete_one(
     story: Story,
 ) -> None:
-    """While the series' directory refused writes, the keeper's checkpoints failed: each
+    """While the series' file system was full, the keeper's checkpoints failed: each
     is in the history with its reason and was said in the job's output; the VMs ran on
     (the ring's output is whole, test_the_mpi_job_went_on_across_the_checkpoint), the
     last complete checkpoint stayed, and nothing half written was left."""
-    failed = [t for t in story.history if not t["ok"]]
-    assert failed and all("cannot write in" in t["error"] for t in failed), story.history
+    failed = [
+        t for t in story.history if not t["ok"] and t["seq"] <= story.signal_seq
+    ]  # a failed save leaves no member: the signal's took its number
+    assert failed and all("No space left on device" in t["error"] for t in failed), failed
+    # and no other failure than the save the test killed: none for a job that had gone
+    # (a keeper once tried a periodic checkpoint of the job its signal had saved)
+    others = [t for t in story.history if not t["ok"] and t not in failed]
+    assert all("node4: task 1: Killed" in t["error"] for t in others), others
     said = FAILED.findall(story.first_run)
     assert said and "the last complete checkpoint stays" in said[0], story.first_run
     assert "checkpoint-000001" in story.held_at_failure, story.held_at_failure
     assert not [n for n in story.held_at_failure if "partial" in n], story.held_at_failure
     assert all(t["seq"] > 1 for t in failed)
+
+
+def test_a_link_down_for_10_s_and_the_job_went_on(story: Story) -> None:
+    """node4's link down for 10 s while the ring's messages cross it: the job ran on
+    (the ring's answer is exact: test_the_mpi_job_went_on_across_the_checkpoint), and
+    its next periodic checkpoint after the link's return was saved."""
+    assert story.outage.seconds >= LINK_DOWN_SECONDS
+    assert SAID.search(story.outage.said_after), story.outage
+    assert "lost a VM" not in story.outage.said_during + story.outage.said_after
+
+
+def test_a_save_killed_on_one_node_failed_that_checkpoint_only(story: Story) -> None:
+    """node4's save task killed midway: that checkpoint failed, said at once with the
+    node; the VMs ran again (the ring went on to its exact end), the last complete
+    checkpoint stayed and no half-written one was left."""
+    said = FAILED.findall(story.killed_save)
+    assert said and "node4" in said[0] and "save" in said[0], story.killed_save
+    assert "the last complete checkpoint stays" in said[0], said[0]
+    complete = [n for n in story.held_after_kill if n.startswith("checkpoint-")]
+    assert complete and not [n for n in story.held_after_kill if "partial" in n], complete
 
 
 def test_a_lost_vm_ended_the_wait_and_the_newest_periodic_checkpoint_was_restored(
@@ -334,15 +450,10 @@ def test_the_restored_vcpus_ran_in_their_new_nodes_cpusets(story: Story) -> None
 
 
 def test_the_checkpoint_is_gone_once_the_job_ended(story: Story) -> None:
-    assert not (story.workdir / "checkpoint").exists()
-    assert not list(story.workdir.glob(".checkpoint*partial*"))
+    assert not story.series.exists()
+    assert not list(story.series.parent.glob(".checkpoint*partial*"))
     assert vm_count(VMS) == 0
-    keepers = [
-        p
-        for p in Path("/proc").iterdir()
-        if p.name.isdigit() and b"keeper\x00" + NAME.encode() in _cmdline(p)
-    ]
-    assert not keepers, keepers
+    assert not _keepers(NAME)
 
 
 def _cmdline(proc: Path) -> bytes:
@@ -420,3 +531,127 @@ def test_the_user_image_must_be_the_one_under_the_overlays(story: Story) -> None
         manifest.write_text(json.dumps(data))
     _refused(_restore_in_job(story, bad), "changed since checkpoint")
     shutil.rmtree(bad, ignore_errors=True)
+
+
+# -- scancel in the middle of a restore, and of a save -----------------------------------
+
+RESTORE_SCRIPT = """#!/bin/bash
+"$HPCVM" cluster up --name rs --restore "$@"
+echo "rc=$?"
+"$HPCVM" cluster wait rs
+"""
+CLAIMS = Path(os.environ.get("HPCVM_ADDRESS_CLAIMS", "/dev/shm/hpcvm-addresses"))
+
+
+def _digests(directory: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _claims() -> set[str]:
+    return {p.name for p in CLAIMS.iterdir()} if CLAIMS.is_dir() else set()
+
+
+def _restoring_job(story: Story, copy: Path, *extra: str) -> tuple[str, Path]:
+    """A job of the test user restoring ``copy`` on THEN (``cluster up --restore COPY
+    EXTRA...``, then ``cluster wait``); its id and output file."""
+    script = story.workdir / "restore.sh"
+    script.write_text(RESTORE_SCRIPT)
+    os.chown(script, cluster_support.TEST_UID, cluster_support.TEST_UID)
+    script.chmod(0o755)
+    out = story.workdir / f"restore-{copy.name}.out"
+    argv = ["sbatch", "-N", "2", f"--nodelist={','.join(THEN)}", f"--chdir={story.workdir}",
+            f"--output={out}", "--parsable", str(script), str(copy), *extra]  # fmt: skip
+    done = story.cluster.run(argv, env={"HPCVM": story.hpcvm}, user=cluster_support.TEST_USER)
+    return done.stdout.strip().split(";")[0], out
+
+
+def _cancelled_leaving_nothing(story: Story, job: str, claims: set[str]) -> None:
+    """Cancel ``job`` as its user; then nothing of it may be left on any node: QEMU,
+    tap, address claim, run directory, the cluster's state, the keeper."""
+    story.cluster.run(["scancel", job], user=cluster_support.TEST_USER, check=False)
+    wait_until("the job to end", lambda: job_state(story.cluster, job)
+               in ("GONE", "CANCELLED", "COMPLETED", "FAILED"), timeout=180)  # fmt: skip
+    wait_until("the restored VMs to go", lambda: vm_count(VMS) == 0, timeout=120)
+    site = SlurmSite(story.cluster, story.hpcvm)
+    root = site.runtime_root()
+    wait_until("the state to go", lambda: not (root / ".clusters" / "rs").exists(), timeout=60)
+    assert sorted(p.name for p in root.glob(f"{VMS}*")) == []
+    assert site.extra_links() == {}
+    assert _claims() <= claims, _claims() - claims
+    assert not _keepers("rs")
+
+
+def _keepers(name: str) -> list[Path]:
+    return [
+        p
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and b"keeper\x00" + name.encode() in _cmdline(p)
+    ]
+
+
+def _user_copy(story: Story, name: str) -> Path:
+    copy = _copy(story, name)
+    subprocess.run(["chown", "-R", f"{cluster_support.TEST_UID}:{cluster_support.TEST_UID}",
+                    str(copy)], check=True)  # fmt: skip
+    return copy
+
+
+def test_scancel_during_a_restore_leaves_nothing_and_the_checkpoint_intact(story: Story) -> None:
+    """The user cancels a job while its VMs are being restored (QEMU loading the saved
+    state on both nodes): every QEMU, tap, address claim, run and state directory goes,
+    on every node, and the checkpoint read from is as it was, so the next job can
+    restore it (this module's story restored the same bytes)."""
+    copy = _user_copy(story, "cancelled")
+    before, claims = _digests(copy), _claims()
+    job, out = _restoring_job(story, copy)
+    try:
+        deadline = time.monotonic() + 300  # polled often: a restore takes seconds
+        while vm_count(VMS) == 0 and time.monotonic() < deadline:  # the saved VMs' names
+            time.sleep(0.1)
+        restoring = "restored and running" not in _text(out)
+    finally:
+        _cancelled_leaving_nothing(story, job, claims)
+    assert restoring, _text(out)
+    assert _digests(copy) == before
+    assert "rc=0" not in _text(out), _text(out)
+
+
+def test_scancel_during_a_save_keeps_a_complete_restorable_checkpoint(story: Story) -> None:
+    """A restored job saving itself every 3 s into a new series is cancelled while its
+    second save runs on the nodes: nothing of the job is left; the first save, complete
+    before, is unchanged unless the second completed before the job's end (the keeper
+    finishes a save it began, within Slurm's KillWait) and replaced it; either way the
+    series' newest complete checkpoint restores."""
+    copy = _user_copy(story, "saving")
+    series = story.series.parent / "cancelled-series"
+    claims = _claims()
+    job, out = _restoring_job(story, copy, "--checkpoint-every", "3s", "--checkpoint-dir",
+                              str(series), "--checkpoint-keep", "1")  # fmt: skip
+
+    def complete() -> list[Path]:
+        return sorted(p.parent for p in series.glob("checkpoint-*/job.json"))
+
+    def running() -> bool:
+        return job_state(story.cluster, job) in ("PENDING", "RUNNING")
+
+    try:
+        wait_until("a first periodic checkpoint", lambda: bool(complete()) or not running(),
+                   timeout=300)  # fmt: skip
+        (first,) = complete()
+        before = _digests(first)
+        wait_until("the next save on the nodes", lambda: bool(_phase_tasks("save", THEN[1]))
+                   or not running(), timeout=120)  # fmt: skip
+        saving = bool(_phase_tasks("save", THEN[1]))
+    finally:
+        _cancelled_leaving_nothing(story, job, claims)
+    assert saving, _text(out)
+    kept = complete()
+    assert len(kept) == 1, kept  # --checkpoint-keep 1
+    if kept == [first]:
+        assert _digests(first) == before
+    text = _restore_in_job(story, series)
+    assert "rc=0" in text and "restored and running" in text, text
