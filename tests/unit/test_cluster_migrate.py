@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,36 @@ def test_a_file_arrives_in_place_and_a_damaged_one_is_refused(tmp_path: Path) ->
         channel.send_message(left, {"sha256": "0" * 64})
         with pytest.raises(channel.ChannelError, match="damaged"):
             channel.recv_file(right, str(target))
+
+
+def test_a_spare_waiting_for_the_disk_gives_up_once_the_source_went() -> None:
+    """The target waits for the source's disk connection; a source killed after QEMU's
+    pass closes its first connection: the wait ends at once (it took the keeper's next
+    move from that node for the dead one's disk), while a live source's disk connection
+    is still taken. Real sockets on loopback."""
+    from hpcvm.cluster.migrate_node import Listener
+    from hpcvm.runtime.migration_channel import ChannelError
+
+    listener = Listener("127.0.0.1")
+    try:
+        first, source_end = socket.socketpair()
+        host, port = listener.address.split(":")
+
+        def disk() -> None:
+            with socket.create_connection((host, int(port))) as conn:
+                channel.connect_peer(conn, SECRET)
+                conn.recv(1)  # held open until the target is done with it
+
+        sender = threading.Thread(target=disk, daemon=True)
+        sender.start()
+        taken = listener.accept_peer(SECRET, "127.0.0.1", first)  # the source is alive
+        taken.close()
+        sender.join(timeout=10)
+        source_end.close()  # the source's step dies: its first connection closes
+        began = time.monotonic()
+        with pytest.raises(ChannelError, match="went before it sent the disk"):
+            listener.accept_peer(SECRET, "127.0.0.1", first)
+        assert time.monotonic() - began < 5.0  # not CONNECT_TIMEOUT (30 s)
+        first.close()
+    finally:
+        listener.close()

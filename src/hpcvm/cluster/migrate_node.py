@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import select
 import signal
 import socket
 import threading
@@ -77,11 +78,19 @@ class Listener:
         host, port = self.sock.getsockname()[:2]
         return f"{host}:{port}"
 
-    def accept_peer(self, secret: str, source: str) -> socket.socket:
+    def accept_peer(
+        self, secret: str, source: str, first: socket.socket | None = None
+    ) -> socket.socket:
         """The source's next connection (its disk, runtime/migration.py), from the
-        source's address and authenticated; others are dropped and waited past."""
+        source's address and authenticated; others are dropped and waited past. When
+        the source's ``first`` connection closes meanwhile, the source is gone (its
+        step killed after QEMU's pass): ChannelError at once, so that this node tears
+        its copy down and listens again, rather than take the next migration from that
+        node for this one's disk (the fault suite found the keeper's move then refused)."""
         deadline = time.monotonic() + CONNECT_TIMEOUT
         while time.monotonic() < deadline:
+            if first is not None and _closed(first):
+                raise ChannelError(f"the source {source} went before it sent the disk")
             try:
                 conn, peer = self.sock.accept()
             except TimeoutError:
@@ -98,6 +107,20 @@ class Listener:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _closed(conn: socket.socket) -> bool:
+    """Whether the peer closed ``conn`` (end of stream or reset), without reading
+    anything it may still send."""
+    readable, _, _ = select.select([conn], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 Say = Callable[[str], None]
@@ -122,7 +145,7 @@ def take_in(
                 index = int(header["index"])
                 source = str(peer[0])
                 with interrupting(signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                    again = functools.partial(listener.accept_peer, secret, source)
+                    again = functools.partial(listener.accept_peer, secret, source, conn)
                     machine, made = migration.receive(conn, name, again, warn=say)
             except (HpcvmError, OSError, KeyError, ValueError) as exc:
                 say(f"a migration from {peer[0]} did not complete: {exc}")
