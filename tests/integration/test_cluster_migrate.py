@@ -4,13 +4,14 @@ by the unprivileged test user to the Slurm test cluster (scripts/test-cluster.sh
 cgroup plugins), as a site's user would.
 
 The story (one job, module scope): a 3-node job (node1, node2, node3) starts a VM on
-node1 and node2 from the test image with node3 spare (``cluster up --spare 1
---on-drain migrate``), starts the MPI ring detached, moves node2's VM to node3
-(``cluster migrate``), shows ``cluster ps`` and waits for the ring with ``cluster
-wait``. Meanwhile the test, as the admin, drains node3 (``scontrol update
-State=DRAIN``, as before maintenance): the job's keeper moves the VM back to node2, the
-spare again. The script shows ``cluster ps``, collects the ring's output and takes the
-job down; the test resumes node3.
+node1 and node2 from the test image with node3 spare (``cluster up --spare 1 --on-drain
+migrate``), starts the MPI ring detached, moves node2's VM to node3 (``cluster
+migrate``), shows ``cluster ps``, starts a move back whose source step the test kills
+outright while the VM stands still (before "go": the VM must run on at node3), and waits
+for the ring with ``cluster wait``. Meanwhile the test, as the admin, drains node3
+(``scontrol update State=DRAIN``, as before maintenance): the job's keeper moves the VM
+back to node2, the spare again. The script shows ``cluster ps``, collects the ring's
+output and takes the job down; the test resumes node3.
 
 Oracles independent of hpcvm: the MPI program's own output (every round once, in order,
 and a counter that is right only when no message was lost or repeated; Open MPI's TCP
@@ -21,10 +22,15 @@ runs, and /proc for QEMU processes left behind.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import re
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +46,7 @@ image = cluster_support.image
 
 NAME = "mg"
 VMS = f"{NAME}-node"  # every VM of the job: NAME-<node>
-ROUNDS = 120
+ROUNDS = 160  # 80 s of ring: it outlasts two moves, a failed one and the drain
 DELAY_MS = 500
 ROUND = re.compile(r"^round=(\d+) counter=(\d+) host=(\S+) peer=(\S+)$", re.M)
 PS_ROW = re.compile(r"^│ (node\d) +│ (\S*) +│ (\w+) +│ (\S*) +│ (\S*) +│", re.M)
@@ -60,6 +66,10 @@ sleep 6
 "$h" cluster migrate {name} --node node2 --to node3; echo "migrate-rc=$?"
 "$h" cluster ps {name}
 echo "shown after the move"
+HPCVM_MIGRATE_HOLD_PAUSED=60 "$h" cluster migrate {name} --node node3 --to node2
+echo "killed-migrate-rc=$?"
+"$h" cluster ps {name}
+echo "shown after the killed move"
 "$h" cluster wait {name} --timeout 900; echo "wait-rc=$?"
 "$h" cluster ps {name}
 "$h" cluster down {name}
@@ -73,6 +83,7 @@ class Story:
     text: str
     runtime_root: Path  # where the test user's VMs' run directories are
     drained: str  # Slurm's own line for node3 once the job ended
+    killed: dict[str, Any]  # the moving marker of the source step the test killed
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +110,17 @@ def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterato
         try:
             wait_until("the user's move", lambda: "shown after the move" in _text(out) or ended(),
                        timeout=JOB_TIMEOUT)  # fmt: skip
+            killed = _kill_paused_source(site.runtime_root() / f"{NAME}-node3", ended)
+            wait_until("the killed move to be settled", lambda: "shown after the killed move"
+                       in _text(out) or ended(), timeout=300)  # fmt: skip
+            holder_log = site.runtime_root() / ".clusters" / NAME / "holder.log"
+            killed["holder_log"] = _text(holder_log)  # the job's state goes with it
             slurm_cluster.run(["scontrol", "update", "NodeName=node3", "State=DRAIN",
                                f"Reason={REASON}"])  # fmt: skip
             wait_until("the job to end", ended, timeout=JOB_TIMEOUT)
             drained = slurm_cluster.run(["scontrol", "show", "node", "--oneliner", "node3"])
-            yield Story(slurm_cluster, job, _text(out), site.runtime_root(), drained.stdout)
+            yield Story(slurm_cluster, job, _text(out), site.runtime_root(), drained.stdout,
+                        killed)  # fmt: skip
         finally:
             slurm_cluster.run(["scontrol", "update", "NodeName=node3", "State=RESUME"],
                               check=False)  # fmt: skip
@@ -117,6 +134,24 @@ def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterato
 
 def _text(out: Path) -> str:
     return out.read_text(errors="replace") if out.is_file() else ""
+
+
+def _kill_paused_source(run_dir: Path, ended: Callable[[], bool]) -> dict[str, Any]:
+    """SIGKILL the second move's source step once its VM stands still (the step's own
+    ``moving`` marker says ``paused``; HPCVM_MIGRATE_HOLD_PAUSED holds it there), as a
+    node task killed outright between QEMU's end and "go"; the marker it had."""
+    marker = run_dir / "moving"
+    seen: dict[str, Any] = {}
+
+    def paused() -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            seen.update(json.loads(marker.read_text()))
+        return seen.get("phase") == "paused" or ended()
+
+    wait_until("the second move's VM to stand still", paused, timeout=300)
+    assert seen.get("phase") == "paused", seen
+    os.kill(int(seen["pid"]), signal.SIGKILL)
+    return seen
 
 
 def test_the_mpi_program_went_on_across_the_move(story: Story) -> None:
@@ -171,6 +206,29 @@ def test_the_moved_vcpu_runs_in_node3s_cpuset(story: Story) -> None:
     assert rows, after
     pus = {int(p.split("->")[1]) for p in rows[0][4].split(",") if "->" in p}
     assert pus and pus <= cpuset[0], (rows, cpuset)
+
+
+def test_a_move_whose_source_step_died_before_go_left_the_vm_running_where_it_was(
+    story: Story,
+) -> None:
+    """The second move's source step killed outright while the VM stood still on node3
+    (QEMU done sending, "go" not yet said): the move failed, node3's task resumed the
+    VM there and said so, node2 went back to being the spare (the keeper's later move
+    took the VM to it), and the ring ran on to its exact end."""
+    node2 = next(n.address for n in story.cluster.nodes if n.name == "node2")
+    assert story.killed["node"] == "node3", story.killed
+    assert story.killed["target"].startswith(f"{node2}:"), story.killed  # node2's listener
+    failed = re.search(r"^killed-migrate-rc=(\d+)$", story.text, re.M)
+    assert failed is not None and failed.group(1) != "0", story.text
+    said = (
+        f"its migration to {story.killed['target']} was killed "
+        f"(source step pid {story.killed['pid']} gone)"
+    )
+    lines = [line for line in story.killed["holder_log"].splitlines() if said in line]
+    assert lines and "before the target was told to run it: resumed here" in lines[0], lines
+    between = story.text.split("killed-migrate-rc=", 1)[1].split("wait-rc=", 1)[0]
+    rows = {n: (vm, st) for n, vm, st, _addr, _ in PS_ROW.findall(between)}
+    assert rows["node3"] == (f"{NAME}-node3", "ready") and rows["node2"][1] == "spare", between
 
 
 def test_nothing_is_left_once_the_job_ended(story: Story) -> None:
