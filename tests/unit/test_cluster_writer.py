@@ -111,3 +111,20 @@ def test_cluster_ps_removes_only_the_state_nothing_runs(
     assert "removed the state of cluster gone" in done.stderr
     left = sorted(p.name for p in (runtime_dir / ".clusters").iterdir())
     assert left == ["alive", "job7", "job7.lock"], left
+
+
+def test_cluster_ps_shows_where_a_killed_move_left_the_vm(
+    runtime_dir: Path, holder: subprocess.Popen[str]
+) -> None:
+    """A move whose source step died is settled by the VM's node task in one holder-log
+    line; ``cluster migrate``'s failure points to ``cluster ps``, which shows it."""
+    _record(runtime_dir, "alive", holder.pid)
+    said = (
+        "hpcvm: VM alive-n2 on n2: its migration to 10.0.0.3:4000 was killed (source step "
+        "pid 77 gone) before the target was told to run it: resumed here"
+    )
+    log = runtime_dir / ".clusters" / "alive" / "holder.log"
+    log.write_text(f"hpcvm: a disk image configures its own network\n{said}\n")
+    done = _hpcvm(runtime_dir, "cluster", "ps", "alive")
+    assert done.returncode == 0, done.stderr
+    assert said in done.stdout and "configures its own" not in done.stdout, done.stdout

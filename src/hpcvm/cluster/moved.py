@@ -35,6 +35,7 @@ MARKER = "migrated"  # in the old VM's run dir: its QEMU ended because the VM mo
 MOVING = "moving"  # in the VM's run dir while a migration's source step runs
 SETTLED = "moving.settled"  # a dead step's marker, once its node's task settled it
 START_SLACK = 1.0  # seconds: process start times are read at 1/HZ, written as floats
+KILLED = "was killed (source step pid"  # in every line that settles a dead step's move
 
 Phase = Literal["sending", "paused", "go"]
 Say = Callable[[str], None]
@@ -108,8 +109,8 @@ def settle_abandoned(machine: Machine, say: Say) -> str | None:
     if moving is None or step_alive(moving) or marker_path(machine.name).exists():
         return None
     what = (
-        f"VM {machine.name} on {moving.node}: its migration to {moving.target} was killed "
-        f"(source step pid {moving.pid} gone)"
+        f"VM {machine.name} on {moving.node}: its migration to {moving.target} {KILLED} "
+        f"{moving.pid} gone)"
     )
     if moving.phase == "go":
         line = (
