@@ -36,6 +36,7 @@ processes left behind.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -538,6 +539,11 @@ def test_the_user_image_must_be_the_one_under_the_overlays(story: Story) -> None
 RESTORE_SCRIPT = """#!/bin/bash
 "$HPCVM" cluster up --name rs --restore "$@"
 echo "rc=$?"
+if [ -n "${HPCVM_MOVE:-}" ]; then
+    # shellcheck disable=SC2086  # --node A --to B
+    "$HPCVM" cluster migrate rs $HPCVM_MOVE
+    echo "migrate-rc=$?"
+fi
 "$HPCVM" cluster wait rs
 """
 CLAIMS = Path(os.environ.get("HPCVM_ADDRESS_CLAIMS", "/dev/shm/hpcvm-addresses"))
@@ -555,17 +561,26 @@ def _claims() -> set[str]:
     return {p.name for p in CLAIMS.iterdir()} if CLAIMS.is_dir() else set()
 
 
-def _restoring_job(story: Story, copy: Path, *extra: str) -> tuple[str, Path]:
-    """A job of the test user restoring ``copy`` on THEN (``cluster up --restore COPY
-    EXTRA...``, then ``cluster wait``); its id and output file."""
+def _restoring_job(
+    story: Story,
+    copy: Path,
+    *extra: str,
+    nodes: tuple[str, ...] = THEN,
+    env: dict[str, str] | None = None,
+) -> tuple[str, Path]:
+    """A job of the test user restoring ``copy`` on ``nodes`` (``cluster up --restore
+    COPY EXTRA...``, a move where HPCVM_MOVE says, then ``cluster wait``); its id and
+    output file."""
     script = story.workdir / "restore.sh"
     script.write_text(RESTORE_SCRIPT)
     os.chown(script, cluster_support.TEST_UID, cluster_support.TEST_UID)
     script.chmod(0o755)
     out = story.workdir / f"restore-{copy.name}.out"
-    argv = ["sbatch", "-N", "2", f"--nodelist={','.join(THEN)}", f"--chdir={story.workdir}",
-            f"--output={out}", "--parsable", str(script), str(copy), *extra]  # fmt: skip
-    done = story.cluster.run(argv, env={"HPCVM": story.hpcvm}, user=cluster_support.TEST_USER)
+    argv = ["sbatch", "-N", str(len(nodes)), f"--nodelist={','.join(nodes)}",
+            f"--chdir={story.workdir}", f"--output={out}", "--parsable", str(script), str(copy),
+            *extra]  # fmt: skip
+    done = story.cluster.run(argv, env={"HPCVM": story.hpcvm, **(env or {})},
+                             user=cluster_support.TEST_USER)  # fmt: skip
     return done.stdout.strip().split(";")[0], out
 
 
@@ -576,10 +591,12 @@ def _cancelled_leaving_nothing(story: Story, job: str, claims: set[str]) -> None
     wait_until("the job to end", lambda: job_state(story.cluster, job)
                in ("GONE", "CANCELLED", "COMPLETED", "FAILED"), timeout=180)  # fmt: skip
     wait_until("the restored VMs to go", lambda: vm_count(VMS) == 0, timeout=120)
+    wait_until("a moved-in VM to go", lambda: vm_count("rs-node") == 0, timeout=120)
     site = SlurmSite(story.cluster, story.hpcvm)
     root = site.runtime_root()
     wait_until("the state to go", lambda: not (root / ".clusters" / "rs").exists(), timeout=60)
     assert sorted(p.name for p in root.glob(f"{VMS}*")) == []
+    assert sorted(p.name for p in root.glob("rs-node*")) == []
     assert site.extra_links() == {}
     assert _claims() <= claims, _claims() - claims
     assert not _keepers("rs")
@@ -655,3 +672,31 @@ def test_scancel_during_a_save_keeps_a_complete_restorable_checkpoint(story: Sto
         assert _digests(first) == before
     text = _restore_in_job(story, series)
     assert "rc=0" in text and "restored and running" in text, text
+
+
+def test_scancel_during_a_migration_leaves_nothing(story: Story) -> None:
+    """A restored job with a spare node moves its second VM (node3 to node4) and is
+    cancelled while the move is under way (the source step's own marker says it sends
+    or stands paused; HPCVM_MIGRATE_HOLD_PAUSED holds it there): nothing of the job is
+    left on any node, neither the VM at its source nor the copy the target took in."""
+    copy = _user_copy(story, "moving")
+    claims = _claims()
+    env = {"HPCVM_MOVE": "--node node3 --to node4", "HPCVM_MIGRATE_HOLD_PAUSED": "120"}
+    job, out = _restoring_job(story, copy, "--spare", "1", nodes=("node2", "node3", "node4"),
+                              env=env)  # fmt: skip
+    marker = SlurmSite(story.cluster, story.hpcvm).runtime_root() / f"{NAME}-node2" / "moving"
+    seen: dict[str, Any] = {}
+
+    def moving() -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            seen.update(json.loads(marker.read_text()))
+        return seen.get("phase") == "paused" or job_state(story.cluster, job) not in (
+            "PENDING", "RUNNING"
+        )  # fmt: skip
+
+    try:
+        wait_until("the move to stand paused", moving, timeout=300)
+    finally:
+        _cancelled_leaving_nothing(story, job, claims)
+    assert seen.get("phase") == "paused", _text(out)
+    assert "migrate-rc=0" not in _text(out), _text(out)

@@ -226,6 +226,8 @@ def test_a_move_whose_source_step_died_before_go_left_the_vm_running_where_it_wa
     )
     lines = [line for line in story.killed["holder_log"].splitlines() if said in line]
     assert lines and "before the target was told to run it: resumed here" in lines[0], lines
+    shown = story.text.split("killed-migrate-rc=", 1)[1].split("shown after the killed", 1)[0]
+    assert said in shown, shown  # cluster ps shows it, where cluster migrate's error points
     between = story.text.split("killed-migrate-rc=", 1)[1].split("wait-rc=", 1)[0]
     rows = {n: (vm, st) for n, vm, st, _addr, _ in PS_ROW.findall(between)}
     assert rows["node3"] == (f"{NAME}-node3", "ready") and rows["node2"][1] == "spare", between
