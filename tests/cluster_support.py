@@ -557,3 +557,21 @@ def link_down(node: str) -> Iterator[None]:
         yield
     finally:
         subprocess.run(["ip", "-n", namespace, "link", "set", "up0", "up"], check=True)
+
+
+def pids_with(cmdline: Sequence[bytes], environ: Sequence[bytes] = ()) -> list[int]:
+    """Pids of the processes on this machine whose command line holds every one of
+    ``cmdline`` and whose environment every one of ``environ`` (/proc, not hpcvm's own
+    records; a process that ends while read is passed over)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            env = (proc / "environ").read_bytes() if environ else b""
+        except OSError:
+            continue
+        if all(part in cmd for part in cmdline) and all(part in env for part in environ):
+            found.append(int(proc.name))
+    return found

@@ -157,17 +157,10 @@ def _newest(series: Path) -> Path:
 
 def _kill_qemu(vm: str) -> None:
     """SIGKILL the QEMU of ``vm``, as a node that crashes ends it (found in /proc)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"qemu-system" in cmdline and vm.encode() in cmdline:
-            os.kill(int(proc.name), 9)
-            return
-    pytest.fail(f"no QEMU of {vm} to kill")
+    found = cluster_support.pids_with([b"qemu-system", vm.encode()])
+    if not found:
+        pytest.fail(f"no QEMU of {vm} to kill")
+    os.kill(found[0], 9)
 
 
 def _run_story(
@@ -298,20 +291,10 @@ def _a_save_is_killed(cluster: LocalCluster, job: str, out: Path, node: str) -> 
 
 def _phase_tasks(action: str, node: str) -> list[int]:
     """The pids of a checkpoint phase's tasks on ``node``."""
-    phase = f'"action":"{action}"'.encode()
-    where = f"SLURMD_NODENAME={node}\0".encode()
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            environ = (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if b"checkpoint-node" in cmdline and phase in cmdline and where in environ:
-            pids.append(int(proc.name))
-    return pids
+    return cluster_support.pids_with(
+        [b"checkpoint-node", f'"action":"{action}"'.encode()],
+        [f"SLURMD_NODENAME={node}\0".encode()],
+    )
 
 
 def test_the_mpi_job_went_on_across_the_checkpoint(story: Story) -> None:
@@ -457,13 +440,6 @@ def test_the_checkpoint_is_gone_once_the_job_ended(story: Story) -> None:
     assert not _keepers(NAME)
 
 
-def _cmdline(proc: Path) -> bytes:
-    try:
-        return (proc / "cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
 # -- refusals: nothing may start from a bad checkpoint ------------------------------------
 
 REFUSE_SCRIPT = """#!/bin/bash
@@ -602,12 +578,8 @@ def _cancelled_leaving_nothing(story: Story, job: str, claims: set[str]) -> None
     assert not _keepers("rs")
 
 
-def _keepers(name: str) -> list[Path]:
-    return [
-        p
-        for p in Path("/proc").iterdir()
-        if p.name.isdigit() and b"keeper\x00" + name.encode() in _cmdline(p)
-    ]
+def _keepers(name: str) -> list[int]:
+    return cluster_support.pids_with([b"keeper\x00" + name.encode() + b"\x00"])
 
 
 def _user_copy(story: Story, name: str) -> Path:

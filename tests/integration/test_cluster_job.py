@@ -92,17 +92,8 @@ def job_processes(name: str) -> list[int]:
     """Pids of every process of cluster ``name``: its QEMUs (``guest=NAME-``) and the
     hpcvm processes whose environment holds its spec (node tasks, reapers)."""
     found = [int(line.split(":")[0]) for line in qemu_of(name)]
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes()
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"hpcvm.cluster.internal" in cmd and f'"name":"{name}"'.encode() in environ:
-            found.append(int(proc.name))
-    return found
+    spec = f'"name":"{name}"'.encode()
+    return found + cluster_support.pids_with([b"hpcvm.cluster.internal"], [spec])
 
 
 def read(path: Path) -> str:

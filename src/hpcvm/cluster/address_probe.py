@@ -25,6 +25,7 @@ import json
 import socket
 import subprocess
 import time
+from typing import Any
 
 from hpcvm.errors import RuntimeFailure
 from hpcvm.runtime.network import ADDRESS_IN_USE
@@ -45,34 +46,35 @@ def on_link(ip: ipaddress.IPv4Address) -> bool:
     return False
 
 
-def answering_mac(ip: ipaddress.IPv4Address, within: float) -> str | None:
-    """The hardware address of a neighbour that has answered for ``ip`` in the last
-    ``within`` seconds (``REACHABLE``, confirmed since; ``ip -s`` gives the age in
-    whole seconds); an entry confirmed earlier is no answer."""
+def _neighbours(ip: ipaddress.IPv4Address) -> list[dict[str, Any]]:
+    """The neighbour table's entries for ``ip``, with their ages (``ip -s``: whole
+    seconds since last used, confirmed, updated)."""
     done = subprocess.run(
         ["ip", "-s", "-j", "neigh", "show", "to", str(ip)],
         capture_output=True,
         text=True,
         check=False,
     )
-    with contextlib.suppress(ValueError, TypeError):
-        for entry in json.loads(done.stdout or "[]"):
-            fresh = int(entry.get("confirmed", within + 1)) <= within
-            if "REACHABLE" in entry.get("state", ()) and entry.get("lladdr") and fresh:
-                return str(entry["lladdr"])
+    with contextlib.suppress(ValueError):
+        entries = json.loads(done.stdout or "[]")
+        if isinstance(entries, list):
+            return [e for e in entries if isinstance(e, dict)]
+    return []
+
+
+def answering_mac(entries: list[dict[str, Any]], within: float) -> str | None:
+    """The hardware address of a neighbour that has answered in the last ``within``
+    seconds (``REACHABLE``, confirmed since); an entry confirmed earlier is no answer."""
+    for entry in entries:
+        fresh = int(entry.get("confirmed", within + 1)) <= within
+        if "REACHABLE" in entry.get("state", ()) and entry.get("lladdr") and fresh:
+            return str(entry["lladdr"])
     return None
 
 
-def known_mac(ip: ipaddress.IPv4Address) -> str:
-    """Whatever hardware address the neighbour table has for ``ip``, for a message."""
-    done = subprocess.run(
-        ["ip", "-j", "neigh", "show", "to", str(ip)], capture_output=True, text=True, check=False
-    )
-    with contextlib.suppress(ValueError, TypeError):
-        for entry in json.loads(done.stdout or "[]"):
-            if entry.get("lladdr"):
-                return str(entry["lladdr"])
-    return "a host"
+def known_mac(entries: list[dict[str, Any]]) -> str:
+    """Whatever hardware address the entries hold, for a message."""
+    return next((str(e["lladdr"]) for e in entries if e.get("lladdr")), "a host")
 
 
 def _refused(probe: socket.socket) -> bool:
@@ -99,9 +101,10 @@ def check_free(address: ipaddress.IPv4Interface, vm: str) -> None:
             probe.connect((str(ip), 9))  # discard: the ARP request and the refusal matter
             probe.send(b"")
         while time.monotonic() < sent + PROBE_WAIT:
-            mac = answering_mac(ip, time.monotonic() - sent)
+            entries = _neighbours(ip)
+            mac = answering_mac(entries, time.monotonic() - sent)
             if mac is None and _refused(probe):
-                mac = known_mac(ip)
+                mac = known_mac(entries)
             if mac is not None:
                 raise RuntimeFailure(
                     f"address {ip} of the saved VM {vm} is in use on the segment ({mac} "
