@@ -6,9 +6,14 @@
 # workers (HPCVM_TEST_WORKERS=N sets another number), a test file's tests in one worker
 # (--dist loadfile: its module fixtures are made once), but those marked `alone` (their
 # verdict rests on timing real work, which another worker beside them disturbs) run
-# after them in one process. Everything else runs as before, in
-# one process: the integration tests share the Slurm test cluster, huge pages, host
-# tuning and timing-sensitive guests. Each part prints its slowest tests and its total
+# after them in one process. The rest (integration tests) runs on two workers
+# (HPCVM_TEST_INTEGRATION_WORKERS=N; 1: one process, as it was), --dist loadscope with
+# tests/conftest.py's scheduler: a module's tests in one worker, and the modules that
+# share machine-wide state (the Slurm test cluster and its user; libvirtd, huge page
+# pools and host tuning) one after the other in one worker (tests/shared_state.py names
+# them and says why).
+# While one worker computes, the other's tests mostly wait on a 1-vCPU guest, Slurm or
+# the network. Each part prints its slowest tests and its total
 # (--durations in pyproject.toml); the script fails when either part fails, after both
 # ran. With arguments (`-m "not integration"`, a path), one plain pytest run takes them.
 set -euo pipefail
@@ -26,6 +31,18 @@ echo "test: unit tests on $workers workers"
 .venv/bin/pytest -q -n "$workers" --dist loadfile -m "not alone" tests/unit || status=$?
 echo "test: unit tests that time real work (marked alone), in one process"
 .venv/bin/pytest -q -m alone tests/unit || status=$?
-echo "test: the rest (integration tests), in one process"
-.venv/bin/pytest -q tests --ignore=tests/unit || status=$?
+integration=${HPCVM_TEST_INTEGRATION_WORKERS:-2}
+if [ "$integration" -gt 1 ]; then
+  echo "test: the rest (integration tests), on $integration workers by shared-state group"
+  # A short base for the tests' directories: xdist adds popen-gwN/ to each, and a VM's
+  # socket path in a test's runtime directory must stay within a Unix socket's 107 bytes.
+  base=$(mktemp -d /tmp/it.XXXXXX)
+  rest=0
+  .venv/bin/pytest -q -n "$integration" --dist loadscope --basetemp "$base" tests \
+    --ignore=tests/unit || rest=$?
+  if [ "$rest" -eq 0 ]; then rm -rf "$base"; else status=$rest; echo "test: files in $base"; fi
+else
+  echo "test: the rest (integration tests), in one process"
+  .venv/bin/pytest -q tests --ignore=tests/unit || status=$?
+fi
 exit "$status"

@@ -12,6 +12,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,23 @@ def pytest_configure(config: pytest.Config) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: no error without xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` schedules by tests/shared_state.py's scopes (scripts/test.sh's
+    integration tests): a module, or the modules that share machine-wide state."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    from tests.shared_state import scope_of
+
+    class SharedStateScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return SharedStateScheduling(config, log)
 
 
 @dataclass(frozen=True)

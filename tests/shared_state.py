@@ -1,0 +1,64 @@
+"""Which integration tests may run beside which: the scopes of scripts/test.sh's two
+pytest-xdist workers for the integration tests (tests/conftest.py gives xdist the
+scheduler that uses them).
+
+While one worker's tests compute, the other's mostly wait on a guest (a 1-vCPU TCG
+guest keeps one core of two busy), Slurm or the network. A module's tests stay in one
+worker, so its module fixtures (often a booted guest) are made once. Modules that share
+machine-wide state which a test beside them would disturb form one scope, run one after
+the other in one worker, as the whole suite did before. (xdist's own ``loadgroup``,
+driven by ``xdist_group`` marks, does not group under pytest 9: it renames items by
+``_nodeid``, which pytest 9's ``nodeid`` no longer reads.)
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+SHARED_STATE_GROUPS: dict[str, frozenset[str]] = {
+    # The Slurm test cluster and its user hpcvm-test (made and removed by the cluster,
+    # or by a module where it is absent; test_cluster_infra takes the cluster down and
+    # up), and the cluster tests' checks that nothing of a job is left on any node.
+    "test-cluster": frozenset(
+        {
+            "test_cluster_bench",
+            "test_cluster_checkpoint",
+            "test_cluster_infra",
+            "test_cluster_job",
+            "test_cluster_migrate",
+            "test_hostile_paths",
+            "test_netguard",
+            "test_results_shared",
+            "test_two_users",
+            "test_bench_native_placement",
+        }
+    ),
+    # The host's pools and daemons: libvirtd (a worker's session fixture would stop the
+    # daemon it started under the other's feet), the huge page pools (raised by one test
+    # and taken by another's guest between its check and its boot; test_host_live reads
+    # them against sysfs), the hugetlbfs mounts hpcvm installs, and host tuning.
+    "host-pools": frozenset(
+        {
+            "test_image_boot",
+            "test_isolation",
+            "test_libvirt_backend",
+            "test_render_libvirt",
+            "test_verify",
+            "test_bench_compare",
+            "test_render_qemu",
+            "test_runtime_lifecycle",
+            "test_unprivileged",
+            "test_install_node",
+            "test_host_live",
+            "test_runtime_hugetlbfs_mount",
+            "test_tune_host",
+        }
+    ),
+}
+GROUP_OF = {module: group for group, modules in SHARED_STATE_GROUPS.items() for module in modules}
+
+
+def scope_of(nodeid: str) -> str:
+    """The scope of a test id: its module's shared-state group, or else its module."""
+    path = nodeid.split("::", 1)[0]
+    return GROUP_OF.get(PurePosixPath(path).stem, path)
