@@ -128,3 +128,30 @@ def test_cluster_ps_shows_where_a_killed_move_left_the_vm(
     done = _hpcvm(runtime_dir, "cluster", "ps", "alive")
     assert done.returncode == 0, done.stderr
     assert said in done.stdout and "configures its own" not in done.stdout, done.stdout
+
+
+def test_cluster_wait_relays_a_killed_move_once_it_is_settled(
+    runtime_dir: Path, holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cluster wait``'s watch (control.JobWatch) passes on each settling line that
+    reaches the holder log while it waits, once; lines there before it began are ps's
+    to show."""
+    from hpcvm.cluster.control import JobWatch
+
+    monkeypatch.setenv("HPCVM_RUNTIME_DIR", str(runtime_dir))
+    _record(runtime_dir, "alive", holder.pid)
+    log = runtime_dir / ".clusters" / "alive" / "holder.log"
+    old = "hpcvm: VM alive-n1 on n1: its migration to 10.0.0.3:4000 was killed (source step "
+    log.write_text(f"{old}pid 70 gone) before the target was told to run it: resumed here\n")
+    watch = JobWatch("alive")
+    assert watch.lost() is None and watch.moves == []
+    said = (
+        "hpcvm: VM alive-n2 on n2: its migration to 10.0.0.3:4000 was killed (source step "
+        "pid 77 gone) after the target was told to run it: taken down here"
+    )
+    with log.open("a") as out:
+        out.write(f"hpcvm: a disk image configures its own network\n{said}\n")
+    assert watch.lost() is None
+    assert watch.moves == [said]
+    watch.moves.clear()
+    assert watch.lost() is None and watch.moves == []

@@ -405,18 +405,11 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
         out.print(line, markup=False, highlight=False)
     if record.on_drain != "none":
         out.print(f"a node that drains: {record.on_drain}", markup=False, highlight=False)
-    for line in _settled_moves(name):
+    from hpcvm.cluster import state
+
+    for line in state.settled_moves(name):
         out.print(line, markup=False, highlight=False)
     return 0
-
-
-def _settled_moves(name: str) -> list[str]:
-    """The nodes' lines about moves whose source step died (cluster/moved.py): where
-    the VM is now, which ``cluster migrate``'s failure points the user to."""
-    from hpcvm.cluster import state
-    from hpcvm.cluster.moved import KILLED
-
-    return [line for line in state.log_lines(name) if KILLED in line]
 
 
 def _periodic_lines(name: str, plan: PeriodicCheckpoints | None) -> list[str]:
@@ -537,7 +530,8 @@ def wait_cmd(name: str, command_id: int | None, timeout: float | None) -> int:
     def meanwhile() -> None:
         news()
         lost = watch.lost()
-        for line in watch.moves:  # a move by cluster migrate or off a drained node
+        for line in watch.moves:  # a move (by cluster migrate, off a drained node, or
+            # one whose source step died, settled by a node's task)
             click.echo(f"hpcvm: {line}", err=True)
         watch.moves.clear()
         if lost is not None:

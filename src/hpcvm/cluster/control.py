@@ -412,6 +412,8 @@ class JobWatch:
         self.downed = False  # a `cluster down` was seen taking it down: not lost
         self.where: dict[int, str] = {}  # VM index -> the node it was last ready on
         self.moves: list[str] = []  # what moved since the caller last took them
+        # Settled killed moves already in the log when the watch began: ps shows those.
+        self.settled = len(state.settled_moves(name))
 
     def _note_moves(self, latest: Sequence[NodeEvent]) -> None:
         for event in latest:
@@ -424,6 +426,9 @@ class JobWatch:
                     f"{event.node} (now {event.vm})"
                 )
             self.where[event.index] = event.node
+        settled = state.settled_moves(self.name)
+        self.moves.extend(settled[self.settled :])
+        self.settled = max(self.settled, len(settled))
 
     def lost(self) -> str | None:
         """One line naming what was lost, or None while every VM runs."""

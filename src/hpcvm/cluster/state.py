@@ -189,6 +189,15 @@ def log_lines(name: str) -> list[str]:
     return [line for line in lines if not parse_events([line])]
 
 
+def settled_moves(name: str) -> list[str]:
+    """The nodes' lines about moves whose source step died (cluster/moved.py): where
+    the VM is now, which ``cluster migrate``'s failure points the user to (``ps`` shows
+    them, ``wait`` relays them as they come)."""
+    from hpcvm.cluster.moved import KILLED
+
+    return [line for line in log_lines(name) if KILLED in line]
+
+
 def holder_alive(record: ClusterRecord) -> bool:
     return pid_alive(record.holder_pid)
 
