@@ -405,9 +405,9 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
         out.print(line, markup=False, highlight=False)
     if record.on_drain != "none":
         out.print(f"a node that drains: {record.on_drain}", markup=False, highlight=False)
-    from hpcvm.cluster import state
+    from hpcvm.cluster.state import settled_moves
 
-    for line in state.settled_moves(name):
+    for line in settled_moves(name):
         out.print(line, markup=False, highlight=False)
     return 0
 
