@@ -42,6 +42,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -521,6 +522,7 @@ if [ -n "${HPCVM_MOVE:-}" ]; then
     echo "migrate-rc=$?"
 fi
 "$HPCVM" cluster wait rs
+echo "wait-rc=$?"
 """
 CLAIMS = Path(os.environ.get("HPCVM_ADDRESS_CLAIMS", "/dev/shm/hpcvm-addresses"))
 
@@ -646,29 +648,86 @@ def test_scancel_during_a_save_keeps_a_complete_restorable_checkpoint(story: Sto
     assert "rc=0" in text and "restored and running" in text, text
 
 
+@dataclass
+class Moving:
+    """A restored job with a spare, moving its second VM (node3 to node4) with the
+    source step held still once QEMU is done (HPCVM_MIGRATE_HOLD_PAUSED)."""
+
+    job: str
+    out: Path
+    claims: set[str]
+    seen: dict[str, Any]  # the source step's moving marker, as last read
+
+    def paused(self, story: Story) -> bool:
+        """Poll until the source step stands paused, or the job ended; whether it did."""
+        marker = SlurmSite(story.cluster, story.hpcvm).runtime_root() / f"{NAME}-node2" / "moving"
+
+        def look() -> bool:
+            with contextlib.suppress(OSError, ValueError):
+                self.seen.update(json.loads(marker.read_text()))
+            return self.seen.get("phase") == "paused" or not self.running(story)
+
+        wait_until("the move to stand paused", look, timeout=300)
+        return self.seen.get("phase") == "paused"
+
+    def running(self, story: Story) -> bool:
+        return job_state(story.cluster, self.job) in ("PENDING", "RUNNING")
+
+
+def _moving_job(story: Story, name: str, hold: int) -> Moving:
+    copy = _user_copy(story, name)
+    claims = _claims()
+    env = {"HPCVM_MOVE": "--node node3 --to node4", "HPCVM_MIGRATE_HOLD_PAUSED": str(hold)}
+    job, out = _restoring_job(story, copy, "--spare", "1", nodes=("node2", "node3", "node4"),
+                              env=env)  # fmt: skip
+    return Moving(job, out, claims, {})
+
+
 def test_scancel_during_a_migration_leaves_nothing(story: Story) -> None:
     """A restored job with a spare node moves its second VM (node3 to node4) and is
     cancelled while the move is under way (the source step's own marker says it sends
     or stands paused; HPCVM_MIGRATE_HOLD_PAUSED holds it there): nothing of the job is
     left on any node, neither the VM at its source nor the copy the target took in."""
-    copy = _user_copy(story, "moving")
-    claims = _claims()
-    env = {"HPCVM_MOVE": "--node node3 --to node4", "HPCVM_MIGRATE_HOLD_PAUSED": "120"}
-    job, out = _restoring_job(story, copy, "--spare", "1", nodes=("node2", "node3", "node4"),
-                              env=env)  # fmt: skip
-    marker = SlurmSite(story.cluster, story.hpcvm).runtime_root() / f"{NAME}-node2" / "moving"
-    seen: dict[str, Any] = {}
-
-    def moving() -> bool:
-        with contextlib.suppress(OSError, ValueError):
-            seen.update(json.loads(marker.read_text()))
-        return seen.get("phase") == "paused" or job_state(story.cluster, job) not in (
-            "PENDING", "RUNNING"
-        )  # fmt: skip
-
+    move = _moving_job(story, "moving", 120)
     try:
-        wait_until("the move to stand paused", moving, timeout=300)
+        paused = move.paused(story)
     finally:
-        _cancelled_leaving_nothing(story, job, claims)
-    assert seen.get("phase") == "paused", _text(out)
-    assert "migrate-rc=0" not in _text(out), _text(out)
+        _cancelled_leaving_nothing(story, move.job, move.claims)
+    assert paused, _text(move.out)
+    assert "migrate-rc=0" not in _text(move.out), _text(move.out)
+
+
+def _node_task(node: str, job: str) -> list[int]:
+    """The pids of ``job``'s hpcvm node task on ``node`` (the holder step's task)."""
+    return cluster_support.pids_with(
+        [b"hpcvm.cluster.internal\x00node\x00"],
+        [f"SLURMD_NODENAME={node}\x00".encode(), f"SLURM_JOB_ID={job}\x00".encode()],
+    )
+
+
+def test_a_move_whose_target_task_died_said_so_and_left_nothing(story: Story) -> None:
+    """A restored job with a spare moves its second VM (node3 to node4); while the VM
+    stands still at node3 (QEMU done sending, "go" not yet said: the source step held
+    there by HPCVM_MIGRATE_HOLD_PAUSED), node4's hpcvm task, which took the copy in, is
+    SIGKILLed. The move fails; the step ends with that task (srun ends a step whose
+    task died), and the script's ``cluster wait`` says so in one line naming node4's
+    task, with the lost-node exit status, where it once said "no cluster named"
+    (the holder's note); then nothing of the job is left on any node."""
+    move = _moving_job(story, "target-killed", 8)
+    targets: list[int] = []
+    try:
+        paused = move.paused(story)
+        targets = _node_task("node4", move.job)
+        for pid in targets:
+            os.kill(pid, signal.SIGKILL)
+        wait_until("the job's wait to end", lambda: "wait-rc=" in _text(move.out)
+                   or not move.running(story), timeout=180)  # fmt: skip
+        text = _text(move.out)
+    finally:
+        _cancelled_leaving_nothing(story, move.job, move.claims)
+    assert paused and targets, (move.seen, targets, text)
+    moved = re.search(r"^migrate-rc=(\d+)$", text, re.M)
+    assert moved is not None and moved.group(1) != "0", text
+    assert "wait-rc=11" in text, text
+    lines = [ln for ln in text.splitlines() if "cluster rs ended while its job ran" in ln]
+    assert lines and "node4: task" in lines[0], text

@@ -85,3 +85,49 @@ def test_a_cluster_being_taken_down_keeps_its_state_for_down(tmp_path: Path) -> 
     finally:
         end(holder, step)
     assert (directory / state.TAKING_DOWN).exists()
+
+
+def _hpcvm(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HPCVM_RUNTIME_DIR": str(root)}
+    code = "import sys; from hpcvm.cli.main import entry; sys.exit(entry())"
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+
+
+def test_a_step_that_ended_on_its_own_leaves_a_note_that_names_the_task(tmp_path: Path) -> None:
+    """A node's task killed outright ends the step (srun says which task); the holder
+    removes the state and leaves a note, so the batch script's later ``cluster wait``
+    says why in one line with the lost-node exit status instead of "no cluster named";
+    ``cluster ps`` (the job epilog runs it) says it once and removes it."""
+    root = tmp_path / "rt"
+    directory = root / ".clusters" / "job9"
+    directory.mkdir(parents=True)
+    (directory / state.RECORD_FILE).write_text("{}")
+    said = "srun: error: node4: task 2: Killed"
+    step = ["sh", "-c", f"echo 'srun: Job step aborted' >&2; echo '{said}' >&2; exit 9"]
+    argv = [sys.executable, "-m", INTERNAL_MODULE, "holder", str(directory), *step]
+    with (directory / state.LOG_FILE).open("ab") as log:
+        holder = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=False)
+    assert holder.returncode == 9
+    assert not directory.exists()
+    waited = _hpcvm(root, "cluster", "wait", "job9")
+    assert waited.returncode == 11, waited.stderr
+    (line,) = waited.stderr.strip().splitlines()
+    assert "cluster job9 ended while its job ran" in line and said in line and "exit 9" in line
+    listed = _hpcvm(root, "cluster", "ps")
+    assert listed.returncode == 0 and said in listed.stderr, listed.stderr
+    assert not (root / ".clusters" / "job9.ended").exists()
+    assert "no cluster named" in _hpcvm(root, "cluster", "wait", "job9").stderr
+
+
+def test_a_step_ended_by_the_jobs_sigterm_leaves_no_note(tmp_path: Path) -> None:
+    directory = tmp_path / ".clusters" / "job10"
+    directory.mkdir(parents=True)
+    argv = [sys.executable, "-m", INTERNAL_MODULE, "holder", str(directory), "sleep", "600"]
+    holder = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    assert wait_for(lambda: bool(Path(f"/proc/{holder.pid}/task/{holder.pid}/children")
+                                 .read_text().split()))  # fmt: skip
+    holder.send_signal(signal.SIGTERM)
+    holder.wait(timeout=30)
+    assert not directory.exists()
+    assert not (tmp_path / ".clusters" / "job10.ended").exists()

@@ -442,6 +442,9 @@ def _ps_all(as_json: bool) -> int:
     from hpcvm.cluster import state
 
     rows: list[tuple[str, str, str, tuple[str, ...], str]] = []
+    for name in state.ended_names():  # said once, then gone (the job epilog runs this)
+        _say(f"hpcvm: cluster {name} ended while its job ran: {state.ended_note(name)}")
+        state.forget_ended(name)
     for name in state.names():
         if state.remove_if_stale(name):
             _say(f"hpcvm: removed the state of cluster {name}: its job has ended")

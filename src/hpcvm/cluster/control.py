@@ -41,7 +41,7 @@ from hpcvm.cluster.spec import (
 )
 from hpcvm.cluster.state import ClusterRecord
 from hpcvm.cluster.state_files import taken_down_by_another
-from hpcvm.errors import BusyError, HpcvmError, RuntimeFailure, UsageError
+from hpcvm.errors import BusyError, HpcvmError, NodeLost, RuntimeFailure, UsageError
 from hpcvm.runtime import netguard, paths
 from hpcvm.runtime import state as vm_state
 from hpcvm.runtime.migration_channel import new_secret
@@ -376,7 +376,11 @@ def _holder_running(record: ClusterRecord, holder: subprocess.Popen[bytes] | Non
 def down(name: str, say: Say) -> None:
     """Take every VM of cluster ``name`` down, on every node."""
     with state.one_writer(name):
-        record = state.read_record(name)
+        try:
+            record = state.read_record(name)
+        except NodeLost:
+            state.forget_ended(name)  # said once, here: the job's end is told
+            raise
         with signals_deferred():
             take_down(record, say)
 
@@ -435,6 +439,8 @@ class JobWatch:
         directory = state.cluster_dir(self.name)
         try:
             _record, latest, alive = status(self.name)
+        except NodeLost:  # the holder removed the state, noting why its step ended
+            return state.ended_note(self.name)
         except UsageError:  # no record: the holder removed the job's state
             latest, alive = [], False
         except (HpcvmError, OSError, ValueError):

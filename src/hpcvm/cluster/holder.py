@@ -47,5 +47,7 @@ def main(argv: list[str]) -> int:
     code = started[0].wait()
     if state.taken_down_by_another(directory):
         return code  # `cluster down` (or a failed `up`) reads the events, then removes it
+    if directory.is_dir():  # ended on its own (not by our SIGTERM): a later command says why
+        state.write_ended(directory, code)
     state.remove_dir(directory)
     return code

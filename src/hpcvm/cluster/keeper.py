@@ -52,7 +52,7 @@ from hpcvm.cluster.checkpoint_model import PeriodicCheckpoints
 from hpcvm.cluster.checkpoint_series import PREFIX, next_member, prune
 from hpcvm.cluster.spawn import internal_argv
 from hpcvm.cluster.state import ClusterRecord, OnDrain
-from hpcvm.errors import BusyError, HpcvmError, UsageError
+from hpcvm.errors import BusyError, HpcvmError, NodeLost, UsageError
 from hpcvm.model import Frozen
 
 HISTORY = "checkpoints.jsonl"
@@ -301,7 +301,7 @@ def _still_up(name: str, job: str) -> bool:
     same job, and its holder lives."""
     try:
         record = state.read_record(name)
-    except UsageError:  # its state is gone
+    except (UsageError, NodeLost):  # its state is gone (NodeLost: its step ended itself)
         return False
     except (HpcvmError, OSError, ValueError):
         return True  # a read that failed now; the next look tells

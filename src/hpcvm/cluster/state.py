@@ -32,8 +32,8 @@ from typing import Literal
 from hpcvm.cluster.checkpoint_model import KEY_FILE, DetachedExec, PeriodicCheckpoints
 from hpcvm.cluster.guest_mpi import keygen
 from hpcvm.cluster.spec import ClusterSpec, NodeEvent, parse_events
-from hpcvm.cluster.state_files import TAKING_DOWN, remove_dir
-from hpcvm.errors import BusyError, UsageError
+from hpcvm.cluster.state_files import ENDED_SUFFIX, TAKING_DOWN, ended_path, remove_dir
+from hpcvm.errors import BusyError, NodeLost, UsageError
 from hpcvm.lock import Holder, exclusive, is_held, read_holder
 from hpcvm.model import Frozen
 from hpcvm.runtime import paths
@@ -156,11 +156,31 @@ def has_record(name: str) -> bool:
 def read_record(name: str) -> ClusterRecord:
     path = cluster_dir(name) / RECORD_FILE
     if not path.is_file():
+        ended = ended_note(name)
+        if ended is not None:
+            raise NodeLost(
+                f"cluster {name} ended while its job ran: {ended}; its VMs are gone (a "
+                f"requeued job restores its newest checkpoint, if it took any)"
+            )
         raise UsageError(
             f"no cluster named {name!r} on this node: start it with hpcvm cluster up --name "
             f"{name} (ps, exec and down run where up ran, the job's batch node)"
         )
     return ClusterRecord.model_validate_json(path.read_text())
+
+
+def ended_note(name: str) -> str | None:
+    """Why cluster ``name``'s step ended on its own, as its holder noted (state_files)."""
+    try:
+        return ended_path(cluster_dir(name)).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def forget_ended(name: str) -> None:
+    """Remove the note: a new ``up`` of the name, or the ``down`` that read it."""
+    with contextlib.suppress(OSError):
+        ended_path(cluster_dir(name)).unlink()
 
 
 def write_record(record: ClusterRecord) -> None:
@@ -230,6 +250,7 @@ def claimed(name: str) -> Iterator[Path]:
                 f"{name} first, or choose another --name"
             )
     shutil.rmtree(directory, ignore_errors=True)
+    forget_ended(name)
     clusters_dir()
     directory.mkdir(mode=0o700)
     try:
@@ -257,6 +278,16 @@ def names() -> list[str]:
     if not clusters.is_dir():
         return []
     return sorted(d.name for d in clusters.iterdir() if d.is_dir())
+
+
+def ended_names() -> list[str]:
+    """Clusters whose holder left a note that their step ended on its own, and no state."""
+    clusters = paths.runtime_root() / CLUSTERS_DIR
+    if not clusters.is_dir():
+        return []
+    notes = (p for p in clusters.iterdir() if p.name.endswith(ENDED_SUFFIX) and p.is_file())
+    named = (p.name.removesuffix(ENDED_SUFFIX) for p in notes)
+    return sorted(n for n in named if not (clusters / n).exists())
 
 
 def remove_if_stale(name: str) -> bool:

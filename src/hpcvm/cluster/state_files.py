@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 TAKING_DOWN = "taking-down"  # written by `cluster down` (or a failing `up`) first
+ENDED_SUFFIX = ".ended"  # beside the state directory: why a step ended on its own
 
 
 def taken_down_by_another(directory: Path) -> bool:
@@ -26,3 +27,23 @@ def remove_dir(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
     with contextlib.suppress(OSError):
         directory.parent.rmdir()
+
+
+def ended_path(directory: Path) -> Path:
+    """The note a holder leaves beside the state directory it removed because its step
+    ended on its own (a node's task died): what a later ``ps``, ``wait`` or ``down`` of
+    that name says instead of "no cluster named"."""
+    return directory.with_name(directory.name + ENDED_SUFFIX)
+
+
+def write_ended(directory: Path, code: int) -> None:
+    """Leave the note: the step's exit status and the batch system's last line naming a
+    task (srun: ``error: node4: task 2: Killed``), read from the holder log."""
+    try:
+        lines = (directory / "holder.log").read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    tasks = [line.strip() for line in lines if ": task " in line and "error" in line]
+    why = f"its step ended with exit {code} ({tasks[-1] if tasks else 'no task was named'})"
+    with contextlib.suppress(OSError):
+        ended_path(directory).write_text(why + "\n")
