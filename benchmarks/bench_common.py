@@ -5,6 +5,7 @@ and a network namespace with a bridge of its own for the cluster benchmarks (hpc
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -42,6 +43,26 @@ def dd_read(path: Path) -> float:
     begin = time.monotonic()
     subprocess.run(["dd", f"if={path}", "of=/dev/null", f"bs={BLOCK}", "status=none"], check=True)
     return time.monotonic() - begin
+
+
+def image_vm_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the benchmarks that fill a disk-image VM's RAM and save it
+    (checkpoint_throughput, checkpoint_background): repetitions, the guest's memory and
+    how much of it holds random bytes, the directory written to, the image (default: the
+    test image, built once per machine by tests/image_builder.py)."""
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--memory", default="1G")
+    parser.add_argument("--fill", default="384M", help="random bytes put in guest RAM")
+    parser.add_argument("--dir", type=Path, default=Path("/var/tmp"))
+    parser.add_argument("--image", type=Path, default=None)
+
+
+def default_image(args: argparse.Namespace) -> None:
+    """``--image`` left out: the test image."""
+    if args.image is None:
+        from tests import image_builder
+
+        args.image = image_builder.build_test_image()
 
 
 def conditions() -> str:

@@ -54,7 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's benchmarks/, tests/
 
-from benchmarks.bench_common import conditions, interval
+from benchmarks.bench_common import conditions, default_image, image_vm_options, interval
 
 from hpcvm.errors import RuntimeFailure
 from hpcvm.plan.model import PlanRequest
@@ -181,21 +181,14 @@ def report(results: dict[str, list[dict[str, float]]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--memory", default="1G")
-    parser.add_argument("--fill", default="384M", help="random bytes put in guest RAM")
-    parser.add_argument("--dir", type=Path, default=Path("/var/tmp"))
-    parser.add_argument("--image", type=Path, default=None)
+    image_vm_options(parser)
     parser.add_argument(
         "--unprivileged-userfaultfd",
         action="store_true",
         help="set vm.unprivileged_userfaultfd=1 for the run (restored after)",
     )
     args = parser.parse_args()
-    if args.image is None:
-        from tests import image_builder
-
-        args.image = image_builder.build_test_image()
+    default_image(args)
     was = USERFAULTFD.read_text().strip()
     if args.unprivileged_userfaultfd:
         USERFAULTFD.write_text("1\n")

@@ -42,7 +42,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's benchmarks/, tests/
 
-from benchmarks.bench_common import conditions, dd_read, dd_write, drop_cache
+from benchmarks.bench_common import (
+    conditions,
+    dd_read,
+    dd_write,
+    default_image,
+    drop_cache,
+    image_vm_options,
+)
 
 from hpcvm.plan.model import PlanRequest
 from hpcvm.runtime import checkpoint, guest_exec, inventory, lifecycle, paths, stopping
@@ -126,16 +133,9 @@ def boot(name: str, image: Path, memory: int, fill: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--memory", default="1G")
-    parser.add_argument("--fill", default="384M", help="random bytes put in guest RAM")
-    parser.add_argument("--dir", type=Path, default=Path("/var/tmp"))
-    parser.add_argument("--image", type=Path, default=None)
+    image_vm_options(parser)
     args = parser.parse_args()
-    if args.image is None:
-        from tests import image_builder
-
-        args.image = image_builder.build_test_image()
+    default_image(args)
     work = Path(tempfile.mkdtemp(prefix="hpcvm-ckpt-bench-", dir=args.dir))
     runtime = Path(tempfile.mkdtemp(prefix="hpcvm-ckpt-bench-rt-", dir="/tmp"))
     runtime.chmod(0o711)
