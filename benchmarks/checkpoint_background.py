@@ -59,12 +59,12 @@ from benchmarks.bench_common import conditions, default_image, image_vm_options,
 from hpcvm.errors import RuntimeFailure
 from hpcvm.plan.model import PlanRequest
 from hpcvm.runtime import guest_exec, inventory, lifecycle, paths, qmp, stopping
+from hpcvm.runtime.checkpoint_qemu import QemuStateSaver
 from hpcvm.runtime.model import Machine
 from hpcvm.runtime.options import UpOptions
 from hpcvm.runtime.state import load_machine
 from hpcvm.units import parse_size
 
-FD_NAME = "bench-state"
 USERFAULTFD = Path("/proc/sys/vm/unprivileged_userfaultfd")
 LOOP = (
     "i=0; while :; do dd if=/dev/zero of=/dev/shm/dirty bs=1M count=32 conv=notrunc "
@@ -87,28 +87,15 @@ def rounds(machine: Machine) -> tuple[float, int]:
 
 
 def migrate_to(machine: Machine, path: Path) -> dict[str, Any]:
-    """Migrate to ``path`` (fsynced after); QEMU's final query-migrate."""
-    sock = _sock(machine)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        qmp.execute(sock, "migrate-set-parameters", {"max-bandwidth": 2**62})
-        qmp.execute_many(
-            sock, [("getfd", {"fdname": FD_NAME}), ("migrate", {"uri": f"fd:{FD_NAME}"})], fd=fd
-        )
-    finally:
-        os.close(fd)
-    while True:
-        status: dict[str, Any] = qmp.execute(sock, "query-migrate")
-        if status.get("status") == "completed":
-            break
-        if status.get("status") in ("failed", "cancelled"):
-            raise SystemExit(f"migration to {path} failed: {status.get('error-desc')}")
-        time.sleep(0.05)
+    """Save the VM's state to ``path`` as hpcvm's checkpoint does (QemuStateSaver: an
+    ``fd:`` migration, polled to its end), fsynced; QEMU's final query-migrate."""
+    QemuStateSaver().save(machine, path)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    status: dict[str, Any] = qmp.execute(_sock(machine), "query-migrate")
     return status
 
 

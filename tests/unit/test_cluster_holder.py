@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hpcvm.cluster import state
+from hpcvm.cluster import state, state_files
 from hpcvm.cluster.spawn import INTERNAL_MODULE
 
 # A step that outlives the SIGTERM (as srun waits for its tasks to stop their VMs); it
@@ -106,7 +106,7 @@ def test_a_step_that_ended_on_its_own_leaves_a_note_that_names_the_task(tmp_path
     said = "srun: error: node4: task 2: Killed"
     step = ["sh", "-c", f"echo 'srun: Job step aborted' >&2; echo '{said}' >&2; exit 9"]
     argv = [sys.executable, "-m", INTERNAL_MODULE, "holder", str(directory), *step]
-    with (directory / state.LOG_FILE).open("ab") as log:
+    with (directory / state_files.LOG_FILE).open("ab") as log:
         holder = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=False)
     assert holder.returncode == 9
     assert not directory.exists()

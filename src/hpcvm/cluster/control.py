@@ -40,7 +40,7 @@ from hpcvm.cluster.spec import (
     spare_nodes,
 )
 from hpcvm.cluster.state import ClusterRecord
-from hpcvm.cluster.state_files import taken_down_by_another
+from hpcvm.cluster.state_files import LOG_FILE, taken_down_by_another
 from hpcvm.errors import BusyError, HpcvmError, NodeLost, RuntimeFailure, UsageError
 from hpcvm.runtime import netguard, paths
 from hpcvm.runtime import state as vm_state
@@ -235,7 +235,7 @@ def _start_holder(
     step = batch.step_argv(allocation, step_name(spec.name), internal_argv("node"))
     argv = [*internal_argv("holder"), str(directory), *step]
     env = {**os.environ, SPEC_ENV: spec.model_dump_json()}
-    with (directory / state.LOG_FILE).open("ab") as log:
+    with (directory / LOG_FILE).open("ab") as log:
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

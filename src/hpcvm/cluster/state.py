@@ -32,14 +32,19 @@ from typing import Literal
 from hpcvm.cluster.checkpoint_model import KEY_FILE, DetachedExec, PeriodicCheckpoints
 from hpcvm.cluster.guest_mpi import keygen
 from hpcvm.cluster.spec import ClusterSpec, NodeEvent, parse_events
-from hpcvm.cluster.state_files import ENDED_SUFFIX, TAKING_DOWN, ended_path, remove_dir
+from hpcvm.cluster.state_files import (
+    ENDED_SUFFIX,
+    LOG_FILE,
+    TAKING_DOWN,
+    ended_path,
+    remove_dir,
+)
 from hpcvm.errors import BusyError, NodeLost, UsageError
 from hpcvm.lock import Holder, exclusive, is_held, read_holder
 from hpcvm.model import Frozen
 from hpcvm.runtime import paths
 
 CLUSTERS_DIR = ".clusters"  # under the runtime root; dot: `hpcvm ps` skips it
-LOG_FILE = "holder.log"
 RECORD_FILE = "cluster.json"
 SPEC_FILE = "spec.json"
 LOCK_SUFFIX = ".lock"
@@ -215,7 +220,9 @@ def settled_moves(name: str) -> list[str]:
     them, ``wait`` relays them as they come)."""
     from hpcvm.cluster.moved import KILLED
 
-    return [line for line in log_lines(name) if KILLED in line]
+    log = log_path(name)  # read at every look of cluster wait: only its lines are parsed
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return [ln for ln in text.splitlines() if KILLED in ln and not parse_events([ln])]
 
 
 def holder_alive(record: ClusterRecord) -> bool:

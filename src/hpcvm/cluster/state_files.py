@@ -12,6 +12,7 @@ import contextlib
 import shutil
 from pathlib import Path
 
+LOG_FILE = "holder.log"  # the step's output, where the nodes' events arrive
 TAKING_DOWN = "taking-down"  # written by `cluster down` (or a failing `up`) first
 ENDED_SUFFIX = ".ended"  # beside the state directory: why a step ended on its own
 
@@ -40,7 +41,7 @@ def write_ended(directory: Path, code: int) -> None:
     """Leave the note: the step's exit status and the batch system's last line naming a
     task (srun: ``error: node4: task 2: Killed``), read from the holder log."""
     try:
-        lines = (directory / "holder.log").read_text(errors="replace").splitlines()
+        lines = (directory / LOG_FILE).read_text(errors="replace").splitlines()
     except OSError:
         lines = []
     tasks = [line.strip() for line in lines if ": task " in line and "error" in line]
