@@ -176,13 +176,16 @@ def main() -> None:
     )
     args = parser.parse_args()
     default_image(args)
+    if args.unprivileged_userfaultfd and os.geteuid() != 0:
+        sys.exit("--unprivileged-userfaultfd sets a sysctl: run as root")
     was = USERFAULTFD.read_text().strip()
     if args.unprivileged_userfaultfd:
         USERFAULTFD.write_text("1\n")
     try:
         run(args)
     finally:
-        USERFAULTFD.write_text(f"{was}\n")
+        if args.unprivileged_userfaultfd:
+            USERFAULTFD.write_text(f"{was}\n")
 
 
 def run(args: argparse.Namespace) -> None:
