@@ -33,14 +33,32 @@ def signals_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+# Set by ``interrupting``'s handler, cleared once an exception has left its block.
+# A handler's exception is swallowed where Python cannot raise (an at-fork hook of a
+# Popen with preexec_fn, a __del__, a weakref callback: "Exception ignored in ..."); the
+# flag keeps such an interrupt from being lost, so the work still stops at the next
+# ``raise_if_interrupted`` or at the block's end.
+_pending: list[int] = []
+
+
+def raise_if_interrupted() -> None:
+    """Raise KeyboardInterrupt when an interrupt came inside ``interrupting`` and its
+    exception was swallowed where it was raised. Long loops call it between steps."""
+    if _pending:
+        _pending.clear()
+        raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def interrupting(*signums: int) -> Iterator[None]:
     """Inside the block, ``signums`` (default SIGTERM: a batch system ending the job)
-    raise KeyboardInterrupt like Ctrl-C, so the same cleanup runs. Outside the main
-    thread (where handlers cannot be set) it does nothing."""
+    raise KeyboardInterrupt like Ctrl-C, so the same cleanup runs. An interrupt whose
+    exception was swallowed is raised when the block ends. Outside the main thread
+    (where handlers cannot be set) it does nothing."""
     wanted = signums or (signal.SIGTERM,)
 
-    def _raise(_signum: int, _frame: object) -> None:
+    def _raise(signum: int, _frame: object) -> None:
+        _pending.append(signum)
         raise KeyboardInterrupt
 
     if threading.current_thread() is not threading.main_thread():
@@ -49,6 +67,10 @@ def interrupting(*signums: int) -> Iterator[None]:
     previous = {s: signal.signal(s, _raise) for s in wanted}
     try:
         yield
+    except BaseException:
+        _pending.clear()  # the block is ending on its way out already
+        raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    raise_if_interrupted()

@@ -51,6 +51,7 @@ from hpcvm.bench.sampling import SampleSpot, take_sample
 from hpcvm.bench.suite import Suite, WarmsUpSmaller
 from hpcvm.errors import HpcvmError
 from hpcvm.model import Frozen
+from hpcvm.signals import raise_if_interrupted
 from hpcvm.stats import StopDecision, fixed_width_stop, interleaved_order
 from hpcvm.stats.stopping import projected_seconds
 from hpcvm.store import NewSample, SampleKey, SampleRecord, Store
@@ -490,6 +491,7 @@ class Runner:
     ) -> float:
         """Run, record and log one sample (``block``: its repetition number); return the
         seconds it took."""
+        raise_if_interrupted()  # a Ctrl-C swallowed during the last sample stops here
         done = len(self._done)
         if self.config.reps is None:
             total = max(self._auto_estimate(done), done + 1)
