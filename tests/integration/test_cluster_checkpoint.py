@@ -16,15 +16,17 @@ SIGUSR1, as Slurm does before a time limit (``scancel --signal=USR1 --batch``), 
 script saves the job as the series' next checkpoint and requeues it. The requeued job is
 moved to node3 and node4 (``scontrol update``, as the user may) and restores the saved
 VMs there. Once it has taken a periodic checkpoint there, node4's link to the switch
-goes down for 10 s (the job must go on and save again), then node4's task of the next
-periodic save is killed (that checkpoint fails, naming node4, and the VMs run on), then
-the QEMU of its second VM is killed, as a node crash ends it without warning: ``cluster
-wait`` ends (exit 11) naming the node, and the script requeues the job, which restores
-the newest periodic checkpoint on node1 and node2 and collects the ring's output with
-``cluster wait``. Then damaged, incomplete and mismatched copies of the signal's
-checkpoint are restored and must be refused before any VM runs, and a job restoring an
-intact copy is cancelled while QEMU loads the state: nothing may be left on any node,
-and the copy must be unchanged.
+goes down for 10 s, then for 60 s (the job must go on and save again after each), then
+node4's task of the next periodic save is killed (that checkpoint fails, naming node4,
+and the VMs run on), then the QEMU of its second VM is killed, as a node crash ends
+it without warning: ``cluster wait`` ends (exit 11) naming the node, and the script
+requeues the job, which restores the newest periodic checkpoint on node1 and node2 and
+collects the ring's output with ``cluster wait``. Then damaged, incomplete and
+mismatched copies of the signal's checkpoint are restored and must be refused before
+any VM runs, and a job restoring an intact copy is cancelled while QEMU loads the
+state: nothing may be left on any node, and the copy must be unchanged. Jobs restoring
+further copies then move a VM to a spare node while the test kills one side of the
+move at each phase.
 
 Oracles independent of hpcvm: the MPI program's own output (every round once, in
 order, and a counter that is right only when no message was lost or repeated: Open
@@ -80,6 +82,7 @@ BOOT_TIMEOUT = 900.0  # two disk-image guests booting under TCG on a loaded 2-co
 SERIES_MIB = 4096  # the shared tmpfs of the series: a few checkpoints of two 384M guests
 FREE_WHEN_FULL = 4 * 2**20  # room left on it while "full": the history's lines, no VM
 LINK_DOWN_SECONDS = 10.0
+LONG_LINK_DOWN_SECONDS = 60.0  # under the test cluster's SlurmdTimeout (120 s)
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Story:
     held_at_failure: list[str]  # the series' files when a periodic checkpoint failed
     keeper_said: str  # the keeper's log when the job was requeued for the drain
     outage: Outage  # what the job's output said while node4's link was down, and after
+    long_outage: Outage  # ... the same for the 60 s one
     killed_save: str  # the job's output after node4's save task was killed
     held_after_kill: list[str]  # the series' files then
 
@@ -210,7 +214,9 @@ def _run_story(
     wait_until("a periodic checkpoint of the restored job", periodic_said(len(first_run)),
                timeout=900)  # fmt: skip
     assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(series)
-    outage = _a_link_drops(cluster, job, out, THEN[1])
+    outage = _a_link_drops(cluster, job, out, THEN[1], LINK_DOWN_SECONDS)
+    assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(series)
+    long_outage = _a_link_drops(cluster, job, out, THEN[1], LONG_LINK_DOWN_SECONDS)
     assert job_state(cluster, job) == "RUNNING", _text(out) + _keeper_log(series)
     killed_save = _a_save_is_killed(cluster, job, out, THEN[1])
     held_after_kill = sorted(p.name for p in series.iterdir())
@@ -226,7 +232,8 @@ def _run_story(
                ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"), timeout=900)  # fmt: skip
     return Story(cluster, job, out, first_run, second_run, _text(out), saved, history, work,
                  series, hpcvm, signalled, THEN[1], int(signal_member.name.split("-")[1]),
-                 failed, keeper_said, outage, killed_save, held_after_kill)  # fmt: skip
+                 failed, keeper_said, outage, long_outage, killed_save,
+                 held_after_kill)  # fmt: skip
 
 
 def _a_save_fails(cluster: LocalCluster, job: str, out: Path, series: Path) -> list[str]:
@@ -254,14 +261,14 @@ def _said_after(
     return lambda: bool(pattern.search(_text(out)[since:])) or job_state(cluster, job) != "RUNNING"
 
 
-def _a_link_drops(cluster: LocalCluster, job: str, out: Path, node: str) -> Outage:
-    """``node``'s link down for LINK_DOWN_SECONDS, then up. The ring runs across it
+def _a_link_drops(cluster: LocalCluster, job: str, out: Path, node: str, down: float) -> Outage:
+    """``node``'s link down for ``down`` seconds, then up. The ring runs across it
     (its output comes only at its end, from the guest); the job must go on: still
     running, and saving its next periodic checkpoint after the link is back."""
     since = len(_text(out))
     began = time.monotonic()
     with cluster_support.link_down(node):
-        time.sleep(LINK_DOWN_SECONDS)
+        time.sleep(down)
     seconds = time.monotonic() - began
     back = len(_text(out))
     wait_until("a periodic checkpoint after the outage", _said_after(cluster, job, out, SAID, back),
@@ -393,6 +400,16 @@ def test_a_link_down_for_10_s_and_the_job_went_on(story: Story) -> None:
     assert "lost a VM" not in story.outage.said_during + story.outage.said_after
 
 
+def test_a_link_down_for_60_s_and_the_job_went_on(story: Story) -> None:
+    """node4's link down for 60 s (half Slurm's SlurmdTimeout here: the node is not
+    called down): the guests' TCP connections retransmit across it, the job ran on to
+    the ring's exact end (test_the_mpi_job_went_on_across_the_checkpoint), and once
+    the link was back a periodic checkpoint was saved."""
+    assert story.long_outage.seconds >= LONG_LINK_DOWN_SECONDS
+    assert SAID.search(story.long_outage.said_after), story.long_outage
+    assert "lost a VM" not in story.long_outage.said_during + story.long_outage.said_after
+
+
 def test_a_save_killed_on_one_node_failed_that_checkpoint_only(story: Story) -> None:
     """node4's save task killed midway: that checkpoint failed, said at once with the
     node; the VMs ran again (the ring went on to its exact end), the last complete
@@ -520,6 +537,8 @@ if [ -n "${HPCVM_MOVE:-}" ]; then
     # shellcheck disable=SC2086  # --node A --to B
     "$HPCVM" cluster migrate rs $HPCVM_MOVE
     echo "migrate-rc=$?"
+    "$HPCVM" cluster ps rs
+    echo "shown after the move"
 fi
 "$HPCVM" cluster wait rs
 echo "wait-rc=$?"
@@ -651,33 +670,46 @@ def test_scancel_during_a_save_keeps_a_complete_restorable_checkpoint(story: Sto
 @dataclass
 class Moving:
     """A restored job with a spare, moving its second VM (node3 to node4) with the
-    source step held still once QEMU is done (HPCVM_MIGRATE_HOLD_PAUSED)."""
+    source step held still at a phase of the move (HPCVM_MIGRATE_HOLD)."""
 
     job: str
     out: Path
     claims: set[str]
     seen: dict[str, Any]  # the source step's moving marker, as last read
 
-    def paused(self, story: Story) -> bool:
-        """Poll until the source step stands paused, or the job ended; whether it did."""
-        marker = SlurmSite(story.cluster, story.hpcvm).runtime_root() / f"{NAME}-node2" / "moving"
+    def reached(self, story: Story, phase: str) -> bool:
+        """Poll until the source step's marker says ``phase`` (and, for ``sending``,
+        the target's QEMU waits for the state), or the job ended; whether it did."""
+        marker = _root(story) / SECOND / "moving"
 
         def look() -> bool:
             with contextlib.suppress(OSError, ValueError):
                 self.seen.update(json.loads(marker.read_text()))
-            return self.seen.get("phase") == "paused" or not self.running(story)
+            there = self.seen.get("phase") == phase
+            if phase == "sending":
+                there = there and vm_count(MOVED_IN) > 0
+            return there or not self.running(story)
 
-        wait_until("the move to stand paused", look, timeout=300)
-        return self.seen.get("phase") == "paused"
+        wait_until(f"the move to reach {phase}", look, timeout=300)
+        return self.seen.get("phase") == phase and self.running(story)
 
     def running(self, story: Story) -> bool:
         return job_state(story.cluster, self.job) in ("PENDING", "RUNNING")
 
 
-def _moving_job(story: Story, name: str, hold: int) -> Moving:
+ROW = re.compile(r"^│ (node\d) +│ (\S*) +│ (\w+) +│ (\S*) +│ (\S*) +│", re.M)  # spares too
+SECOND = f"{NAME}-node2"  # the restored job's second VM (saved on node2, runs on node3)
+MOVED_IN = "rs-node4"  # its name once it moved to node4
+
+
+def _root(story: Story) -> Path:
+    return SlurmSite(story.cluster, story.hpcvm).runtime_root()
+
+
+def _moving_job(story: Story, name: str, hold: str) -> Moving:
     copy = _user_copy(story, name)
     claims = _claims()
-    env = {"HPCVM_MOVE": "--node node3 --to node4", "HPCVM_MIGRATE_HOLD_PAUSED": str(hold)}
+    env = {"HPCVM_MOVE": "--node node3 --to node4", "HPCVM_MIGRATE_HOLD": hold}
     job, out = _restoring_job(story, copy, "--spare", "1", nodes=("node2", "node3", "node4"),
                               env=env)  # fmt: skip
     return Moving(job, out, claims, {})
@@ -686,11 +718,11 @@ def _moving_job(story: Story, name: str, hold: int) -> Moving:
 def test_scancel_during_a_migration_leaves_nothing(story: Story) -> None:
     """A restored job with a spare node moves its second VM (node3 to node4) and is
     cancelled while the move is under way (the source step's own marker says it sends
-    or stands paused; HPCVM_MIGRATE_HOLD_PAUSED holds it there): nothing of the job is
+    or stands paused; HPCVM_MIGRATE_HOLD holds it there): nothing of the job is
     left on any node, neither the VM at its source nor the copy the target took in."""
-    move = _moving_job(story, "moving", 120)
+    move = _moving_job(story, "moving", "paused:120")
     try:
-        paused = move.paused(story)
+        paused = move.reached(story, "paused")
     finally:
         _cancelled_leaving_nothing(story, move.job, move.claims)
     assert paused, _text(move.out)
@@ -705,18 +737,22 @@ def _node_task(node: str, job: str) -> list[int]:
     )
 
 
-def test_a_move_whose_target_task_died_said_so_and_left_nothing(story: Story) -> None:
-    """A restored job with a spare moves its second VM (node3 to node4); while the VM
-    stands still at node3 (QEMU done sending, "go" not yet said: the source step held
-    there by HPCVM_MIGRATE_HOLD_PAUSED), node4's hpcvm task, which took the copy in, is
-    SIGKILLed. The move fails; the step ends with that task (srun ends a step whose
-    task died), and the script's ``cluster wait`` says so in one line naming node4's
-    task, with the lost-node exit status, where it once said "no cluster named"
-    (the holder's note); then nothing of the job is left on any node."""
-    move = _moving_job(story, "target-killed", 8)
+@pytest.mark.parametrize("phase", ["sending", "paused", "told"])
+def test_a_move_whose_target_task_died_said_so_and_left_nothing(story: Story, phase: str) -> None:
+    """A restored job with a spare moves its second VM (node3 to node4); node4's hpcvm
+    task, which takes the copy in, is SIGKILLed while the source step is held at a
+    phase (HPCVM_MIGRATE_HOLD): ``sending`` (node4 accepted the offer and its QEMU
+    waits for the state), ``paused`` (QEMU done sending, the VM stands still at node3,
+    "go" not yet said) or ``told`` (node4 was told to run it). The step ends with that
+    task (srun ends a step whose task died), and the script's ``cluster wait`` says so
+    in one line naming node4's task, with the lost-node exit status, where it once said
+    "no cluster named" (the holder's note); ``cluster migrate`` does not say the VM
+    runs on at node3 when the job ended (unless the move had succeeded by then: node4
+    may have answered before it died); then nothing of the job is left on any node."""
+    move = _moving_job(story, f"target-killed-{phase}", f"{phase}:8")
     targets: list[int] = []
     try:
-        paused = move.paused(story)
+        reached = move.reached(story, phase)
         targets = _node_task("node4", move.job)
         for pid in targets:
             os.kill(pid, signal.SIGKILL)
@@ -725,9 +761,64 @@ def test_a_move_whose_target_task_died_said_so_and_left_nothing(story: Story) ->
         text = _text(move.out)
     finally:
         _cancelled_leaving_nothing(story, move.job, move.claims)
-    assert paused and targets, (move.seen, targets, text)
+    assert reached and targets, (move.seen, targets, text)
     moved = re.search(r"^migrate-rc=(\d+)$", text, re.M)
-    assert moved is not None and moved.group(1) != "0", text
+    assert moved is not None, text
+    if phase != "told":
+        assert moved.group(1) != "0", text
+    if moved.group(1) != "0":
+        failed = [ln for ln in text.splitlines() if "hpcvm: error: migrating" in ln]
+        assert failed and "then the job ended" in failed[0], text
+        assert "it runs on at node3" not in failed[0].split("then the job ended")[1], text
     assert "wait-rc=11" in text, text
     lines = [ln for ln in text.splitlines() if "cluster rs ended while its job ran" in ln]
     assert lines and "node4: task" in lines[0], text
+
+
+def _running(story: Story, vm: str) -> bool:
+    """QEMU's own word (QMP) on whether ``vm`` runs."""
+    from hpcvm.runtime import qmp
+
+    status = qmp.execute(str(_root(story) / vm / "qmp.sock"), "query-status")
+    return bool(status["running"])
+
+
+@pytest.mark.parametrize("phase", ["go", "told"])
+def test_a_move_whose_source_step_died_after_go_was_settled_and_the_job_went_on(
+    story: Story, phase: str
+) -> None:
+    """The source step of a move (node3 to node4) is SIGKILLed at ``go`` (just before
+    it tells node4 to run the VM: node4 never does, tears its copy down and listens
+    again) or at ``told`` (node4 was told, and runs it). node3's task keeps the VM
+    paused then, since only node4 knows; ``cluster migrate`` learns it from node4's
+    events and settles node3 by a step of its own: the VM resumed at node3 (the move
+    failed, said in one line), or node3's paused copy taken down and the move standing
+    (node3 a spare). No VM is left paused, the job goes on, and once it is cancelled
+    nothing of it is left on any node."""
+    move = _moving_job(story, f"source-killed-{phase}", f"{phase}:30")
+    try:
+        reached = move.reached(story, phase)
+        if reached:
+            os.kill(int(move.seen["pid"]), signal.SIGKILL)
+        wait_until("the move to be settled", lambda: "shown after the move" in _text(move.out)
+                   or not move.running(story), timeout=300)  # fmt: skip
+        text = _text(move.out)
+        went_on = move.running(story)
+        runs = _running(story, SECOND if phase == "go" else MOVED_IN)
+        left = vm_count(SECOND) if phase == "told" else vm_count(MOVED_IN)
+    finally:
+        _cancelled_leaving_nothing(story, move.job, move.claims)
+    assert reached, (move.seen, _text(move.out))
+    assert went_on and runs and left == 0, text
+    rc = re.search(r"^migrate-rc=(\d+)$", text, re.M)
+    shown = text.split("migrate-rc=", 1)[-1]
+    rows = {n: st for n, _vm, st, *_ in ROW.findall(shown)}
+    if phase == "go":
+        assert rc is not None and rc.group(1) != "0", text
+        assert "never ran the VM; at node3: resumed here" in text, text
+        assert rows.get("node3") == "ready" and rows.get("node4") == "spare", shown
+    else:
+        assert rc is not None and rc.group(1) == "0", text
+        assert "moved from node3 to node4 as rs-node4" in text, text
+        assert "its source step died" in text and "marked moved" in text, text
+        assert rows.get("node4") == "ready" and rows.get("node3") == "spare", shown

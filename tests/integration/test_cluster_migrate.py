@@ -66,7 +66,7 @@ sleep 6
 "$h" cluster migrate {name} --node node2 --to node3; echo "migrate-rc=$?"
 "$h" cluster ps {name}
 echo "shown after the move"
-HPCVM_MIGRATE_HOLD_PAUSED=60 "$h" cluster migrate {name} --node node3 --to node2
+HPCVM_MIGRATE_HOLD=paused:60 "$h" cluster migrate {name} --node node3 --to node2
 echo "killed-migrate-rc=$?"
 "$h" cluster ps {name}
 echo "shown after the killed move"
@@ -138,7 +138,7 @@ def _text(out: Path) -> str:
 
 def _kill_paused_source(run_dir: Path, ended: Callable[[], bool]) -> dict[str, Any]:
     """SIGKILL the second move's source step once its VM stands still (the step's own
-    ``moving`` marker says ``paused``; HPCVM_MIGRATE_HOLD_PAUSED holds it there), as a
+    ``moving`` marker says ``paused``; HPCVM_MIGRATE_HOLD holds it there), as a
     node task killed outright between QEMU's end and "go"; the marker it had."""
     marker = run_dir / "moving"
     seen: dict[str, Any] = {}

@@ -240,3 +240,84 @@ def test_a_spare_waiting_for_the_disk_gives_up_once_the_source_went() -> None:
         first.close()
     finally:
         listener.close()
+
+
+# -- a move whose source step died without its result (migrate._unanswered) -------------
+
+
+def _log(name: str, *events: NodeEvent) -> None:
+    directory = state.cluster_dir(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    with state.log_path(name).open("a") as log:
+        log.writelines(e.line() + "\n" for e in events)
+
+
+def _live_record() -> ClusterRecord:
+    return _record().model_copy(update={"holder_pid": os.getpid()})
+
+
+def test_the_targets_events_say_whether_it_ran_a_vm_whose_source_step_died(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the target's events after the move began count: its ready for the VM's
+    index (it runs it), or a spare again (it tore its copy down); a dead holder ends
+    the wait with no answer."""
+    monkeypatch.setenv("HPCVM_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(control, "POLL", 0.01)
+    _log("j", _event("ready", "n1", 0, "j-n1"), _event("spare", "n3", 2, address="a:1"))
+    seen = len(state.events("j"))
+    _log("j", _event("ready", "n3", 0, "j-n3"), _event("spare", "n2", 2, address="b:1"))
+    _log("j", _event("ready", "n3", 1, "j-n3"))
+    assert migrate._target_ran(_live_record(), "n3", 1, seen) is True
+    _log("k", _event("spare", "n3", 2, address="a:1"))  # before the move: not a word
+    seen = len(state.events("k"))
+    _log("k", _event("spare", "n3", 2, address="a:1"))
+    other = _live_record().model_copy(update={"name": "k"})
+    assert migrate._target_ran(other, "n3", 1, seen) is False
+    dead = _record().model_copy(update={"holder_pid": _gone_pid()})
+    assert migrate._target_ran(dead, "n3", 1, len(state.events("j"))) is None
+
+
+def _gone_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_failed_move_says_the_job_ended_when_its_step_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target task that died ends the job's step (srun --kill-on-bad-exit): the
+    failed move must not say the VM runs on at its source then; while the job's holder
+    runs, the failure is said as it was."""
+    monkeypatch.setenv("HPCVM_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(migrate, "END_WAIT", 0.05)
+    monkeypatch.setattr(control, "POLL", 0.01)
+    failed = RuntimeFailure("migrating j-n2 from n2 failed: reset; it runs on at n2")
+    directory = state.cluster_dir("j")
+    directory.mkdir(parents=True)
+    (directory / "cluster.json").write_text(_live_record().model_dump_json())
+    assert migrate._with_job_end("j", failed) is failed
+    (directory / "cluster.json").write_text(
+        _record().model_copy(update={"holder_pid": _gone_pid()}).model_dump_json()
+    )
+    said = migrate._with_job_end("j", failed).message
+    assert said.startswith(failed.message) and "then the job ended: its step ended" in said
+    (directory / "cluster.json").unlink()
+    state.ended_path(directory).write_text(
+        "its step ended with exit 9 (srun: error: n3: task 2: Killed)\n"
+    )
+    said = migrate._with_job_end("j", failed).message
+    assert "then the job ended: cluster j ended while its job ran" in said, said
+    assert "n3: task 2: Killed" in said
+
+
+def test_a_hold_is_taken_only_at_its_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpcvm.cluster import migrate_node
+
+    slept: list[float] = []
+    monkeypatch.setattr(migrate_node.time, "sleep", slept.append)
+    monkeypatch.setenv(migrate_node.HOLD_ENV, "told:7.5")
+    for phase in ("sending", "paused", "go", "told"):
+        migrate_node._hold(phase)
+    assert slept == [7.5]

@@ -650,6 +650,13 @@ def migrate_cmd(name: str, node: str, to: str) -> int:
     with interrupting():
         moved = migrate.migrate(name, node, to, say=_say)
     sent = moved.sent
+    if sent.downtime_ms is None:  # its source step died after go: settled (migrate.py)
+        _say(
+            f"{name}: {moved.vm} moved from {moved.source} to {moved.target} as "
+            f"{moved.arrived.vm} at {moved.arrived.address}, but {sent.message}; its "
+            "stand-still was not measured"
+        )
+        return 0
     downtime, disk = sent.downtime_ms or 0.0, sent.disk_ms or 0.0
     _say(
         f"{name}: {moved.vm} moved from {moved.source} to {moved.target} as "

@@ -15,6 +15,8 @@
   (bench_containers.py);
 - ``migrate-source REQUEST_JSON``: the one task of a ``cluster migrate`` step on the
   VM's node: sends the VM to a spare node (migrate_node.py).
+- ``migrate-settle REQUEST_JSON``: the one task of a step on that node when the source
+  step died after it said go: the paused copy marked moved, or resumed (migrate_node.py).
 - ``checkpoint-node PHASE_JSON``: one task of a ``cluster checkpoint`` phase: check,
   pause, save or resume this node's VM (checkpoint_node.py).
 - ``keeper NAME PLAN_JSON``: on the batch node, checkpoints the job at an interval
@@ -121,6 +123,14 @@ def _migrate_source(args: list[str]) -> int:
     return migrate_node.run_source(args[0])
 
 
+def _migrate_settle(args: list[str]) -> int:
+    from hpcvm.cluster import migrate_node
+
+    if len(args) != 1:
+        raise UsageError("migrate-settle takes one argument: the request as JSON")
+    return migrate_node.run_settle(args[0])
+
+
 def _no_more(args: list[str], role: str) -> None:
     if args:
         raise UsageError(f"{role} takes no arguments")
@@ -136,6 +146,7 @@ ROLES: dict[str, Callable[[list[str]], int]] = {
     "container-rank": _container_rank,
     "checkpoint-node": _checkpoint_node,
     "migrate-source": _migrate_source,
+    "migrate-settle": _migrate_settle,
     "keeper": _keeper,
 }
 

@@ -24,11 +24,11 @@ from hpcvm.cluster import control, state
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.checkpoint import run_step, tail
 from hpcvm.cluster.checkpoint_node import NodeResult, parse_results
-from hpcvm.cluster.migrate_node import SECRET_ENV, MigrateRequest
+from hpcvm.cluster.migrate_node import SECRET_ENV, MigrateRequest, SettleRequest
 from hpcvm.cluster.spawn import internal_argv
 from hpcvm.cluster.spec import NodeEvent, spare_nodes
 from hpcvm.cluster.state import ClusterRecord
-from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.errors import HpcvmError, NodeLost, RuntimeFailure, UsageError
 from hpcvm.runtime.checkpoint_qemu import MIGRATE_TIMEOUT
 from hpcvm.runtime.migration import RUN_TIMEOUT, SETUP_TIMEOUT, UNKNOWN_PREFIX
 from hpcvm.signals import signals_deferred
@@ -38,6 +38,10 @@ ARRIVE_TIMEOUT = 120.0  # seconds for the target's ready after the source's succ
 # seconds for the source step: QEMU's migration, the target's setup and run, and slack
 STEP_TIMEOUT = MIGRATE_TIMEOUT + SETUP_TIMEOUT + RUN_TIMEOUT + 300.0
 LEAVE_TIMEOUT = 30.0  # seconds for the old node to report the VM gone from it
+SETTLE_TIMEOUT = 120.0  # seconds for the step that settles a move whose source step died
+# seconds a failed move looks whether the job's step ended with it (a dead target's task
+# ends the step: srun --kill-on-bad-exit), before it says the VM runs on at its source
+END_WAIT = 5.0
 
 Say = Callable[[str], None]
 
@@ -72,7 +76,10 @@ def migrate(name: str, node: str, to: str, say: Say, *, keeper: bool = False) ->
         )
         say(f"{name}: migrating {source.vm} from {node} to {to}")
         with signals_deferred():  # a Ctrl-C waits: the move ends one way or the other
-            sent = _send(record, node, request, spec.migration_secret)
+            try:
+                sent = _send(record, node, to, request, spec.migration_secret)
+            except RuntimeFailure as exc:
+                raise _with_job_end(name, exc) from exc.__cause__
             moved = tuple(to if n == node else n for n in record.nodes)
             spare = tuple(node if n == to else n for n in record.spare)
             state.write_record(record.model_copy(update={"nodes": moved, "spare": spare}))
@@ -112,9 +119,13 @@ def _target(record: ClusterRecord, to: str) -> str:
     return listening.address
 
 
-def _send(record: ClusterRecord, node: str, request: MigrateRequest, secret: str) -> NodeResult:
-    """The source step on ``node``: its one result, or RuntimeFailure with why."""
+def _send(
+    record: ClusterRecord, node: str, to: str, request: MigrateRequest, secret: str
+) -> NodeResult:
+    """The source step on ``node``: its one result, or RuntimeFailure with why. A step
+    that died without one is settled from the target's events (``_unanswered``)."""
     batch = get_batch(record.batch)
+    seen = len(state.events(record.name))
     argv = batch.step_argv(
         control.allocation_of(record, (node,)),
         STEP_NAME,
@@ -129,11 +140,7 @@ def _send(record: ClusterRecord, node: str, request: MigrateRequest, secret: str
     except ValueError as exc:
         raise RuntimeFailure(f"the migrate step answered garbled lines ({exc})") from None
     if not results:
-        raise RuntimeFailure(
-            f"migrating {request.vm} failed: {node} gave no answer (step exit {code}: "
-            f"{tail(stderr)}); its node's task resumes the VM there, or says in the "
-            f"holder log why not (hpcvm cluster ps {record.name})"
-        )
+        return _unanswered(record, node, to, request, seen, f"step exit {code}: {tail(stderr)}")
     if not results[0].ok:
         where = (
             "it stays paused there: see hpcvm cluster ps and the target's log"
@@ -144,6 +151,99 @@ def _send(record: ClusterRecord, node: str, request: MigrateRequest, secret: str
             f"migrating {request.vm} from {node} failed: {results[0].message}; {where}"
         )
     return results[0]
+
+
+def _unanswered(
+    record: ClusterRecord, node: str, to: str, request: MigrateRequest, seen: int, why: str
+) -> NodeResult:
+    """The source step died without its result (killed outright). Before it said go,
+    its node's task resumes the VM by itself; from go on only the target knows whether
+    it runs the VM, and says so in its events (cluster/moved.py): ready for the VM's
+    index (the paused copy at ``node`` is then marked moved and goes, and the move
+    stands), or spare again (the copy is resumed). A settle step on ``node`` does
+    either; the result is this move's, with ``message`` saying what happened."""
+    vm = request.vm
+    ran = _target_ran(record, to, request.index, seen)
+    if ran is None:
+        raise RuntimeFailure(
+            f"migrating {vm} failed: {node} gave no answer ({why}), and {to} said neither "
+            f"that it runs the VM nor that it listens again; see hpcvm cluster ps "
+            f"{record.name} and its log"
+        )
+    settled = _settle(record, node, SettleRequest(
+        batch=record.batch, vm=vm, target=request.target, moved=ran
+    ))  # fmt: skip
+    if not ran:
+        raise RuntimeFailure(
+            f"migrating {vm} from {node} failed: its source step died ({why}) and {to} "
+            f"never ran the VM; at {node}: {settled}"
+        )
+    return NodeResult(
+        node=node,
+        ok=True,
+        message=f"its source step died ({why}) after {to} was told to run the VM; at "
+        f"{node}: {settled}",
+    )
+
+
+def _target_ran(record: ClusterRecord, to: str, index: int, seen: int) -> bool | None:
+    """Whether ``to`` reported VM ``index`` ready (True) or listens again (False) in
+    the events after the first ``seen``; None when the job's holder ended first."""
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while time.monotonic() < deadline:
+        for event in state.events(record.name)[seen:]:
+            if event.node == to and event.event == "ready" and event.index == index:
+                return True
+            if event.node == to and event.event == "spare":
+                return False
+        if not state.holder_alive(record):
+            return None
+        time.sleep(control.POLL)
+    return None
+
+
+def _settle(record: ClusterRecord, node: str, request: SettleRequest) -> str:
+    """The settle step on ``node`` (migrate_node.run_settle): what it did, or
+    RuntimeFailure with why it could not."""
+    batch = get_batch(record.batch)
+    argv = batch.step_argv(
+        control.allocation_of(record, (node,)),
+        STEP_NAME,
+        [*internal_argv("migrate-settle"), request.model_dump_json()],
+    )
+    stdout, stderr, code = run_step(
+        batch, record, argv, "settle the move", name=STEP_NAME, timeout=SETTLE_TIMEOUT
+    )
+    try:
+        results = parse_results(stdout)
+    except ValueError:
+        results = []
+    if not results or not results[0].ok:
+        what = results[0].message if results else f"no answer (step exit {code}: {tail(stderr)})"
+        raise RuntimeFailure(
+            f"the move of {request.vm} off {node} could not be settled there: {what}; it stays "
+            f"paused there (hpcvm down {request.vm} on {node} when {request.target} runs it)"
+        )
+    return results[0].message
+
+
+def _with_job_end(name: str, exc: RuntimeFailure) -> RuntimeFailure:
+    """``exc``, with what became of the job when its step ended meanwhile (a target
+    task that died takes the step with it): a failed move's "it runs on" would be wrong."""
+    deadline = time.monotonic() + END_WAIT
+    while True:
+        try:
+            record = state.read_record(name)
+        except NodeLost as lost:
+            return RuntimeFailure(f"{exc.message}; then the job ended: {lost.message}")
+        except HpcvmError:
+            return RuntimeFailure(f"{exc.message}; then the job ended (cluster {name} is gone)")
+        if not state.holder_alive(record):
+            ended = f"its step ended (see hpcvm cluster ps {name})"
+            return RuntimeFailure(f"{exc.message}; then the job ended: {ended}")
+        if time.monotonic() > deadline:
+            return exc
+        time.sleep(control.POLL)
 
 
 def _arrived(record: ClusterRecord, index: int, to: str) -> NodeEvent:

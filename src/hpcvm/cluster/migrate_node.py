@@ -27,14 +27,24 @@ import threading
 import time
 from collections.abc import Callable
 from ipaddress import IPv4Interface
+from typing import cast
 
 from hpcvm.cluster.addresses import Claim, claim
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.checkpoint_node import NodeResult, report
-from hpcvm.cluster.moved import MARKER, Moving, clear_moving, marker_path, write_moving
+from hpcvm.cluster.moved import (
+    MARKER,
+    SETTLED,
+    Moving,
+    Phase,
+    clear_moving,
+    marker_path,
+    resume_or_stop,
+    write_moving,
+)
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
 from hpcvm.model import Frozen
-from hpcvm.runtime import migration
+from hpcvm.runtime import migration, paths
 from hpcvm.runtime.migration_channel import (
     ChannelError,
     accept_peer,
@@ -46,9 +56,10 @@ from hpcvm.runtime.model import Machine
 from hpcvm.signals import interrupting
 
 SECRET_ENV = "HPCVM_MIGRATION_SECRET"
-# Seconds the source step waits once QEMU finished, before the disk and "go": a window
-# in which tests kill the step (tests/integration/test_cluster_migrate.py); unset, 0.
-HOLD_ENV = "HPCVM_MIGRATE_HOLD_PAUSED"
+# PHASE:SECONDS: the source step waits that long when it reaches PHASE (sending,
+# paused, go, told: cluster/moved.py), a window in which the fault tests kill a step
+# (tests/integration/test_cluster_migrate.py, test_cluster_checkpoint.py); unset, none.
+HOLD_ENV = "HPCVM_MIGRATE_HOLD"
 CONNECT_TIMEOUT = 30.0
 CLAIM_WAIT = 30.0  # seconds for the old node to release the VM's address claim
 _ACCEPT_POLL = 0.5
@@ -127,12 +138,18 @@ Say = Callable[[str], None]
 
 
 def take_in(
-    listener: Listener, secret: str, name: str, stop: threading.Event, say: Say
+    listener: Listener,
+    secret: str,
+    name: str,
+    stop: threading.Event,
+    say: Say,
+    relisten: Callable[[], None] = lambda: None,
 ) -> tuple[Machine, int, Claim | None] | None:
     """Wait for a VM to migrate in and take it as ``name``; its index in the job and
     its address claim. None when ``stop`` is set first. A connection that does not
     prove ``secret``, or a migration that fails, is said and waited past: the VM runs
-    on at its source."""
+    on at its source. After a failed one ``relisten()`` reports this node a spare
+    again, which tells ``cluster migrate`` the VM does not run here."""
     while not stop.is_set():
         try:
             conn, peer = listener.sock.accept()
@@ -149,6 +166,7 @@ def take_in(
                     machine, made = migration.receive(conn, name, again, warn=say)
             except (HpcvmError, OSError, KeyError, ValueError) as exc:
                 say(f"a migration from {peer[0]} did not complete: {exc}")
+                relisten()  # said as an event: cluster migrate learns the VM is not here
                 continue
             except KeyboardInterrupt:
                 return None
@@ -198,14 +216,16 @@ def _send(request: MigrateRequest, node: str) -> NodeResult:
     me = os.getpid()
     started = vm_state.process_start_time(me) or time.time()
 
-    def phase(now: str) -> None:
-        """Where the move is, in the VM's ``moving`` marker (cluster/moved.py)."""
+    def mark(now: Phase) -> None:
         moving = Moving(pid=me, started=started, node=node, target=request.target, phase=now)
         write_moving(machine.name, moving)
-        if now == "paused" and (hold := float(os.environ.get(HOLD_ENV, "0") or 0)) > 0:
-            time.sleep(hold)  # fault injection: a window to kill this step in (tests)
 
-    phase("sending")
+    def phase(now: str) -> None:
+        """Where the move is, in the VM's ``moving`` marker (cluster/moved.py)."""
+        mark(cast(Phase, now))
+        _hold(now)
+
+    mark("sending")
     try:
         with _connect(request.target, secret) as conn:
             send_message(conn, {"index": request.index})
@@ -226,6 +246,58 @@ def _send(request: MigrateRequest, node: str) -> NodeResult:
         disk_ms=sent.disk_ms,
         total_ms=sent.total_ms,
     )
+
+
+def _hold(now: str) -> None:
+    """Fault injection for the tests (HOLD_ENV): a window to kill this step in."""
+    at, _, seconds = os.environ.get(HOLD_ENV, "").partition(":")
+    if at == now and seconds:
+        time.sleep(float(seconds))
+
+
+class SettleRequest(Frozen):
+    """What ``cluster migrate`` asks the source node once the source step died after it
+    said go, having seen in the target's events whether the target runs the VM."""
+
+    batch: str
+    vm: str  # the VM's name on the source node
+    target: str
+    moved: bool  # the target reported the VM ready; else it listens again as a spare
+
+
+def run_settle(request_json: str) -> int:
+    """The one task of a settle step on the source node (cluster/moved.py): the paused
+    copy here marked moved (the node's task then takes it down, as after any move), or
+    resumed, since the target never ran it; the result line says which."""
+    request = SettleRequest.model_validate_json(request_json)
+    node = get_batch(request.batch).this_node(os.environ)
+
+    def act() -> NodeResult:
+        with interrupting(signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            return NodeResult(node=node, ok=True, message=_settle(request))
+
+    return report(node, act)
+
+
+def _settle(request: SettleRequest) -> str:
+    from hpcvm.runtime import state as vm_state
+    from hpcvm.runtime.backends import get_backend
+
+    machine = vm_state.load_machine(request.vm)
+    running = get_backend(machine.backend, machine.connect_uri).status(machine) == "running"
+    if not request.moved:
+        line = "it runs here (its node's task resumed it)" if running else resume_or_stop(machine)
+    elif running:
+        raise RuntimeFailure(
+            f"VM {machine.name} runs here although {request.target} reported it ready: "
+            f"stop one copy (hpcvm down {machine.name} here)"
+        )
+    else:
+        _mark_moved(machine, request.target)
+        line = "its paused copy here is marked moved: the node's task takes it down"
+    clear_moving(machine.name)
+    (paths.run_dir(machine.name) / SETTLED).unlink(missing_ok=True)
+    return line
 
 
 def _mark_moved(machine: Machine, target: str) -> None:

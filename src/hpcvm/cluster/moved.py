@@ -5,14 +5,18 @@ node's task does when a migration's source step died midway.
 
 ``moving``: a migration's source step runs on this VM (its pid and start time, the
 target, the phase: ``sending`` while QEMU sends, ``paused`` once QEMU finished and the
-VM stands still here, ``go`` from the moment the target is told to run it). The step
-removes it when it ends. A step killed outright (SIGKILL: no handler runs) leaves it,
-and the VM paused here. The node's task, which asks :func:`migrated_away` twice a
-second while it holds its VM, then settles it (:func:`settle_abandoned`): before
-``go`` the target never ran the VM (its copy is torn down when the source stops
-talking, runtime/migration.py), so the VM is resumed here, or, when it cannot be,
-taken down; after ``go`` the target may run it, so it stays paused. Either way the
-task says which in one line on its stderr, the job's log.
+VM stands still here, ``go`` just before the target is told to run it, ``told`` once it
+was). The step removes it when it ends. A step killed outright (SIGKILL: no handler
+runs) leaves it, and the VM paused here. The node's task, which asks
+:func:`migrated_away` twice a second while it holds its VM, then settles it
+(:func:`settle_abandoned`): before ``go`` the target never ran the VM (its copy is torn
+down when the source stops talking, runtime/migration.py), so the VM is resumed here,
+or, when it cannot be, taken down; from ``go`` on the target may run it, so it stays
+paused until ``cluster migrate``, which started the step and sees the target's events,
+learns which: the target reported the VM ready (this copy is then marked moved, and
+the task takes it down as after any move) or listens again as a spare (the VM is
+resumed here), by a step of its own on this node (migrate_node.run_settle). Either way
+the task says what it did in one line on its stderr, the job's log.
 
 A module of its own so that every node task need not import the migration code to ask
 (some 0.2 s of a task's start, before its VM boots).
@@ -37,7 +41,7 @@ SETTLED = "moving.settled"  # a dead step's marker, once its node's task settled
 START_SLACK = 1.0  # seconds: process start times are read at 1/HZ, written as floats
 KILLED = "was killed (source step pid"  # in every line that settles a dead step's move
 
-Phase = Literal["sending", "paused", "go"]
+Phase = Literal["sending", "paused", "go", "told"]
 Say = Callable[[str], None]
 
 
@@ -112,20 +116,21 @@ def settle_abandoned(machine: Machine, say: Say) -> str | None:
         f"VM {machine.name} on {moving.node}: its migration to {moving.target} {KILLED} "
         f"{moving.pid} gone)"
     )
-    if moving.phase == "go":
+    if moving.phase in ("go", "told"):
         line = (
-            f"{what} after the target was told to run it: it stays paused here, since it may "
-            f"run there (see hpcvm cluster ps; hpcvm down {machine.name} once it does)"
+            f"{what} {'after' if moving.phase == 'told' else 'as'} the target was told to "
+            "run it: it stays paused here, since it may run there, until hpcvm cluster "
+            "migrate learns whether it does (it then takes this copy down or resumes it)"
         )
     else:
-        line = f"{what} before the target was told to run it: {_resume_or_stop(machine)}"
+        line = f"{what} before the target was told to run it: {resume_or_stop(machine)}"
     with contextlib.suppress(OSError):
         os.replace(moving_path(machine.name), paths.run_dir(machine.name) / SETTLED)
     say(line)
     return line
 
 
-def _resume_or_stop(machine: Machine) -> str:
+def resume_or_stop(machine: Machine) -> str:
     """The VM running here again, or, when QEMU will not resume it, taken down; which,
     as a phrase."""
     from hpcvm.errors import HpcvmError

@@ -381,10 +381,16 @@ def _spare(
         why = f"this spare node cannot listen for a migrating VM: {exc}"
         emit(_event("failed", spec, place, vm="", message=why))
         return 1
-    try:
+
+    def listening() -> None:
         emit(_event("spare", spec, place, vm="", address=listener.address))
+
+    try:
+        listening()
         with netguard.job_peers(job_addresses(spec)):
-            got = migrate_node.take_in(listener, spec.migration_secret, name, stop, _stderr)
+            got = migrate_node.take_in(
+                listener, spec.migration_secret, name, stop, _stderr, relisten=listening
+            )
     finally:
         listener.close()
     if got is None:

@@ -128,15 +128,18 @@ def send(
     says it could not: it never runs in two places. Without the target's answer, it
     stays paused here (MoveUnknown).
 
-    ``phase("paused")`` once QEMU finished (the VM stands still here) and
-    ``phase("go")`` just before the target is told to run it: where the caller records
-    how far it got, for whoever survives it (cluster/moved.py)."""
+    ``phase("sending")`` once the target accepted the offer (its QEMU waits for the
+    state), ``phase("paused")`` once QEMU finished (the VM stands still here),
+    ``phase("go")`` just before the target is told to run it and ``phase("told")`` just
+    after: where the caller records how far it got, for whoever survives it
+    (cluster/moved.py)."""
     made, seed = offer(machine)
     send_message(conn, {"offer": made.model_dump(mode="json")}, seed)
     conn.settimeout(SETUP_TIMEOUT)
     reply, _ = recv_message(conn)
     if not reply.get("ok"):
         raise UsageError(f"the target refused VM {machine.name}: {reply.get('message')}")
+    phase("sending")
     began = time.monotonic()
     told = False
     try:
@@ -149,6 +152,7 @@ def send(
             phase("go")
             told = True
             send_message(disk, {"go": True})
+            phase("told")
             word = _target_word(disk)
     except BaseException as exc:
         if told:
