@@ -286,7 +286,7 @@ def _settle(request: SettleRequest) -> str:
     machine = vm_state.load_machine(request.vm)
     running = get_backend(machine.backend, machine.connect_uri).status(machine) == "running"
     if not request.moved:
-        line = "it runs here (its node's task resumed it)" if running else resume_or_stop(machine)
+        line = "it runs here" if running else resume_or_stop(machine)
     elif running:
         raise RuntimeFailure(
             f"VM {machine.name} runs here although {request.target} reported it ready: "
