@@ -6,6 +6,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -52,10 +53,13 @@ def raise_if_interrupted() -> None:
 @contextlib.contextmanager
 def interrupting(*signums: int) -> Iterator[None]:
     """Inside the block, ``signums`` (default SIGTERM: a batch system ending the job)
-    raise KeyboardInterrupt like Ctrl-C, so the same cleanup runs. An interrupt whose
-    exception was swallowed is raised when the block ends. Outside the main thread
-    (where handlers cannot be set) it does nothing."""
-    wanted = signums or (signal.SIGTERM,)
+    raise KeyboardInterrupt like Ctrl-C, so the same cleanup runs; so does Ctrl-C
+    (SIGINT) while Python's own handler has it, since that handler cannot remember an
+    interrupt whose exception was swallowed. Such an interrupt is raised when the block
+    ends. Outside the main thread (where handlers cannot be set) it does nothing."""
+    wanted = set(signums or (signal.SIGTERM,))
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        wanted.add(signal.SIGINT)
 
     def _raise(signum: int, _frame: object) -> None:
         _pending.append(signum)
@@ -64,13 +68,16 @@ def interrupting(*signums: int) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _raise) for s in wanted}
+    previous: dict[int, Any] = {}
     try:
-        yield
+        try:
+            for s in sorted(wanted):
+                previous[s] = signal.signal(s, _raise)
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
     except BaseException:
         _pending.clear()  # the block is ending on its way out already
         raise
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     raise_if_interrupted()

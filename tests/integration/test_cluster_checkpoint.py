@@ -802,11 +802,12 @@ def test_a_move_whose_source_step_died_was_settled_and_the_job_went_on(
 ) -> None:
     """The source step of a move (node3 to node4) is SIGKILLed at ``sending`` (node4
     accepted the offer and its QEMU waits for the state; node3's task finds the dead
-    step and keeps the VM running), at ``go`` (just before it tells node4 to run the
-    VM: node4 never does, tears its copy down and listens again) or at ``told`` (node4
-    was told, and runs it). From ``go`` on node3's task keeps the VM paused, since only
-    node4 knows; ``cluster migrate`` learns it from node4's events and settles node3 by
-    a step of its own: the VM resumed at node3 (the move failed, said in one line), or
+    step and keeps the VM running; ``cluster migrate``, which asks node3 how far the
+    step got, fails at once in one line), at ``go`` (just before it tells node4 to run
+    the VM: node4 never does, tears its copy down and listens again) or at ``told``
+    (node4 was told, and runs it). From ``go`` on node3's task keeps the VM paused,
+    since only node4 knows; ``cluster migrate`` learns it from node4's events and
+    settles node3 by a step of its own: the VM resumed at node3 (the move failed), or
     node3's paused copy taken down and the move standing (node3 a spare). No VM is left
     paused, the job goes on, and once it is cancelled nothing of it is left on any
     node."""
@@ -828,10 +829,12 @@ def test_a_move_whose_source_step_died_was_settled_and_the_job_went_on(
     rc = re.search(r"^migrate-rc=(\d+)$", text, re.M)
     shown = text.split("migrate-rc=", 1)[-1]
     rows = {n: st for n, _vm, st, *_ in ROW.findall(shown)}
-    if phase != "told":
+    if phase == "sending":  # the node's task resumed it (it never stood still)
         assert rc is not None and rc.group(1) != "0", text
-        here = "resumed here" if phase == "go" else "it runs here"
-        assert f"never ran the VM; at node3: {here}" in text, text
+        assert "before it told node4 to run the VM (sending)" in text, text
+    elif phase == "go":
+        assert rc is not None and rc.group(1) != "0", text
+        assert "node4 does not run the VM; at node3: resumed here" in text, text
         assert rows.get("node3") == "ready" and rows.get("node4") == "spare", shown
     else:
         assert rc is not None and rc.group(1) == "0", text

@@ -256,26 +256,35 @@ def _live_record() -> ClusterRecord:
     return _record().model_copy(update={"holder_pid": os.getpid()})
 
 
+def _request(move: str = "m1") -> migrate.MigrateRequest:
+    return migrate.MigrateRequest(batch="slurm", vm="j-n2", index=1, target="a:1", move=move)
+
+
 def test_the_targets_events_say_whether_it_ran_a_vm_whose_source_step_died(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Only the target's events after the move began count: its ready for the VM's
-    index (it runs it), or a spare again (it tore its copy down); a dead holder ends
-    the wait with no answer."""
+    index (it runs it), or a spare again naming this move (it tore its copy down: a
+    spare event of an earlier move, late in the log, is not this one's word); a dead
+    holder ends the wait with no answer."""
     monkeypatch.setenv("HPCVM_RUNTIME_DIR", str(tmp_path))
     monkeypatch.setattr(control, "POLL", 0.01)
     _log("j", _event("ready", "n1", 0, "j-n1"), _event("spare", "n3", 2, address="a:1"))
     seen = len(state.events("j"))
     _log("j", _event("ready", "n3", 0, "j-n3"), _event("spare", "n2", 2, address="b:1"))
-    _log("j", _event("ready", "n3", 1, "j-n3"))
-    assert migrate._target_ran(_live_record(), "n3", 1, seen) is True
+    _log("j", _spare_after("n3", "m0"), _event("ready", "n3", 1, "j-n3"))
+    assert migrate._target_ran(_live_record(), "n3", _request(), seen) is True
     _log("k", _event("spare", "n3", 2, address="a:1"))  # before the move: not a word
     seen = len(state.events("k"))
-    _log("k", _event("spare", "n3", 2, address="a:1"))
+    _log("k", _spare_after("n3", "m0"), _spare_after("n3", "m1"))
     other = _live_record().model_copy(update={"name": "k"})
-    assert migrate._target_ran(other, "n3", 1, seen) is False
-    dead = _record().model_copy(update={"holder_pid": _gone_pid()})
-    assert migrate._target_ran(dead, "n3", 1, len(state.events("j"))) is None
+    assert migrate._target_ran(other, "n3", _request(), seen) is False
+    dead = _record().model_copy(update={"name": "k", "holder_pid": _gone_pid()})
+    assert migrate._target_ran(dead, "n3", _request("m2"), seen) is None
+
+
+def _spare_after(node: str, move: str) -> NodeEvent:
+    return _event("spare", node, 2, address="a:1").model_copy(update={"move": move})
 
 
 def _gone_pid() -> int:

@@ -75,3 +75,21 @@ def test_a_step_killed_after_go_leaves_the_vm_paused_and_says_so(
     assert not moved.moving_path(machine.name).exists()
     assert not moved.migrated_away(machine)
     assert capsys.readouterr().err == ""  # said once, not twice a second
+
+
+def test_how_far_a_dead_move_got_is_read_from_its_own_marker(machine: Machine) -> None:
+    """``cluster migrate``'s first question to the source node (migrate_node.run_settle):
+    the phase in this move's marker, still there or settled by the node's task; an
+    earlier move's settled marker is not this one's ("": it left none)."""
+    from hpcvm.cluster import migrate_node
+
+    pid, started = _dead_pid()
+    earlier = _moving(pid, started, "paused").model_copy(update={"move": "m0"})
+    moved.write_moving(machine.name, earlier)
+    os.replace(moved.moving_path(machine.name), moved.settled_path(machine.name))
+    assert migrate_node._phase_reached(machine.name, "m1") == ""
+    assert migrate_node._phase_reached(machine.name, "m0") == "paused"
+    moved.write_moving(
+        machine.name, _moving(pid, started, "told").model_copy(update={"move": "m1"})
+    )
+    assert migrate_node._phase_reached(machine.name, "m1") == "told"

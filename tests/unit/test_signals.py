@@ -70,3 +70,27 @@ def test_an_interrupt_turned_into_another_error_is_not_raised_later() -> None:
         except KeyboardInterrupt as exc:
             raise RuntimeError("the move's outcome is unknown") from exc
     raise_if_interrupted()
+
+
+def test_ctrl_c_swallowed_inside_the_default_block_is_raised(swallowed: list[Any]) -> None:
+    """The bench's block names no signal (SIGTERM by default); Ctrl-C, left to Python's
+    own handler, would be lost there: the block takes it over while that handler has it."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    reached = False
+    with pytest.raises(KeyboardInterrupt), interrupting():
+        _InterruptsWhileDropped()
+        reached = True
+    assert reached and len(swallowed) == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_ctrl_c_stays_ignored() -> None:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupting():
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -16,6 +16,7 @@ node becomes a spare.
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,7 +73,11 @@ def migrate(name: str, node: str, to: str, say: Say, *, keeper: bool = False) ->
                 "take it down and start it again with --spare"
             )
         request = MigrateRequest(
-            batch=record.batch, vm=source.vm, index=source.index, target=listening
+            batch=record.batch,
+            vm=source.vm,
+            index=source.index,
+            target=listening,
+            move=secrets.token_hex(8),
         )
         say(f"{name}: migrating {source.vm} from {node} to {to}")
         with signals_deferred():  # a Ctrl-C waits: the move ends one way or the other
@@ -156,28 +161,47 @@ def _send(
 def _unanswered(
     record: ClusterRecord, node: str, to: str, request: MigrateRequest, seen: int, why: str
 ) -> NodeResult:
-    """The source step died without its result (killed outright). Before it said go,
-    its node's task resumes the VM by itself; from go on only the target knows whether
-    it runs the VM, and says so in its events (cluster/moved.py): ready for the VM's
-    index (the paused copy at ``node`` is then marked moved and goes, and the move
-    stands), or spare again (the copy is resumed). A settle step on ``node`` does
-    either; the result is this move's, with ``message`` saying what happened."""
-    vm = request.vm
-    ran = _target_ran(record, to, request.index, seen)
+    """The source step died without its result (killed outright). A settle step on
+    ``node`` first tells how far its marker got. Before "go" the node's task resumes
+    the VM by itself. From "go" on only the target knows whether it runs the VM, and
+    says so in its events (cluster/moved.py): ready for the VM's index (the paused copy
+    at ``node`` is then marked moved and goes, and the move stands), or spare again
+    after this move (the copy is resumed). The result is this move's, with ``message``
+    saying what happened."""
+    vm, ask = (
+        request.vm,
+        SettleRequest(batch=record.batch, vm=request.vm, target=request.target, move=request.move),
+    )
+    ok, phase = _settle(record, node, ask)
+    if not ok:
+        raise RuntimeFailure(
+            f"migrating {vm} failed: {node} gave no answer ({why}), and how far it got "
+            f"could not be asked there ({phase}); see hpcvm cluster ps {record.name}"
+        )
+    if phase not in ("go", "told"):
+        raise RuntimeFailure(
+            f"migrating {vm} from {node} failed: its source step died ({why}) before it "
+            f"told {to} to run the VM ({phase or 'before it began'}); {node}'s task resumes "
+            f"it there if it stood still, and says so in the holder log (hpcvm cluster ps "
+            f"{record.name})"
+        )
+    ran = _target_ran(record, to, request, seen)
     if ran is None:
         raise RuntimeFailure(
-            f"migrating {vm} failed: {node} gave no answer ({why}), and {to} said neither "
-            f"that it runs the VM nor that it listens again; see hpcvm cluster ps "
-            f"{record.name} and its log"
+            f"migrating {vm} failed: its source step died ({why}) after it told {to} to run "
+            f"the VM, and {to} said neither that it runs it nor that it gave it up (the job "
+            f"ended, or {RUN_TIMEOUT:g} s passed); it stays paused at {node}"
         )
-    settled = _settle(record, node, SettleRequest(
-        batch=record.batch, vm=vm, target=request.target, moved=ran
-    ))  # fmt: skip
+    ok, settled = _settle(record, node, ask.model_copy(update={"moved": ran}))
     if not ran:
+        if not ok:
+            settled = f"it could not be resumed there ({settled}): see hpcvm cluster ps"
         raise RuntimeFailure(
-            f"migrating {vm} from {node} failed: its source step died ({why}) and {to} "
-            f"never ran the VM; at {node}: {settled}"
+            f"migrating {vm} from {node} failed: its source step died ({why}) and {to} does "
+            f"not run the VM; at {node}: {settled}"
         )
+    if not ok:
+        settled = f"its paused copy could not be taken down ({settled}): hpcvm down {vm} there"
     return NodeResult(
         node=node,
         ok=True,
@@ -186,15 +210,18 @@ def _unanswered(
     )
 
 
-def _target_ran(record: ClusterRecord, to: str, index: int, seen: int) -> bool | None:
-    """Whether ``to`` reported VM ``index`` ready (True) or listens again (False) in
-    the events after the first ``seen``; None when the job's holder ended first."""
+def _target_ran(record: ClusterRecord, to: str, request: MigrateRequest, seen: int) -> bool | None:
+    """Whether ``to`` reported the VM ready (True) or listens again after this move
+    (False: its spare event names the move) in the events after the first ``seen``;
+    None when the job's holder ended first."""
     deadline = time.monotonic() + RUN_TIMEOUT
     while time.monotonic() < deadline:
         for event in state.events(record.name)[seen:]:
-            if event.node == to and event.event == "ready" and event.index == index:
+            if event.node != to:
+                continue
+            if event.event == "ready" and event.index == request.index:
                 return True
-            if event.node == to and event.event == "spare":
+            if event.event == "spare" and event.move == request.move:
                 return False
         if not state.holder_alive(record):
             return None
@@ -202,9 +229,9 @@ def _target_ran(record: ClusterRecord, to: str, index: int, seen: int) -> bool |
     return None
 
 
-def _settle(record: ClusterRecord, node: str, request: SettleRequest) -> str:
-    """The settle step on ``node`` (migrate_node.run_settle): what it did, or
-    RuntimeFailure with why it could not."""
+def _settle(record: ClusterRecord, node: str, request: SettleRequest) -> tuple[bool, str]:
+    """The settle step on ``node`` (migrate_node.run_settle): whether it did what was
+    asked, and its answer or why not."""
     batch = get_batch(record.batch)
     argv = batch.step_argv(
         control.allocation_of(record, (node,)),
@@ -218,13 +245,9 @@ def _settle(record: ClusterRecord, node: str, request: SettleRequest) -> str:
         results = parse_results(stdout)
     except ValueError:
         results = []
-    if not results or not results[0].ok:
-        what = results[0].message if results else f"no answer (step exit {code}: {tail(stderr)})"
-        raise RuntimeFailure(
-            f"the move of {request.vm} off {node} could not be settled there: {what}; it stays "
-            f"paused there (hpcvm down {request.vm} on {node} when {request.target} runs it)"
-        )
-    return results[0].message
+    if not results:
+        return False, f"no answer (step exit {code}: {tail(stderr)})"
+    return results[0].ok, results[0].message
 
 
 def _with_job_end(name: str, exc: RuntimeFailure) -> RuntimeFailure:

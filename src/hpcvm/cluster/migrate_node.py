@@ -34,17 +34,19 @@ from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.checkpoint_node import NodeResult, report
 from hpcvm.cluster.moved import (
     MARKER,
-    SETTLED,
     Moving,
     Phase,
     clear_moving,
     marker_path,
+    moving_path,
+    read_moving,
     resume_or_stop,
+    settled_path,
     write_moving,
 )
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
 from hpcvm.model import Frozen
-from hpcvm.runtime import migration, paths
+from hpcvm.runtime import migration
 from hpcvm.runtime.migration_channel import (
     ChannelError,
     accept_peer,
@@ -72,6 +74,7 @@ class MigrateRequest(Frozen):
     vm: str  # the VM's name on the source node
     index: int  # its index in the job
     target: str  # HOST:PORT where the spare node's task listens
+    move: str = ""  # this move's id: in the marker, and in the target's events about it
 
 
 # -- the spare (target) side -----------------------------------------------------------
@@ -143,13 +146,15 @@ def take_in(
     name: str,
     stop: threading.Event,
     say: Say,
-    relisten: Callable[[], None] = lambda: None,
-) -> tuple[Machine, int, Claim | None] | None:
+    relisten: Callable[[str], None] = lambda _move: None,
+) -> tuple[Machine, int, str | None] | None:
     """Wait for a VM to migrate in and take it as ``name``; its index in the job and
-    its address claim. None when ``stop`` is set first. A connection that does not
-    prove ``secret``, or a migration that fails, is said and waited past: the VM runs
-    on at its source. After a failed one ``relisten()`` reports this node a spare
-    again, which tells ``cluster migrate`` the VM does not run here."""
+    its address (claimed by ``claim_moved`` once the VM is reported ready: the old
+    node may release it only then). None when ``stop`` is set first. A connection that
+    does not prove ``secret``, or a migration that fails, is said and waited past: the
+    VM runs on at its source. After a failed migration ``relisten(move)`` reports this
+    node a spare again with that move's id, which tells ``cluster migrate`` the VM does
+    not run here; a connection that never named a move says nothing."""
     while not stop.is_set():
         try:
             conn, peer = listener.sock.accept()
@@ -159,24 +164,28 @@ def take_in(
             try:
                 accept_peer(conn, secret)
                 header, _ = recv_message(conn)
-                index = int(header["index"])
-                source = str(peer[0])
+                index, move = int(header["index"]), str(header.get("move", ""))
+            except (HpcvmError, OSError, KeyError, ValueError) as exc:
+                say(f"a connection from {peer[0]} was dropped before any migration: {exc}")
+                continue
+            try:
                 with interrupting(signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                    again = functools.partial(listener.accept_peer, secret, source, conn)
+                    again = functools.partial(listener.accept_peer, secret, str(peer[0]), conn)
                     machine, made = migration.receive(conn, name, again, warn=say)
             except (HpcvmError, OSError, KeyError, ValueError) as exc:
                 say(f"a migration from {peer[0]} did not complete: {exc}")
-                relisten()  # said as an event: cluster migrate learns the VM is not here
+                relisten(move)  # said as an event: cluster migrate learns it is not here
                 continue
             except KeyboardInterrupt:
                 return None
-        return machine, index, _claim(made.options.address, say)
+        return machine, index, made.options.address
     return None
 
 
-def _claim(address: str | None, say: Say) -> Claim | None:
-    """The VM's address claimed on this node. On nodes that share one claims directory
-    (one machine), the old node releases it only once its QEMU is gone: wait for that."""
+def claim_moved(address: str | None, say: Say) -> Claim | None:
+    """The moved-in VM's address claimed on this node. On nodes that share one claims
+    directory (one machine), the old node releases it only once its QEMU is gone: wait
+    for that."""
     if address is None:
         return None
     wanted = IPv4Interface(address)
@@ -217,7 +226,10 @@ def _send(request: MigrateRequest, node: str) -> NodeResult:
     started = vm_state.process_start_time(me) or time.time()
 
     def mark(now: Phase) -> None:
-        moving = Moving(pid=me, started=started, node=node, target=request.target, phase=now)
+        moving = Moving(
+            pid=me, started=started, node=node, target=request.target, phase=now,
+            move=request.move,
+        )  # fmt: skip
         write_moving(machine.name, moving)
 
     def phase(now: str) -> None:
@@ -228,7 +240,7 @@ def _send(request: MigrateRequest, node: str) -> NodeResult:
     mark("sending")
     try:
         with _connect(request.target, secret) as conn:
-            send_message(conn, {"index": request.index})
+            send_message(conn, {"index": request.index, "move": request.move})
             sent = migration.send(machine, conn, lambda: _connect(request.target, secret), phase)
     except migration.MoveUnknown:
         raise  # the marker says "go": the node's task says so should this step die
@@ -256,19 +268,22 @@ def _hold(now: str) -> None:
 
 
 class SettleRequest(Frozen):
-    """What ``cluster migrate`` asks the source node once the source step died after it
-    said go, having seen in the target's events whether the target runs the VM."""
+    """What ``cluster migrate`` asks the source node once the source step died without
+    its result: how far the move got (``moved`` None), then, from "go" on, having seen
+    in the target's events whether the target runs the VM, to settle it."""
 
     batch: str
     vm: str  # the VM's name on the source node
     target: str
-    moved: bool  # the target reported the VM ready; else it listens again as a spare
+    move: str  # the move's id (MigrateRequest)
+    moved: bool | None = None  # the target runs the VM, or listens again; None: ask
 
 
 def run_settle(request_json: str) -> int:
-    """The one task of a settle step on the source node (cluster/moved.py): the paused
-    copy here marked moved (the node's task then takes it down, as after any move), or
-    resumed, since the target never ran it; the result line says which."""
+    """The one task of a settle step on the source node (cluster/moved.py): the phase
+    the dead step's marker reached, or the paused copy here marked moved (the node's
+    task then takes it down, as after any move) or resumed, since the target does not
+    run it; the result line says which."""
     request = SettleRequest.model_validate_json(request_json)
     node = get_batch(request.batch).this_node(os.environ)
 
@@ -280,24 +295,39 @@ def run_settle(request_json: str) -> int:
 
 
 def _settle(request: SettleRequest) -> str:
+    """The phase (asked), or what was done. A VM that runs here although the target
+    reported it ready is refused, not stopped: one of the two copies must go, and only
+    a person can tell which one's guest went on (both ran since)."""
     from hpcvm.runtime import state as vm_state
     from hpcvm.runtime.backends import get_backend
 
+    if request.moved is None:
+        return _phase_reached(request.vm, request.move)
     machine = vm_state.load_machine(request.vm)
     running = get_backend(machine.backend, machine.connect_uri).status(machine) == "running"
     if not request.moved:
         line = "it runs here" if running else resume_or_stop(machine)
     elif running:
         raise RuntimeFailure(
-            f"VM {machine.name} runs here although {request.target} reported it ready: "
-            f"stop one copy (hpcvm down {machine.name} here)"
+            f"VM {machine.name} runs here although the target reported it ready: stop the "
+            f"copy whose guest should not go on (hpcvm down {machine.name} here)"
         )
     else:
         _mark_moved(machine, request.target)
         line = "its paused copy here is marked moved: the node's task takes it down"
     clear_moving(machine.name)
-    (paths.run_dir(machine.name) / SETTLED).unlink(missing_ok=True)
+    settled_path(machine.name).unlink(missing_ok=True)
     return line
+
+
+def _phase_reached(vm: str, move: str) -> str:
+    """The phase in move ``move``'s marker (still there, or settled by the node's task
+    already); "" when it left none (it died before it began)."""
+    for path in (moving_path(vm), settled_path(vm)):
+        found = read_moving(vm, path)
+        if found is not None and found.move == move:
+            return found.phase
+    return ""
 
 
 def _mark_moved(machine: Machine, target: str) -> None:

@@ -53,6 +53,7 @@ class Moving(Frozen):
     node: str
     target: str
     phase: Phase
+    move: str = ""  # the move's id (migrate_node.MigrateRequest)
 
 
 def marker_path(name: str) -> Path:
@@ -84,11 +85,16 @@ def clear_moving(name: str) -> None:
     moving_path(name).unlink(missing_ok=True)
 
 
-def read_moving(name: str) -> Moving | None:
+def read_moving(name: str, path: Path | None = None) -> Moving | None:
+    """The ``moving`` marker (or the one at ``path``: a settled one), if readable."""
     try:
-        return Moving.model_validate_json(moving_path(name).read_text())
+        return Moving.model_validate_json((path or moving_path(name)).read_text())
     except (OSError, ValueError):
         return None
+
+
+def settled_path(name: str) -> Path:
+    return paths.run_dir(name) / SETTLED
 
 
 def step_alive(moving: Moving) -> bool:
@@ -125,7 +131,7 @@ def settle_abandoned(machine: Machine, say: Say) -> str | None:
     else:
         line = f"{what} before the target was told to run it: {resume_or_stop(machine)}"
     with contextlib.suppress(OSError):
-        os.replace(moving_path(machine.name), paths.run_dir(machine.name) / SETTLED)
+        os.replace(moving_path(machine.name), settled_path(machine.name))
     say(line)
     return line
 

@@ -314,10 +314,17 @@ def _serve(
     reaped: set[str],
     machine: Machine,
     held: Claim | None,
+    moved_in: str | None = None,
 ) -> int:
     """Hold the VM until the step ends (0), it dies (1), or it migrates away: then
-    this node becomes a spare (``_spare``)."""
+    this node becomes a spare (``_spare``). A VM that moved in claims its address
+    (``moved_in``) once it is reported ready: a move whose source step died releases
+    it at the old node only after ``cluster migrate`` saw that ready."""
     emit(_ready(spec, place, machine))
+    if moved_in is not None:
+        from hpcvm.cluster import migrate_node
+
+        held = migrate_node.claim_moved(moved_in, _stderr)
     outcome = _hold(machine, stop)
     with signals_deferred():  # a second SIGTERM must not cut the teardown short
         stopping.teardown(machine)
@@ -382,8 +389,8 @@ def _spare(
         emit(_event("failed", spec, place, vm="", message=why))
         return 1
 
-    def listening() -> None:
-        emit(_event("spare", spec, place, vm="", address=listener.address))
+    def listening(move: str = "") -> None:
+        emit(_event("spare", spec, place, vm="", address=listener.address, move=move))
 
     try:
         listening()
@@ -395,5 +402,5 @@ def _spare(
         listener.close()
     if got is None:
         return 0
-    machine, index, held = got
-    return _serve(spec, replace(place, index=index), stop, reaped, machine, held)
+    machine, index, address = got
+    return _serve(spec, replace(place, index=index), stop, reaped, machine, None, address)

@@ -118,6 +118,7 @@ class NodeEvent(Frozen):
     accel: str | None = None
     message: str = ""
     log: str = ""  # a log that says more (the VM's console or QEMU log on that node)
+    move: str = ""  # a spare's again after a failed move: that move's id (migrate.py)
 
     def line(self) -> str:
         """The event as one line of the task's standard output."""
