@@ -80,7 +80,11 @@ def test_plan_takes_what_the_kernel_can_give_and_refuses_beyond() -> None:
     over = (available * 2) // GIB * GIB
     refused = plan("--profile", "naive", "--vcpus", "1", "--memory", f"{over // MIB}M")
     assert refused.returncode == 3, refused.stderr
-    named = int(re.search(r"use --memory (\d+)M or less", refused.stderr).group(1))  # type: ignore[union-attr]
+    found = re.search(r"use --memory (\d+)M or less", refused.stderr)
+    if found is None and _meminfo(Path("/proc/meminfo"), "MemAvailable") < size:
+        pytest.skip("MemAvailable fell below the planned size meanwhile (other processes)")
+    assert found is not None, refused.stderr  # CI once saw none: what it said is kept
+    named = int(found.group(1))
     # other processes move MemAvailable meanwhile: bound by both readings, 2% slack
     most = max(available, _meminfo(Path("/proc/meminfo"), "MemAvailable")) * 1.02
     assert size <= named * MIB <= most
