@@ -650,19 +650,15 @@ def migrate_cmd(name: str, node: str, to: str) -> int:
     with interrupting():
         moved = migrate.migrate(name, node, to, say=_say)
     sent = moved.sent
+    where = f"{name}: {moved.vm} moved from {moved.source} to {moved.target} as "
+    where += f"{moved.arrived.vm} at {moved.arrived.address}"
     if sent.downtime_ms is None:  # its source step died after go: settled (migrate.py)
-        _say(
-            f"{name}: {moved.vm} moved from {moved.source} to {moved.target} as "
-            f"{moved.arrived.vm} at {moved.arrived.address}, but {sent.message}; its "
-            "stand-still was not measured"
-        )
+        _say(f"{where}, but {moved.stood_still()}")
         return 0
-    downtime, disk = sent.downtime_ms or 0.0, sent.disk_ms or 0.0
+    downtime, disk = sent.downtime_ms, sent.disk_ms or 0.0
     _say(
-        f"{name}: {moved.vm} moved from {moved.source} to {moved.target} as "
-        f"{moved.arrived.vm} at {moved.arrived.address}; the guest stood still "
-        f"{downtime + disk:.0f} ms ({downtime:.0f} ms QEMU's last pass, {disk:.0f} ms its "
-        f"disk overlay), {(sent.total_ms or 0) / 1000:.2f} s in all; "
+        f"{where}; {moved.stood_still()} ({downtime:.0f} ms QEMU's last pass, {disk:.0f} ms "
+        f"its disk overlay), {(sent.total_ms or 0) / 1000:.2f} s in all; "
         f"{sent.state_bytes / 2**20:.1f} MiB RAM and {sent.disk_bytes / 2**20:.1f} MiB disk sent"
     )
     return 0

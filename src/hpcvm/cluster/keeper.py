@@ -251,15 +251,9 @@ class Drained:
             _say(f"cluster {self.name}: {why}; moving its VM to {spare} failed: {exc}")
             return False
         self.handled.add(node)
-        sent = moved.sent
-        stood = (
-            f"the guest stood still {(sent.downtime_ms or 0.0) + (sent.disk_ms or 0.0):.0f} ms"
-            if sent.downtime_ms is not None  # None: settled after its source step died
-            else f"{sent.message}; its stand-still was not measured"
-        )
         _say(
             f"cluster {self.name}: {why}: moved its VM {moved.vm} to the spare node "
-            f"{moved.target}; {stood}"
+            f"{moved.target}; {moved.stood_still()}"
         )
         return True
 

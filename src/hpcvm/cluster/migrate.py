@@ -55,6 +55,14 @@ class Migrated:
     arrived: NodeEvent  # the target's ready event (the VM's new name, pins)
     sent: NodeResult  # the source's result: downtime_ms, total_ms, bytes moved
 
+    def stood_still(self) -> str:
+        """How long the guest stood still, or why that was not measured (a move settled
+        after its source step died)."""
+        sent = self.sent
+        if sent.downtime_ms is None:
+            return f"{sent.message}; its stand-still was not measured"
+        return f"the guest stood still {sent.downtime_ms + (sent.disk_ms or 0.0):.0f} ms"
+
 
 def migrate(name: str, node: str, to: str, say: Say, *, keeper: bool = False) -> Migrated:
     """Move cluster ``name``'s VM on ``node`` to the spare node ``to``; refused before
@@ -129,23 +137,17 @@ def _send(
 ) -> NodeResult:
     """The source step on ``node``: its one result, or RuntimeFailure with why. A step
     that died without one is settled from the target's events (``_unanswered``)."""
-    batch = get_batch(record.batch)
     seen = len(state.events(record.name))
-    argv = batch.step_argv(
-        control.allocation_of(record, (node,)),
-        STEP_NAME,
-        [*internal_argv("migrate-source"), request.model_dump_json()],
-    )
     env = {**os.environ, SECRET_ENV: secret}
-    stdout, stderr, code = run_step(
-        batch, record, argv, "migrate", name=STEP_NAME, env=env, timeout=STEP_TIMEOUT
-    )
     try:
-        results = parse_results(stdout)
+        results, why = _node_step(
+            record, node, "migrate-source", request.model_dump_json(), "migrate",
+            env=env, timeout=STEP_TIMEOUT,
+        )  # fmt: skip
     except ValueError as exc:
         raise RuntimeFailure(f"the migrate step answered garbled lines ({exc})") from None
     if not results:
-        return _unanswered(record, node, to, request, seen, f"step exit {code}: {tail(stderr)}")
+        return _unanswered(record, node, to, request, seen, why)
     if not results[0].ok:
         where = (
             "it stays paused there: see hpcvm cluster ps and the target's log"
@@ -168,10 +170,8 @@ def _unanswered(
     at ``node`` is then marked moved and goes, and the move stands), or spare again
     after this move (the copy is resumed). The result is this move's, with ``message``
     saying what happened."""
-    vm, ask = (
-        request.vm,
-        SettleRequest(batch=record.batch, vm=request.vm, target=request.target, move=request.move),
-    )
+    vm = request.vm
+    ask = SettleRequest(batch=record.batch, vm=vm, target=request.target, move=request.move)
     ok, phase = _settle(record, node, ask)
     if not ok:
         raise RuntimeFailure(
@@ -229,24 +229,40 @@ def _target_ran(record: ClusterRecord, to: str, request: MigrateRequest, seen: i
     return None
 
 
+def _node_step(
+    record: ClusterRecord,
+    node: str,
+    role: str,
+    payload: str,
+    action: str,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float,
+) -> tuple[list[NodeResult], str]:
+    """A one-task step of ``role`` on ``node``: its result lines (ValueError when
+    garbled), and the step's exit and last words, for when it gave none."""
+    batch = get_batch(record.batch)
+    argv = batch.step_argv(
+        control.allocation_of(record, (node,)), STEP_NAME, [*internal_argv(role), payload]
+    )
+    stdout, stderr, code = run_step(
+        batch, record, argv, action, name=STEP_NAME, env=env, timeout=timeout
+    )
+    return parse_results(stdout), f"step exit {code}: {tail(stderr)}"
+
+
 def _settle(record: ClusterRecord, node: str, request: SettleRequest) -> tuple[bool, str]:
     """The settle step on ``node`` (migrate_node.run_settle): whether it did what was
     asked, and its answer or why not."""
-    batch = get_batch(record.batch)
-    argv = batch.step_argv(
-        control.allocation_of(record, (node,)),
-        STEP_NAME,
-        [*internal_argv("migrate-settle"), request.model_dump_json()],
-    )
-    stdout, stderr, code = run_step(
-        batch, record, argv, "settle the move", name=STEP_NAME, timeout=SETTLE_TIMEOUT
-    )
     try:
-        results = parse_results(stdout)
-    except ValueError:
-        results = []
+        results, why = _node_step(
+            record, node, "migrate-settle", request.model_dump_json(), "settle the move",
+            timeout=SETTLE_TIMEOUT,
+        )  # fmt: skip
+    except ValueError as exc:
+        return False, f"garbled lines ({exc})"
     if not results:
-        return False, f"no answer (step exit {code}: {tail(stderr)})"
+        return False, f"no answer ({why})"
     return results[0].ok, results[0].message
 
 
