@@ -330,3 +330,16 @@ def test_a_hold_is_taken_only_at_its_phase(monkeypatch: pytest.MonkeyPatch) -> N
     for phase in ("sending", "paused", "go", "told"):
         migrate_node._hold(phase)
     assert slept == [7.5]
+
+
+@pytest.mark.parametrize("role", ["migrate-source", "migrate-settle"])
+def test_a_hand_made_step_request_is_refused_in_one_line(role: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcvm.cluster.internal", role, '{"bad": 1}'],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "started by hpcvm cluster migrate" in lines[0], done.stderr

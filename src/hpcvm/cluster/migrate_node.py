@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from ipaddress import IPv4Interface
-from typing import cast
+from typing import TypeVar, cast
 
 from hpcvm.cluster.addresses import Claim, claim
 from hpcvm.cluster.batches import get_batch
@@ -205,7 +205,7 @@ def claim_moved(address: str | None, say: Say) -> Claim | None:
 def run_source(request_json: str) -> int:
     """The source step's task: migrate this node's VM and print the result line. A
     SIGTERM before the target is told to run the VM resumes it here (migration.send)."""
-    request = MigrateRequest.model_validate_json(request_json)
+    request = _request(MigrateRequest, request_json)
     node = get_batch(request.batch).this_node(os.environ)
 
     def act() -> NodeResult:
@@ -260,6 +260,21 @@ def _send(request: MigrateRequest, node: str) -> NodeResult:
     )
 
 
+_R = TypeVar("_R", bound=Frozen)
+
+
+def _request(kind: type[_R], text: str) -> _R:
+    """A step's request, or one line saying it is not one (these steps are started by
+    cluster migrate: a hand-made argument is the only way to get here)."""
+    try:
+        return kind.model_validate_json(text)
+    except ValueError as exc:
+        raise UsageError(
+            f"not a {kind.__name__} as cluster migrate writes it: these steps are started "
+            "by hpcvm cluster migrate, not by hand"
+        ) from exc
+
+
 def _hold(now: str) -> None:
     """Fault injection for the tests (HOLD_ENV): a window to kill this step in."""
     at, _, seconds = os.environ.get(HOLD_ENV, "").partition(":")
@@ -284,7 +299,7 @@ def run_settle(request_json: str) -> int:
     the dead step's marker reached, or the paused copy here marked moved (the node's
     task then takes it down, as after any move) or resumed, since the target does not
     run it; the result line says which."""
-    request = SettleRequest.model_validate_json(request_json)
+    request = _request(SettleRequest, request_json)
     node = get_batch(request.batch).this_node(os.environ)
 
     def act() -> NodeResult:
