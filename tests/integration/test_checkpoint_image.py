@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm import procs
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.checkpoint_model import MANIFEST, PLAN_FILE, STATE_FILE, Manifest
 from tests import image_builder
@@ -197,7 +198,7 @@ def test_checkpoint_stops_the_vm_and_leaves_nothing(story: Story) -> None:
     done = run("checkpoint", "ck", str(story.work / "B"))
     assert done.returncode == 0, done.stderr
     assert "stopped" in done.stdout
-    assert not state.pid_alive(pid) and not run_dir.exists()
+    assert not procs.pid_alive(pid, reap=True) and not run_dir.exists()
 
 
 def test_damaged_checkpoints_are_refused_and_start_nothing(story: Story) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpcvm import procs
 from hpcvm.runtime import paths, state
 from tests import image_builder
 from tests.runtime_support import HPCVM, Residue, assert_nothing_left, hpcvm, one_line_error
@@ -121,7 +122,7 @@ def test_up_exec_verify_down_from_a_disk_image(
 
     down = hpcvm("down", "img1", timeout=300)
     assert down.returncode == 0, down.stderr
-    assert machine.pid is not None and not state.pid_alive(machine.pid)
+    assert machine.pid is not None and not procs.pid_alive(machine.pid, reap=True)
     assert not run_dir.exists() and not overlay.exists() and not seed.exists()
     after = test_image.stat()
     assert (after.st_size, after.st_mtime_ns) == (image_stat.st_size, image_stat.st_mtime_ns)

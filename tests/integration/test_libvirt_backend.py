@@ -19,6 +19,7 @@ from pathlib import Path
 import libvirt
 import pytest
 
+from hpcvm import procs
 from hpcvm.runtime import state
 from hpcvm.runtime.libvirt_backend import find_qemu_pid
 from tests.runtime_support import hpcvm, isolated_runtime
@@ -126,7 +127,7 @@ def test_up_exec_verify_down(
 
     down = hpcvm("down", name)
     assert down.returncode == 0, down.stderr
-    assert not state.pid_alive(machine.pid)
+    assert not procs.pid_alive(machine.pid, reap=True)
     assert libvirt_leftovers(libvirtd, name, machine.boot.agent_socket) == []
     assert not Path(machine.run_dir).exists()
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm import procs
 from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime import guest_exec, lifecycle, paths, state, stopping
+from hpcvm.runtime import guest_exec, lifecycle, paths, stopping
 from tests.runtime_support import Residue, assert_nothing_left, open_fds
 
 pytestmark = pytest.mark.integration
@@ -37,7 +38,7 @@ def test_twenty_cycles_leave_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
         result = guest_exec.exec_in(machine, ["cat", "/proc/sys/kernel/hostname"], timeout=60)
         assert result.exit_code == 0
         stopping.down(machine.name, timeout=30)
-        assert not state.pid_alive(machine.pid)
+        assert not procs.pid_alive(machine.pid, reap=True)
     assert len(set(pids)) == CYCLES  # twenty distinct QEMUs really ran
     assert open_fds() - fds == set()  # none opened and left open (closing is no leak)
     assert_nothing_left(before)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm import procs
 from hpcvm.runtime import paths, state
 from hpcvm.runtime.model import Machine
 from tests.runtime_support import (
@@ -148,7 +149,7 @@ def test_up_exec_down(runtime: Path, case: str) -> None:
 
     down = hpcvm("down", case)
     assert down.returncode == 0, down.stderr
-    assert not state.pid_alive(machine.pid)
+    assert not procs.pid_alive(machine.pid, reap=True)
     assert not Path(machine.run_dir).exists()
 
 
@@ -253,11 +254,11 @@ def test_ctrl_c_during_up_tears_the_vm_down(runtime: Path) -> None:
         m = state.read_machine(runtime / "intr")
         pid = m.pid if m else None
         time.sleep(0.05)
-    assert pid is not None and state.pid_alive(pid), "QEMU never started"
+    assert pid is not None and procs.pid_alive(pid, reap=True), "QEMU never started"
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert not state.pid_alive(pid)
+    assert not procs.pid_alive(pid, reap=True)
     assert not (runtime / "intr").exists()
 
 
@@ -269,7 +270,7 @@ def test_name_in_use_is_refused_and_the_vm_untouched(runtime: Path) -> None:
     assert again.returncode == 2
     assert "already exists" in one_line_error(again)
     assert time.monotonic() - begin < 30  # refused before booting anything
-    assert record("dup").pid == pid and pid is not None and state.pid_alive(pid)
+    assert record("dup").pid == pid and pid is not None and procs.pid_alive(pid, reap=True)
 
 
 def test_bad_input_is_refused_before_anything_starts(runtime: Path, tmp_path: Path) -> None:
@@ -316,11 +317,11 @@ def test_ctrl_c_during_run_tears_the_vm_down(runtime: Path) -> None:
     wait_for_agent_client(runtime / "r" / "agent.sock", timeout=180)
     machine = record("r")
     time.sleep(2)
-    assert machine.pid is not None and state.pid_alive(machine.pid)
+    assert machine.pid is not None and procs.pid_alive(machine.pid, reap=True)
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert not state.pid_alive(machine.pid)
+    assert not procs.pid_alive(machine.pid, reap=True)
     assert not (runtime / "r").exists()
 
 
@@ -335,4 +336,4 @@ def test_paused_vm_shows_in_ps_and_down_still_stops_it(runtime: Path) -> None:
     assert [(r["name"], r["state"]) for r in listed] == [("p", "paused")]
     down = hpcvm("down", "p", "--timeout", "8")
     assert down.returncode == 0, down.stderr
-    assert machine.pid is not None and not state.pid_alive(machine.pid)
+    assert machine.pid is not None and not procs.pid_alive(machine.pid, reap=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 import libvirt
 import pytest
 
+from hpcvm import procs
 from hpcvm.runtime import paths, state
 from tests.runtime_support import Residue, assert_nothing_left, hpcvm
 
@@ -83,7 +84,9 @@ def shared(shared_runtime: Path, hugepages: object) -> Iterator[str]:
 
 def _running(name: str) -> bool:
     machine = state.read_machine(paths.run_dir(name))
-    return machine is not None and machine.pid is not None and state.pid_alive(machine.pid)
+    return (
+        machine is not None and machine.pid is not None and procs.pid_alive(machine.pid, reap=True)
+    )
 
 
 def vcpu_tids_by_name(pid: int) -> dict[int, int]:
@@ -206,7 +209,7 @@ def test_verify_of_a_dead_vm_and_of_no_vm(shared: str) -> None:
     assert machine.pid is not None
     os.kill(machine.pid, signal.SIGKILL)
     deadline = time.monotonic() + 60
-    while state.pid_alive(machine.pid) and time.monotonic() < deadline:
+    while procs.pid_alive(machine.pid, reap=True) and time.monotonic() < deadline:
         time.sleep(0.1)
     dead = hpcvm("verify", name)
     assert dead.returncode == 5, dead.stderr

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm import procs
 from hpcvm.bootspec import BootSpec
 from hpcvm.cluster import moved
-from hpcvm.runtime import paths, state
+from hpcvm.runtime import paths
 from hpcvm.runtime.model import Machine
 from tests.runtime_support import tiny_plan
 
@@ -41,7 +42,7 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Machine:
 def _dead_pid() -> tuple[int, float]:
     """A process that ran and was reaped: its pid and start time."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    started = state.process_start_time(proc.pid)
+    started = procs.process_start_time(proc.pid)
     assert started is not None
     proc.kill()
     proc.wait()
@@ -54,7 +55,7 @@ def _moving(pid: int, started: float, phase: moved.Phase) -> moved.Moving:
 
 def test_a_live_step_is_left_alone(machine: Machine) -> None:
     me = os.getpid()
-    started = state.process_start_time(me)
+    started = procs.process_start_time(me)
     assert started is not None
     moved.write_moving(machine.name, _moving(me, started, "paused"))
     said: list[str] = []

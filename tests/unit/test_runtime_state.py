@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcvm import procs
 from hpcvm.bootspec import BootSpec
 from hpcvm.errors import UsageError
 from hpcvm.runtime import paths, state
@@ -75,7 +76,7 @@ def test_unreaped_child_counts_as_dead(root: Path) -> None:
     """A zombie (our exited child not yet waited for) still has a /proc entry."""
     proc = subprocess.Popen(["true"])
     time.sleep(0.5)  # exits; not waited for
-    assert not state.pid_alive(proc.pid)
+    assert not procs.pid_alive(proc.pid, reap=True)
     proc.wait()
 
 

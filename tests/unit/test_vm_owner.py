@@ -8,6 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from hpcvm import procs
 from hpcvm.runtime import state
 
 
@@ -16,7 +17,7 @@ def test_the_owner_is_this_process_and_not_a_reused_pid() -> None:
         me = state.current_owner()
     assert state.current_owner() is None  # only inside the block
     assert me is not None and me.pid == os.getpid() and me.alive()
-    started = state.process_start_time(os.getpid())
+    started = procs.process_start_time(os.getpid())
     assert started is not None
     reused = state.Owner(pid=os.getpid(), started=started - 3600, command="hpcvm bench")
     assert not reused.alive()  # same pid, another process's start time
@@ -24,7 +25,7 @@ def test_the_owner_is_this_process_and_not_a_reused_pid() -> None:
 
 def test_an_exited_owner_is_gone() -> None:
     child = subprocess.Popen(["sleep", "30"])
-    started = state.process_start_time(child.pid)
+    started = procs.process_start_time(child.pid)
     assert started is not None
     owner = state.Owner(pid=child.pid, started=started, command="hpcvm run")
     assert owner.alive()

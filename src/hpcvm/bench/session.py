@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from hpcvm import procs
 from hpcvm.bench import cpuset
 from hpcvm.bench.cells import slug
 from hpcvm.bench.config import BenchConfig
@@ -86,11 +87,11 @@ def _down_dead_writers_vms(previous: Holder | None, warn: Warn | None) -> None:
     PUs the resumed run needs nor run beside its measurements. This process holds the
     lock, so that writer is gone; were its pid running again (reused), the VMs by that
     name could be another bench's, and are left alone."""
-    from hpcvm.runtime import inventory, state, stopping  # only a VM run needs them
+    from hpcvm.runtime import inventory, stopping  # only a VM run needs them
 
     if previous is None or previous.host != socket.gethostname():
         return
-    if previous.pid == os.getpid() or state.pid_alive(previous.pid):
+    if previous.pid == os.getpid() or procs.pid_alive(previous.pid, reap=True):
         return
     prefix = f"bench{previous.pid}-"
     for vm in inventory.list_vms():

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcvm.errors import UsageError
+from hpcvm.procs import process_start_ticks
 
 AUTO = "auto"
 DEFAULT_CONFIG = "/etc/hpcvm/site.toml"
@@ -267,9 +268,7 @@ def _holder_alive(text: str, owner: int) -> bool:
 
 
 def _start_time(pid: int) -> int:
-    """When ``pid`` started (runtime.state.process_start_ticks); OSError when gone."""
-    from hpcvm.runtime.state import process_start_ticks  # here: it loads the models
-
+    """When ``pid`` started (procs.process_start_ticks); OSError when gone."""
     ticks = process_start_ticks(pid)
     if ticks is None:
         raise FileNotFoundError(f"/proc/{pid}/stat")

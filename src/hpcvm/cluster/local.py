@@ -38,6 +38,7 @@ from typing import IO
 from hpcvm.cluster.batch import Allocation, TaskPlace
 from hpcvm.cluster.spawn import internal_argv
 from hpcvm.errors import UsageError
+from hpcvm.procs import pid_alive
 
 JOB_PREFIX = "local-"
 STEP_PREFIX = "local:"
@@ -252,16 +253,6 @@ def _pidfd(pid: int | None) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def run_step(job_id: str, step_name: str, nodes: str, argv: Sequence[str]) -> int:
     """The step process (module doc): ``python -m hpcvm.cluster.internal local-step JOB
     NAME NODE,NODE... ARGV...``."""
@@ -270,7 +261,7 @@ def run_step(job_id: str, step_name: str, nodes: str, argv: Sequence[str]) -> in
         os.setpgid(0, 0)  # the tasks join this group: signal_step(None) kills them all
     step = _Step(job_id, [n for n in nodes.split(",") if n], argv)
     leader = leader_of(job_id)
-    if leader is not None and not _alive(leader):
+    if leader is not None and not pid_alive(leader):
         return 1  # the job ended before its step started
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, lambda _n, _f: step.end())

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from ipaddress import IPv4Interface
 from typing import TypeVar, cast
 
+from hpcvm import procs
 from hpcvm.cluster.addresses import Claim, claim
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.checkpoint_node import NodeResult, report
@@ -223,7 +224,7 @@ def _send(request: MigrateRequest, node: str) -> NodeResult:
         raise UsageError("the source step is started by hpcvm cluster migrate, not by hand")
     machine = vm_state.load_machine(request.vm)
     me = os.getpid()
-    started = vm_state.process_start_time(me) or time.time()
+    started = procs.process_start_time(me) or time.time()
 
     def mark(now: Phase) -> None:
         moving = Moving(

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from hpcvm import procs
 from hpcvm.model import Frozen
 from hpcvm.runtime import paths
 from hpcvm.runtime.model import Backend, Machine
@@ -49,7 +50,7 @@ class Moving(Frozen):
     """What the ``moving`` marker holds."""
 
     pid: int
-    started: float  # the step's process start time (runtime/state.process_start_time)
+    started: float  # the step's process start time (procs.process_start_time)
     node: str
     target: str
     phase: Phase
@@ -100,12 +101,10 @@ def settled_path(name: str) -> Path:
 def step_alive(moving: Moving) -> bool:
     """Whether the source step that wrote ``moving`` still runs (its pid, with its
     start time: a reused pid is another process)."""
-    from hpcvm.runtime import state
-
-    started = state.process_start_time(moving.pid)
+    started = procs.process_start_time(moving.pid)
     return (
         started is not None
-        and state.pid_alive(moving.pid)
+        and procs.pid_alive(moving.pid, reap=True)
         and abs(started - moving.started) <= START_SLACK
     )
 

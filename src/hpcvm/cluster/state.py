@@ -42,6 +42,7 @@ from hpcvm.cluster.state_files import (
 from hpcvm.errors import BusyError, NodeLost, UsageError
 from hpcvm.lock import Holder, exclusive, is_held, read_holder
 from hpcvm.model import Frozen
+from hpcvm.procs import pid_alive
 from hpcvm.runtime import paths
 
 CLUSTERS_DIR = ".clusters"  # under the runtime root; dot: `hpcvm ps` skips it
@@ -227,22 +228,6 @@ def settled_moves(name: str) -> list[str]:
 
 def holder_alive(record: ClusterRecord) -> bool:
     return pid_alive(record.holder_pid)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (not a zombie); True when it is another
-    user's, which this process may not signal."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[0] != "Z"
 
 
 @contextlib.contextmanager

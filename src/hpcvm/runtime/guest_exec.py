@@ -110,11 +110,11 @@ def qemu_runs(machine: Machine) -> bool:
     time) says: a failed agent request alone never does (the agent may be busy or the
     guest hung while QEMU runs). For a backend whose QEMU names no such socket
     (libvirt's), the backend's own answer."""
-    from hpcvm.runtime import state
+    from hpcvm.procs import pid_alive
 
     if machine.pid is None or not machine.boot.agent_socket:
         return False
-    if not state.pid_alive(machine.pid):
+    if not pid_alive(machine.pid, reap=True):
         return False
     try:
         cmdline = Path(f"/proc/{machine.pid}/cmdline").read_bytes()

@@ -45,6 +45,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Literal
 
+from hpcvm import procs
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.host.privilege import for_admin
 from hpcvm.runtime import network, paths, state
@@ -391,7 +392,7 @@ class LibvirtBackend:
         whose ``-name guest=`` is the domain."""
         name = domain_name(machine)
         pid = read_pidfile(SYSTEM_PID_DIR / f"{name}.pid") if self._system() else None
-        if pid is None or not state.pid_alive(pid):
+        if pid is None or not procs.pid_alive(pid, reap=True):
             pid = find_qemu_pid(name)
         if pid is None:
             raise RuntimeFailure(

@@ -31,8 +31,9 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.errors import UsageError
 from hpcvm.lock import is_held
+from hpcvm.procs import pid_alive, process_start_time
 from hpcvm.runtime import hugetlbfs, paths
 from hpcvm.runtime.model import Machine
 
@@ -59,7 +60,7 @@ class Owner:
 
     def alive(self) -> bool:
         """Whether this very process still runs (not another one with its pid)."""
-        if not pid_alive(self.pid):
+        if not pid_alive(self.pid, reap=True):
             return False
         started = process_start_time(self.pid)
         return started is not None and abs(started - self.started) <= _OWNER_START_SLACK
@@ -172,50 +173,6 @@ def load_machine(name: str) -> Machine:
 # -- processes --------------------------------------------------------------------------
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name, or None if gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return raw[raw.rfind(")") + 2 :].split()
-
-
-def _boot_time() -> float:
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    raise RuntimeFailure("cannot read the boot time from /proc/stat")
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (field 22 of /proc/PID/stat), None
-    when it is gone: with the pid it names one process, even once the pid is reused."""
-    fields = _proc_stat(pid)
-    return None if fields is None else int(fields[19])  # fields[] starts at field 3
-
-
-def process_start_time(pid: int) -> float | None:
-    """Wall-clock start time of ``pid`` (1 s precision), None when it is gone."""
-    ticks = process_start_ticks(pid)
-    if ticks is None:
-        return None
-    return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def reap_if_child(pid: int) -> None:
-    """Collect ``pid``'s exit status if it is our exited child, so it is not a zombie."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (an exited child not yet reaped)."""
-    reap_if_child(pid)
-    fields = _proc_stat(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
 def is_qemu_process(pid: int) -> bool:
     """True when ``pid`` runs a QEMU system emulator."""
     try:
@@ -230,7 +187,7 @@ def machine_process_alive(machine: Machine) -> tuple[bool, str]:
     pid = machine.pid
     if pid is None:
         return False, "QEMU was never started"
-    if not pid_alive(pid):
+    if not pid_alive(pid, reap=True):
         return False, f"QEMU pid {pid} is gone"
     if not is_qemu_process(pid):
         return False, f"pid {pid} is no longer QEMU"
