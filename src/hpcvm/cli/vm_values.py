@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hpcvm.errors import UsageError
-from hpcvm.model import Frozen
+from hpcvm.model import Frozen, first_complaint
 from hpcvm.plan.model import AccelChoice, PlanRequest
 from hpcvm.runtime.options import VmOptions, VmRequest
 from hpcvm.units import parse_size
@@ -62,9 +62,9 @@ class VmOptionValues(Frozen):
         try:
             return VmOptions.model_validate(fields)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = "--" + str(first["loc"][0]).replace("_", "-")
-            raise UsageError(f"{where}: {first['msg']}") from None
+            first = first_complaint(exc)
+            option = "--" + str(first.loc[0]).replace("_", "-")
+            raise UsageError(f"{option}: {first.msg}") from None
 
     def request(self) -> VmRequest:
         return VmRequest(plan=self.plan_request(), vm=self.vm())

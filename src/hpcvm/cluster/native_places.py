@@ -37,7 +37,7 @@ from hpcvm.cluster.batch import Allocation
 from hpcvm.cluster.batches import get_batch
 from hpcvm.cluster.spawn import internal_argv
 from hpcvm.errors import RuntimeFailure, UsageError
-from hpcvm.model import Frozen
+from hpcvm.model import Frozen, first_complaint
 from hpcvm.units import format_cpu_list
 
 STEP_NAME = "hpcvm-placement"
@@ -59,10 +59,8 @@ def this_node(config_json: str) -> str:
     try:
         config = BenchConfig.model_validate_json(config_json)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "top level"
         raise UsageError(
-            f"placement: not a bench configuration ({where}: {first['msg']}); it is "
+            f"placement: not a bench configuration ({first_complaint(exc).line()}); it is "
             "given by hpcvm bench --nodes, not typed"
         ) from None
     native = NodeNative(

@@ -39,6 +39,7 @@ from typing import BinaryIO
 from pydantic import ValidationError
 
 from hpcvm.errors import HpcvmError, UsageError
+from hpcvm.model import first_complaint
 from hpcvm.plan.model import VMPlan
 from hpcvm.runtime.checkpoint_model import (
     CHECKPOINT_SCHEMA_VERSION,
@@ -351,7 +352,5 @@ def _damaged(path: Path, why: str) -> UsageError:
 
 def _first_error(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        return f"{where}: {first['msg']}" if where else str(first["msg"])
+        return first_complaint(exc).line(None)
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from hpcvm.errors import InfeasiblePlanError, UsageError
+from hpcvm.model import first_complaint
 from hpcvm.plan.model import VMPlan
 from hpcvm.plan.profiles import SMALL_PAGE
 from hpcvm.tune import cpumask, files
@@ -95,10 +96,8 @@ def from_plan_file(path: Path) -> TuneTarget:
     try:
         plan = VMPlan.model_validate_json(text)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "top level"
         raise UsageError(
-            f"{path} is not a plan ({where}: {first['msg']}): write one with "
+            f"{path} is not a plan ({first_complaint(exc).line()}): write one with "
             "`hpcvm plan ... --format json`"
         ) from None
     return from_plan(plan, online_pus(), f"plan {path}")
