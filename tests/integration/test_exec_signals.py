@@ -184,6 +184,33 @@ def test_a_missing_program_is_127_and_a_non_executable_126(vm: Vm) -> None:
     assert "Traceback" not in missing.stderr + data_file.stderr
 
 
+# `hpcvm exec` run in this interpreter, then the modules it imported on the way (the
+# probe of tests/unit/test_cli_help.py, here with a real guest at the other end).
+EXEC_PROBE = """
+import json, sys
+from hpcvm.cli.main import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+HEAVY = ("pydantic", "scipy", "numpy", "matplotlib", "rich", "qemu", "asyncio")
+
+
+def test_exec_imports_neither_the_models_nor_the_planner(vm: Vm) -> None:
+    """Scripts call exec in loops (issue 37): it reads the record without pydantic and
+    talks to the agent, so none of the models, the planner or QMP's asyncio come in."""
+    proc = vm.popen_python(EXEC_PROBE, "exec", vm.name, "--", "/bin/echo", "probe")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    said = json.loads(out.splitlines()[-1])
+    assert said["code"] == 0 and out.startswith("probe\n"), out
+    modules: list[str] = said["modules"]
+    heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
+    assert heavy == [], heavy
+    assert not [m for m in modules if m.startswith(("hpcvm.plan.", "hpcvm.host."))
+                and m not in ("hpcvm.plan.names", "hpcvm.host.privilege")], modules  # fmt: skip
+    assert "hpcvm.runtime.agent" in modules  # it did reach the guest through the agent
+
+
 # bench's VM environment as `hpcvm bench` starts it (bench/vm.py), in a process that
 # then waits as a bench between samples does; argv[1] is the VM's name.
 BENCH_OWNER = """

@@ -175,13 +175,13 @@ def exec_cmd(name: str, timeout: float | None, no_stdin: bool, argv: tuple[str, 
     --timeout, the command is ended in the guest too."""
     from hpcvm.runtime.agent_errors import ExecInterrupted
     from hpcvm.runtime.guest_exec import exec_in
-    from hpcvm.runtime.state import load_machine
+    from hpcvm.runtime.handle import read_handle
 
-    machine = load_machine(name)
+    vm = read_handle(name)  # no models: scripts call exec in loops (runtime/handle.py)
     try:
         with interrupting():
             data = _command_input(argv[0], not no_stdin)
-            return _print_result(exec_in(machine, argv, timeout, input=data))
+            return _print_result(exec_in(vm, argv, timeout, input=data))
     except ExecInterrupted as exc:
         return _interrupted(exc)
 

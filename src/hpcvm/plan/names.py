@@ -3,7 +3,10 @@ the plan's models so that option choices and ``--help`` cost no pydantic import.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
+
+from hpcvm.errors import UsageError
 
 ProfileName = Literal["naive", "pinned", "hugepages", "numa", "hpc"]
 PROFILE_NAMES: tuple[ProfileName, ...] = ("naive", "pinned", "hugepages", "numa", "hpc")
@@ -23,3 +26,19 @@ THP_MODES: tuple[ThpMode, ...] = ("always", "madvise", "never")
 # The page sizes guest RAM may sit on (bytes): ordinary 4 KiB pages, 2 MiB and 1 GiB
 # huge pages (x86-64's sizes; plan/profiles.py's PAGE_SIZES, kept here for --help).
 PAGE_SIZE_CHOICES: tuple[int, ...] = (4 * 1024, 2 * 1024 * 1024, 1024 * 1024 * 1024)
+
+# What a VM may be called: it names its run directory, its sockets, a libvirt domain and
+# QEMU's ``-name``; here, apart from the plan's models, so that finding a running VM's
+# directory (runtime/paths.py, for `exec`) imports no pydantic.
+VM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def check_vm_name(name: str) -> str:
+    """``name`` if a VM may have it, else a UsageError saying what a name may be."""
+    if not VM_NAME_RE.fullmatch(name):
+        raise UsageError(
+            f"invalid VM name {name!r}: use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            option="name",
+        )
+    return name

@@ -8,28 +8,15 @@ host does not offer at all is an InfeasiblePlanError (exit 3), like too few free
 
 from __future__ import annotations
 
-import re
-
 from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import PlanRequest, Profile
+from hpcvm.plan.names import check_vm_name
 from hpcvm.plan.profiles import HUGEPAGE_PROFILES, PAGE_SIZES, SMALL_PAGE, default_page_size
 from hpcvm.units import GIB, MIB, format_size
 
-# What a VM may be called: it names its run directory, its sockets, a libvirt domain and
-# QEMU's ``-name``, so `hpcvm plan` refuses exactly what `hpcvm up` refuses.
-VM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
-
-
-def check_vm_name(name: str) -> str:
-    """``name`` if a VM may have it, else a UsageError saying what a name may be."""
-    if not VM_NAME_RE.fullmatch(name):
-        raise UsageError(
-            f"invalid VM name {name!r}: use 1-63 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit",
-            option="name",
-        )
-    return name
+# What a VM may be called (plan/names.py) is checked here too, so that `hpcvm plan`
+# refuses exactly what `hpcvm up` refuses.
 
 
 def validate_request(host: HostTopology, request: PlanRequest, profile: Profile) -> int:

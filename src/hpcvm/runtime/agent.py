@@ -35,12 +35,16 @@ from hpcvm import lock
 from hpcvm.errors import BusyError, RuntimeFailure
 from hpcvm.runtime.agent_errors import AgentCommandError as AgentCommandError
 from hpcvm.runtime.agent_errors import CommandTimedOut, ExecInterrupted, check_input
-from hpcvm.runtime.model import ExecResult
+from hpcvm.runtime.exec_result import ExecResult
 from hpcvm.signals import signals_deferred
 
 _SYNC_ATTEMPT = 1.0  # seconds to wait for one guest-sync reply while the guest boots
 _CONNECT_RETRY = 0.1
-_POLL_FIRST = 0.01  # guest-exec-status polling: short commands answer in ~0.1 s
+# guest-exec-status polling: short commands answer in 10-100 ms under TCG. Growing the
+# wait by half (not doubling) finds such an end at most half its run late, for a few
+# more asks of a few ms each; a long command is asked at most every _POLL_MAX.
+_POLL_FIRST = 0.005
+_POLL_GROWTH = 1.5
 _POLL_MAX = 0.25
 _SIGNALLED_POLL = 1.0  # status asked this often while a completion signal is awaited
 _POLL_SIGNALLED = 0.005  # the first status poll after the signal (the exit follows it)
@@ -449,7 +453,7 @@ class GuestAgent:
                 )
             if finished is None:
                 time.sleep(delay)
-                delay = min(delay * 2, poll_max)
+                delay = min(delay * _POLL_GROWTH, poll_max)
 
     def read_file(self, path: str, *, limit: int = 64 << 20) -> bytes:
         """The bytes of a guest file (guest-file-open/read/close), up to ``limit``."""

@@ -17,15 +17,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
-from hpcvm.runtime.backends import get_backend
-from hpcvm.runtime.model import ExecResult, Machine
+from hpcvm.runtime.exec_result import ExecResult
+from hpcvm.runtime.handle import VmHandle, handle_of
 from hpcvm.runtime.timeouts import EXEC_TIMEOUT_EXIT
 
 if TYPE_CHECKING:
     from hpcvm.runtime.agent import GuestAgent
+    from hpcvm.runtime.model import Machine
+
+# A full record (bench, cluster) or the handle `hpcvm exec` reads without pydantic
+# (runtime/handle.py): everything here serves both.
+VM = TypeVar("VM", "Machine", VmHandle)
 
 AGENT_TIMEOUT = 30.0  # seconds for the agent's own answers (not the command's run)
 
@@ -37,15 +42,14 @@ class ExecTimeout(RuntimeFailure):
 
 
 @contextlib.contextmanager
-def connected(machine: Machine, timeout: float = AGENT_TIMEOUT) -> Iterator[GuestAgent]:
+def connected(machine: Machine | VmHandle, timeout: float = AGENT_TIMEOUT) -> Iterator[GuestAgent]:
     """An open connection to ``machine``'s guest agent, closed after the block."""
     from hpcvm.runtime.agent import GuestAgent
 
-    if not machine.boot.agent_socket:
-        raise RuntimeFailure(f"VM {machine.name} has no guest agent socket")
-    agent = GuestAgent(
-        machine.boot.agent_socket, timeout=timeout, console_log=machine.boot.serial_log
-    )
+    vm = handle_of(machine)
+    if not vm.agent_socket:
+        raise RuntimeFailure(f"VM {vm.name} has no guest agent socket")
+    agent = GuestAgent(vm.agent_socket, timeout=timeout, console_log=vm.serial_log)
     try:
         yield agent
     finally:
@@ -53,7 +57,7 @@ def connected(machine: Machine, timeout: float = AGENT_TIMEOUT) -> Iterator[Gues
 
 
 def exec_on(
-    machine: Machine,
+    machine: VM,
     agent: GuestAgent,
     argv: Sequence[str],
     timeout: float | None = None,
@@ -61,7 +65,7 @@ def exec_on(
     input: bytes | None = None,
     env: Sequence[str] | None = None,
     finished: Callable[[float], bool] | None = None,
-    alive: Callable[[Machine], bool] | None = None,
+    alive: Callable[[VM], bool] | None = None,
     poll_max: float | None = None,
 ) -> ExecResult:
     """Run ``argv`` (no shell) on an open connection; its output and exit code.
@@ -72,12 +76,10 @@ def exec_on(
 
     if not argv:
         raise UsageError("nothing to run: give a command after --")
-    if alive is None:
-        alive = get_backend(machine.backend, machine.connect_uri).alive
-    if not alive(machine) and not qemu_runs(machine):
-        raise RuntimeFailure(
-            f"VM {machine.name} is not running (QEMU pid {machine.pid} gone)", cause="qemu"
-        )
+    vm = handle_of(machine)
+    asks = alive if alive is not None else _default_alive
+    if not asks(machine) and not qemu_runs(vm):
+        raise RuntimeFailure(f"VM {vm.name} is not running (QEMU pid {vm.pid} gone)", cause="qemu")
     try:
         return agent.exec(
             list(argv),
@@ -88,45 +90,55 @@ def exec_on(
             poll_max=poll_max,
         )
     except ExecInterrupted as exc:
-        raise ExecInterrupted(f"in VM {machine.name}, {exc.what}") from exc
+        raise ExecInterrupted(f"in VM {vm.name}, {exc.what}") from exc
     except HpcvmError as exc:
-        if not alive(machine) and not qemu_runs(machine):
+        if not asks(machine) and not qemu_runs(vm):
             raise RuntimeFailure(
-                f"VM {machine.name} died while running {argv[0]!r}; see its console log "
-                f"{machine.boot.serial_log}"
+                f"VM {vm.name} died while running {argv[0]!r}; see its console log {vm.serial_log}"
             ) from exc
         if timeout is not None and isinstance(exc, CommandTimedOut):
             raise ExecTimeout(
-                f"{argv[0]!r} did not finish within {timeout:g} s in VM {machine.name} "
-                f"and {exc.ended}"
+                f"{argv[0]!r} did not finish within {timeout:g} s in VM {vm.name} and {exc.ended}"
             ) from exc
         raise
 
 
-def qemu_runs(machine: Machine) -> bool:
+def _default_alive(machine: Machine | VmHandle) -> bool:
+    """The backend's own answer for a full record; for a handle, none: ``qemu_runs``
+    asks the process itself, and the backend only where it must."""
+    if isinstance(machine, VmHandle):
+        return False
+    from hpcvm.runtime.backends import get_backend
+
+    return get_backend(machine.backend, machine.connect_uri).alive(machine)
+
+
+def qemu_runs(machine: Machine | VmHandle) -> bool:
     """Whether ``machine``'s QEMU runs, by the process itself: its pid is a live process
     whose command line names this VM's agent socket (a reused pid runs something else).
     What decides that a VM died, whatever a caller's ``alive`` (or a record's start
     time) says: a failed agent request alone never does (the agent may be busy or the
     guest hung while QEMU runs). For a backend whose QEMU names no such socket
-    (libvirt's), the backend's own answer."""
+    (libvirt's), the backend's own answer, on the full record."""
     from hpcvm.procs import pid_alive
 
-    if machine.pid is None or not machine.boot.agent_socket:
+    vm = handle_of(machine)
+    if vm.pid is None or not vm.agent_socket:
         return False
-    if not pid_alive(machine.pid, reap=True):
+    if not pid_alive(vm.pid, reap=True):
         return False
     try:
-        cmdline = Path(f"/proc/{machine.pid}/cmdline").read_bytes()
+        cmdline = Path(f"/proc/{vm.pid}/cmdline").read_bytes()
     except OSError:
         return False
-    if machine.boot.agent_socket.encode() in cmdline:
+    if vm.agent_socket.encode() in cmdline:
         return True
-    return get_backend(machine.backend, machine.connect_uri).alive(machine)
+    full = vm.machine() if isinstance(machine, VmHandle) else machine
+    return full is not None and _default_alive(full)
 
 
 def exec_in(
-    machine: Machine,
+    machine: VM,
     argv: Sequence[str],
     timeout: float | None = None,
     *,

@@ -14,6 +14,7 @@ from hpcvm.bootspec import BootSpec
 from hpcvm.model import Frozen
 from hpcvm.plan.model import VMPlan
 from hpcvm.runtime.confine import QemuUser
+from hpcvm.runtime.exec_result import ExecResult as ExecResult
 from hpcvm.runtime.options import VmOptions
 
 MACHINE_SCHEMA_VERSION = 1
@@ -38,16 +39,6 @@ class Machine(Frozen):
     # shared file system, the one-machine test cluster's nodes) does not make its VMs
     # this host's; "" in records written before it was kept
     host: str = ""
-
-
-class ExecResult(Frozen):
-    """What a command run in the guest returned."""
-
-    exit_code: int
-    stdout: str
-    stderr: str
-    signal: int | None = None
-    seconds: float = 0.0
 
 
 class Backend(Protocol):

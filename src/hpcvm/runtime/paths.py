@@ -36,7 +36,7 @@ from typing import Literal
 
 from hpcvm.errors import UsageError
 from hpcvm.host.privilege import for_admin
-from hpcvm.plan.validate import check_vm_name
+from hpcvm.plan.names import check_vm_name
 
 ENV_RUNTIME_DIR = "HPCVM_RUNTIME_DIR"
 
