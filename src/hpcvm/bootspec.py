@@ -7,11 +7,10 @@ not depend on render/. Kept apart from VMPlan because one plan boots in many way
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
 from hpcvm.model import Frozen
+from hpcvm.nic_models import DEFAULT_NIC_MODEL
 
 SHARE_TABLE_FWCFG = "opt/org.hpcvm/shares"  # fw_cfg entry the built-in guest reads
 SANDBOX = (  # QEMU's seccomp filter, everything QEMU 7.2 can deny together with -runas
@@ -44,7 +43,10 @@ class GuestLink(Frozen):
     target: str
 
 
-NicModel = Literal["virtio", "e1000", "vfio"]  # vfio: a passed-through VF, no emulation
+# A name in nic_models.NIC_MODELS, or nic_models.VFIO for a passed-through VF (no
+# emulation); checked where a user gives it (runtime/network.py), so that a plugin's
+# model is one too.
+NicModel = str
 
 
 class NicWiring(Frozen):
@@ -83,7 +85,7 @@ class Nic(Frozen):
 
     kind: str
     source: str  # the bridge (bridge), parent device (macvtap) or VF's PCI address (vf)
-    model: NicModel = "virtio"
+    model: NicModel = DEFAULT_NIC_MODEL
     mac: str
     ifname: str  # vf: the physical function's interface (the VF's MAC is set there)
     address: str | None = None  # "10.77.0.101/24"

@@ -20,17 +20,11 @@ import pytest
 from hpcvm.bench.choices import CONTAINER_RUNTIMES
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.variant_plans import check_placed_alike
-from hpcvm.bench.variants import (
-    NIC_MODELS,
-    VmVariant,
-    canonical_env_names,
-    parse_env,
-)
+from hpcvm.bench.variants import VmVariant, canonical_env_names, parse_env
 from hpcvm.bench.vm import plan_vm
 from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host import HostTopology
 from hpcvm.plan.model import VMPlan
-from hpcvm.runtime.netlink import MODELS
 from hpcvm.runtime.network import parse_network, with_nic_model
 from hpcvm.runtime.oci import AUTO, RUNTIMES
 from hpcvm.units import GIB, KIB, MIB
@@ -114,7 +108,6 @@ def test_a_nic_variant_needs_nodes() -> None:
 
 
 def test_light_copies_of_the_registries_agree() -> None:
-    assert NIC_MODELS == MODELS
     assert (AUTO, *RUNTIMES) == CONTAINER_RUNTIMES
 
 

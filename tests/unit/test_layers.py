@@ -3,7 +3,7 @@ with ``ast`` (imports inside functions included) and fail when a stage imports a
 that comes later than it. The layers are DESIGN.md's pipeline read as dependencies:
 
     foundation  errors, model, units, lock, signals, plugins, registry, bootspec, lazy,
-                timeline, procs
+                timeline, procs, nic_models
     1           host; stats and store (libraries of their own: no stage below them)
     2 plan  3 render  4 guest  5 runtime  6 tune  7 bench  8 cluster  9 report  10 cli
 
@@ -28,6 +28,7 @@ FOUNDATION = {
     "lazy",
     "timeline",
     "procs",
+    "nic_models",
     "__init__",
 }
 LAYER = {

@@ -29,11 +29,12 @@ Light on purpose: ``hpcvm bench --help`` imports this module (no pydantic).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from hpcvm.errors import UsageError
+from hpcvm.nic_models import NIC_MODELS
 from hpcvm.plan.names import PAGE_SIZE_CHOICES, PROFILE_NAMES, THP_MODES, ProfileName
 from hpcvm.registry import Registry
 from hpcvm.units import format_size, parse_size
@@ -42,9 +43,6 @@ NATIVE = "native"
 CONTAINER = "container"
 VM_PREFIX = "vm:"
 SEP = "+"
-# The NIC models a variant may name: runtime/netlink.py MODELS (equal, as a unit test
-# checks; that module imports pydantic, which --help must not).
-NIC_MODELS: tuple[str, ...] = ("virtio", "e1000")
 EnvKindName = Literal["native", "container", "vm"]
 
 
@@ -89,7 +87,9 @@ class VariantKey:
     name: str  # as typed before '='
     field: str  # the VmVariant field it sets
     variable: str  # what it varies, in words ("host page size")
-    choices: tuple[str, ...]  # canonical values, for messages and help
+    # canonical values, for messages and help; for NIC models the live registry
+    # (nic_models.py), which a plugin adds to
+    choices: Collection[str]
     read: Callable[[str], object | None]  # the typed value of a text, None if invalid
     show: Callable[[object], str]  # the canonical text of a value
     bare: bool = False  # its values may be written alone (+e1000)
@@ -99,7 +99,7 @@ class VariantKey:
         return text if self.bare else f"{self.name}={text}"
 
 
-def _read_choice(choices: tuple[str, ...]) -> Callable[[str], object | None]:
+def _read_choice(choices: Collection[str]) -> Callable[[str], object | None]:
     return lambda text: text if text in choices else None
 
 

@@ -28,6 +28,7 @@ from hpcvm.bench.outdir import path_option
 from hpcvm.bench.variants import syntax as variant_syntax
 from hpcvm.cli.common import console, err_console, parse_duration
 from hpcvm.errors import SamplesFailed, UsageError
+from hpcvm.nic_models import NIC_MODELS
 from hpcvm.runtime.backends import BACKENDS
 from hpcvm.units import format_size, parse_size
 
@@ -446,7 +447,7 @@ class _Bar:
 @click.option(
     "--network",
     default=None,
-    metavar="KIND=SOURCE[,model=virtio|e1000]",
+    metavar=f"KIND=SOURCE[,model={'|'.join(NIC_MODELS)}]",
     help="With --nodes: the VMs' NIC on each node (default bridge=br0).",
 )
 @click.option(

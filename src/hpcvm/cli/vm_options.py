@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from hpcvm.cli.common import seconds
+from hpcvm.nic_models import NIC_MODELS
 from hpcvm.plan.names import PROFILE_NAMES
 from hpcvm.runtime.backends import BACKENDS
 
@@ -96,7 +97,7 @@ def _vm_options(func: F, *, shape_required: bool) -> F:
         click.option(
             "--network",
             default=None,
-            metavar="KIND=SOURCE[,model=virtio|e1000][,mtu=N]",
+            metavar=f"KIND=SOURCE[,model={'|'.join(NIC_MODELS)}][,mtu=N]",
             help="Give the VM a NIC on the host network: bridge=BR (a tap in bridge BR; "
             "model=e1000 alone means bridge=br0), macvtap=NIC (a macvtap in bridge mode on "
             "the host's Ethernet NIC) or vf=auto|PCI_ADDRESS (an SR-IOV VF passed through, "

@@ -12,17 +12,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcvm.errors import RuntimeFailure
+from hpcvm.nic_models import NIC_MODELS
 
 # What the guest needs, in the order a person would load them; dependencies are added
 # before the module that needs them. virtio-pci carries every device; 9p shares the
 # host's directories; virtio_console carries the guest agent; overlay makes read-only
 # shares writable in the guest; qemu_fw_cfg reads the share table hpcvm passes on
-# fw_cfg; virtio_blk is for user disk images; virtio_net (with net_failover and failover,
-# from modules.dep) and e1000 are the NICs of ``--network`` (the paravirtual one and
-# the emulated one the studies compare it with); iavf and ixgbevf drive the SR-IOV VFs
+# fw_cfg; virtio_blk is for user disk images; then what each NIC model of ``--network``
+# needs (nic_models.py: virtio_net, with net_failover and failover from modules.dep, for
+# the paravirtual one, e1000 for the emulated one the studies compare it with, and a
+# plugin's, registered before this module is imported); iavf and ixgbevf drive the SR-IOV VFs
 # of Intel NICs (``--network vf=``), optional (OPTIONAL_MODULES): a kernel without them
 # still boots, only without VF networking. NUMA and hugetlbfs are built into distribution
 # kernels (checked by kernel.check_config), so no module is needed for them.
+# each once, in the order the models were registered: models sharing a driver add nothing
+NIC_MODULES = tuple(dict.fromkeys(m for spec in NIC_MODELS.values() for m in spec.guest_modules))
 GUEST_MODULES: tuple[str, ...] = (
     "virtio_ring",
     "virtio",
@@ -38,8 +42,7 @@ GUEST_MODULES: tuple[str, ...] = (
     "overlay",
     "qemu_fw_cfg",
     "virtio_blk",
-    "virtio_net",
-    "e1000",
+    *NIC_MODULES,
     "iavf",
     "ixgbevf",
 )
@@ -48,7 +51,7 @@ OPTIONAL_MODULES = frozenset({"iavf", "ixgbevf"})  # loaded when the kernel has 
 # one (and what only it needs) when a device on the PCI or virtio bus matches one of its
 # aliases from the kernel's modules.alias, as udev would; a VM without NICs spends no
 # insmod on them (under TCG, each costs some 20 to 60 ms). Listed last in GUEST_MODULES.
-DEVICE_MODULES = frozenset({"virtio_blk", "virtio_net", "e1000", "iavf", "ixgbevf"})
+DEVICE_MODULES = frozenset({"virtio_blk", *NIC_MODULES, "iavf", "ixgbevf"})
 ALIAS_BUSES = ("pci:", "virtio:")  # the buses /init reads device aliases from
 
 _SUFFIXES = (".ko", ".ko.xz", ".ko.gz", ".ko.zst")

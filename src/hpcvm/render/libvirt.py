@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 
 from hpcvm.bootspec import SHARE_TABLE_FWCFG, BootSpec, share_table
 from hpcvm.errors import UsageError
+from hpcvm.nic_models import nic_model
 from hpcvm.plan.model import VMPlan
 from hpcvm.render.checks import check_renderable
 from hpcvm.render.qemu import disk_format, passthrough_bdfs
@@ -272,8 +273,9 @@ def _interfaces(devices: ET.Element, boot: BootSpec) -> None:
         if nic.wiring.libvirt_source:
             ET.SubElement(iface, "source", dict(nic.wiring.libvirt_source))
         ET.SubElement(iface, "target", dev=nic.ifname)
-        ET.SubElement(iface, "model", type=nic.model)
-        if nic.model == "virtio":
+        model = nic_model(nic.model)
+        ET.SubElement(iface, "model", type=model.libvirt_model)
+        if model.paravirtual:
             ET.SubElement(iface, "driver", name="vhost" if nic.vhost else "qemu")
         ET.SubElement(iface, "mtu", size=str(nic.mtu))
 

@@ -16,6 +16,7 @@ import shlex
 
 from hpcvm.bootspec import SANDBOX, SHARE_TABLE_FWCFG, BootSpec, Nic, share_table
 from hpcvm.errors import UsageError
+from hpcvm.nic_models import nic_model
 from hpcvm.plan.model import MemoryRegion, VMPlan
 from hpcvm.render.checks import check_renderable
 from hpcvm.units import format_size
@@ -380,9 +381,6 @@ def _agent(plan: VMPlan, boot: BootSpec) -> Args:
     return argv
 
 
-NIC_DEVICES = {"virtio": "virtio-net-pci", "e1000": "e1000"}  # QEMU device per model
-
-
 def _nics(plan: VMPlan, boot: BootSpec) -> Args:
     """Each NIC as the netdev its network kind chose (``Nic.wiring``) and its device
     (nothing without NICs, so every other line is unchanged). A bridge's tap, for
@@ -425,9 +423,10 @@ def nic_device(nic: Nic, index: int) -> str:
         ("id", f"nic{index}"),
         ("mac", nic.mac),
     ]
-    if nic.model == "virtio":
+    model = nic_model(nic.model)
+    if model.paravirtual:
         pairs.append(("host_mtu", nic.mtu))
-    return opts(NIC_DEVICES[nic.model], *pairs)
+    return opts(model.qemu_device, *pairs)
 
 
 def _console(plan: VMPlan, boot: BootSpec) -> Args:

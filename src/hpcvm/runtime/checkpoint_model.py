@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from hpcvm.bootspec import BootSpec
 from hpcvm.model import Frozen
+from hpcvm.nic_models import nic_model
 from hpcvm.plan.model import CpuTopology, VMPlan
 from hpcvm.runtime.options import VmOptions
 from hpcvm.units import format_size
@@ -146,7 +147,7 @@ def guest_devices(plan: VMPlan, boot: BootSpec) -> tuple[str, ...]:
     their PCI slots): passed-through functions, disks, 9p shares, the agent's
     virtio-serial port, NICs. Host-side details (files, sockets, taps, I/O threads)
     are left out: they may differ at restore."""
-    from hpcvm.render.qemu import NIC_DEVICES, passthrough_bdfs
+    from hpcvm.render.qemu import passthrough_bdfs
 
     devices = [f"vfio-pci {bdf}" for bdf in passthrough_bdfs(plan)]
     if boot.disk_image is not None:
@@ -158,7 +159,7 @@ def guest_devices(plan: VMPlan, boot: BootSpec) -> tuple[str, ...]:
     ]
     devices.append(f"virtio-serial port {boot.agent_port_name}")
     devices += [
-        f"{NIC_DEVICES[nic.model]} mac {nic.mac} mtu {nic.mtu}"
+        f"{nic_model(nic.model).qemu_device} mac {nic.mac} mtu {nic.mtu}"
         for nic in boot.nics
         if nic.wiring.netdev is not None
     ]

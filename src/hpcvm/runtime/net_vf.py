@@ -12,6 +12,7 @@ from pathlib import Path
 from hpcvm.bootspec import Nic
 from hpcvm.errors import UsageError
 from hpcvm.host.privilege import for_admin
+from hpcvm.nic_models import DEFAULT_NIC_MODEL, VFIO
 from hpcvm.runtime.netlink import (
     NetworkRequest,
     NicFds,
@@ -103,7 +104,7 @@ class VfKind:
     ) -> Nic:
         from hpcvm.plan.passthrough import normalise_bdf
 
-        if request.model != "virtio":
+        if request.model != DEFAULT_NIC_MODEL:
             raise UsageError("--network vf=...: a VF is the host NIC's own hardware, no model=")
         if request.source == "auto":
             bdf = self.free_vf(_vfs_in_use())
@@ -123,7 +124,7 @@ class VfKind:
         return Nic(
             kind="vf",
             source=bdf,
-            model="vfio",
+            model=VFIO,
             mac=mac_for(vm, index, str(iface) if iface is not None else None),
             ifname=vf.pf_netdev,
             address=str(iface) if iface is not None else None,
@@ -164,5 +165,5 @@ def _vfs_in_use() -> list[str]:
         for entry in state.list_entries()
         if entry.machine is not None and entry.state != "stale"
         for nic in entry.machine.boot.nics
-        if nic.model == "vfio"
+        if nic.model == VFIO
     ]

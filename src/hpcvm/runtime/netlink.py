@@ -19,11 +19,11 @@ from typing import Any, Protocol, cast
 
 from hpcvm.bootspec import Nic, NicModel
 from hpcvm.errors import RuntimeFailure, UsageError
+from hpcvm.nic_models import DEFAULT_NIC_MODEL, nic_model
 
 Warn = Callable[[str], None]
 
 DEFAULT_BRIDGE = "br0"  # ``--network model=e1000`` alone: a tap in br0
-MODELS: tuple[NicModel, ...] = ("virtio", "e1000")
 OPTIONS = ("model", "mtu")  # keys of --network besides the kind
 MAC_FIRST_OCTET = "0a"  # locally administered (bit 1), unicast (bit 0 clear)
 TAP_FIRST_OCTET = "fe"  # the tap's own MAC: high, so the bridge never adopts it
@@ -41,7 +41,7 @@ class NetworkRequest:
 
     kind: str
     source: str
-    model: NicModel = "virtio"
+    model: NicModel = DEFAULT_NIC_MODEL
     mtu: int | None = None
 
 
@@ -228,7 +228,7 @@ def named_link_nic(
         ifname=ifname,
         address=str(iface) if iface is not None else None,
         mtu=mtu,
-        vhost=request.model == "virtio" and VHOST_NET.exists(),
+        vhost=nic_model(request.model).paravirtual and VHOST_NET.exists(),
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hpcvm.bootspec import Nic, NicModel
 from hpcvm.errors import UsageError
+from hpcvm.nic_models import NIC_MODELS, VFIO
 from hpcvm.registry import Registry
 from hpcvm.runtime import netguard
 from hpcvm.runtime.net_bridge import BridgeKind
@@ -26,7 +27,6 @@ from hpcvm.runtime.net_vf import VfKind
 from hpcvm.runtime.netlink import (
     DEFAULT_BRIDGE,
     MIN_MTU,
-    MODELS,
     OPTIONS,
     NetworkKind,
     NetworkRequest,
@@ -114,10 +114,10 @@ def with_nic_model(text: str, model: str | None) -> str:
 
 
 def _model(value: str, text: str) -> NicModel:
-    for model in MODELS:
-        if value == model:
-            return model
-    raise UsageError(f"--network {text!r}: unknown model {value!r}: use {' or '.join(MODELS)}")
+    if value in NIC_MODELS:
+        return value
+    names = " or ".join(NIC_MODELS)
+    raise UsageError(f"--network {text!r}: unknown model {value!r}: use {names}")
 
 
 def _mtu(value: str, text: str) -> int:
@@ -133,7 +133,7 @@ def _mtu(value: str, text: str) -> int:
 def passthrough_of(nics: Sequence[Nic]) -> tuple[str, ...]:
     """The PCI addresses the plan must pass through for these NICs (their VFs): a
     ``vfio`` NIC is the device itself."""
-    return tuple(nic.source for nic in nics if nic.model == "vfio")
+    return tuple(nic.source for nic in nics if nic.model == VFIO)
 
 
 def open_nics(nics: Sequence[Nic], run_dir: Path) -> dict[int, NicFds]:

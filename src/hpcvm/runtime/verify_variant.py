@@ -30,6 +30,7 @@ from typing import Any
 
 from hpcvm.bootspec import Nic
 from hpcvm.errors import HpcvmError
+from hpcvm.nic_models import NIC_MODELS
 from hpcvm.plan.model import MemoryRegion, VMPlan
 from hpcvm.runtime.checks import Check, GuestExec
 from hpcvm.runtime.checks import check as _check
@@ -38,8 +39,6 @@ from hpcvm.units import KIB, format_size
 
 GUEST_TIMEOUT = 120.0  # one guest-exec under TCG on a busy 2-core host
 THP_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
-# The guest driver each NIC model binds (runtime/netlink.py MODELS).
-GUEST_DRIVERS = {"virtio": "virtio_net", "e1000": "e1000"}
 FLAT_RAMBLOCK = "pc.ram"  # main RAM without a backend of its own (a plain flat guest)
 _SEP = "@@nics@@"
 
@@ -190,9 +189,9 @@ def check_nic_drivers(nics: Sequence[Nic], seen: VariantSeen) -> list[Check]:
     """Each emulated NIC is driven by its model's driver in the guest."""
     out = []
     for nic in nics:
-        want = GUEST_DRIVERS.get(nic.model)
-        if want is None:
+        if nic.model not in NIC_MODELS:
             continue  # a passed-through VF: the device's own driver
+        want = NIC_MODELS[nic.model].guest_driver
         got = seen.nic_drivers.get(nic.mac.lower(), "no interface with this MAC")
         out.append(_check(f"NIC {nic.mac} driver ({nic.model})", want, got, got == want))
     return out
