@@ -58,11 +58,13 @@ from benchmarks.bench_common import conditions, default_image, image_vm_options,
 
 from hpcvm.errors import RuntimeFailure
 from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime import guest_exec, inventory, lifecycle, paths, qmp, stopping
-from hpcvm.runtime.checkpoint_qemu import QemuStateSaver
-from hpcvm.runtime.model import Machine
-from hpcvm.runtime.options import UpOptions
-from hpcvm.runtime.state import load_machine
+from hpcvm.runtime.channels import qmp
+from hpcvm.runtime.checkpoint.qemu_state import QemuStateSaver
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine.model import Machine
+from hpcvm.runtime.machine.options import UpOptions
+from hpcvm.runtime.machine.state import load_machine
+from hpcvm.runtime.vm import guest_exec, inventory, lifecycle, stopping
 from hpcvm.units import parse_size
 
 USERFAULTFD = Path("/proc/sys/vm/unprivileged_userfaultfd")

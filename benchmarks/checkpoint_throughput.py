@@ -52,8 +52,10 @@ from benchmarks.bench_common import (
 )
 
 from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime import checkpoint, guest_exec, inventory, lifecycle, paths, stopping
-from hpcvm.runtime.options import UpOptions
+from hpcvm.runtime.checkpoint import save_restore as checkpoint
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine.options import UpOptions
+from hpcvm.runtime.vm import guest_exec, inventory, lifecycle, stopping
 from hpcvm.stats.summary import summarize
 from hpcvm.units import parse_size
 
@@ -61,7 +63,7 @@ from hpcvm.units import parse_size
 def save(name: str, target: Path) -> tuple[int, float, float]:
     """Pause, save, resume; (checkpoint bytes, seconds of the save alone, of which
     QEMU writing the state)."""
-    from hpcvm.runtime.state import load_machine
+    from hpcvm.runtime.machine.state import load_machine
 
     machine = load_machine(name)
     checkpoint.pause(machine)

@@ -49,7 +49,7 @@ SHAPE = ["--profile", "naive", "--vcpus", "1", "--memory", "256M"]
 # The agent's work alone: hpcvm's client of qemu-guest-agent, nothing else of hpcvm.
 AGENT_ONLY = """
 import sys
-from hpcvm.runtime.agent import GuestAgent
+from hpcvm.runtime.channels.agent import GuestAgent
 with GuestAgent(sys.argv[1], timeout=30) as agent:
     sys.exit(agent.exec(["true"]).exit_code)
 """
@@ -94,7 +94,7 @@ def agent_socket(name: str, env: dict[str, str]) -> str:
     """The VM's agent socket, from its record (read here, outside the timed part)."""
     out = subprocess.run(
         [sys.executable, "-c",
-         "import sys; from hpcvm.runtime.handle import read_handle; "
+         "import sys; from hpcvm.runtime.machine.handle import read_handle; "
          "print(read_handle(sys.argv[1]).agent_socket)", name],
         capture_output=True, text=True, check=True, env=env,
     )  # fmt: skip

@@ -45,7 +45,9 @@ RECORD_NAME = f"bootrec{os.getpid()}"
 def record_argv(profile: str, memory: str) -> tuple[list[str], str]:
     """The argv hpcvm's QEMU backend starts for this VM, and the run directory in it."""
     from hpcvm.plan.model import PlanRequest
-    from hpcvm.runtime import lifecycle, paths, qemu_backend, stopping
+    from hpcvm.runtime.backends import qemu_backend
+    from hpcvm.runtime.hostside import paths
+    from hpcvm.runtime.vm import lifecycle, stopping
     from hpcvm.units import parse_size
 
     seen: list[list[str]] = []
@@ -78,7 +80,7 @@ def bare_argv(recorded: list[str], run_dir: str, tmp: Path, initrd: str | None) 
 
 def one_bare(recorded: list[str], run_dir: str, initrd: str | None) -> tuple[float, float]:
     """Seconds from starting QEMU to the agent's first answer and to the first exec's."""
-    from hpcvm.runtime.agent import GuestAgent
+    from hpcvm.runtime.channels.agent import GuestAgent
 
     tmp = Path(tempfile.mkdtemp(prefix="hpcvm-bare-", dir="/run"))
     tmp.chmod(0o755)

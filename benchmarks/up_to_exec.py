@@ -47,7 +47,8 @@ def _whole_root_cli(args: list[str]) -> int:
     share and QEMU left as root without its sandbox."""
     from hpcvm.bootspec import Share
     from hpcvm.cli.main import main as hpcvm_main
-    from hpcvm.runtime import boot, lifecycle, staging
+    from hpcvm.runtime.hostside import staging
+    from hpcvm.runtime.vm import boot, lifecycle
 
     def whole_root(media: boot.BootMedia, *_args: object, **_kw: object) -> boot.BootMedia:
         share = Share(host_path="/", guest_path="/", tag="hpcvm0")

@@ -32,7 +32,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpcvm.runtime.checkpoint_model import CHECKPOINT_SCHEMA_VERSION
+from hpcvm.runtime.checkpoint.model import CHECKPOINT_SCHEMA_VERSION
 from tests.runtime_support import HPCVM
 
 CACHE_DIR = "booted"

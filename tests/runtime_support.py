@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 
 from hpcvm.plan.model import CpuModel, CpuTopology, MemoryRegion, PlanRequest, VcpuPlacement, VMPlan
-from hpcvm.runtime import paths
-from hpcvm.runtime.hugetlbfs import vm_dir_prefix
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.hostside.hugetlbfs import vm_dir_prefix
 
 MIB = 1024 * 1024
 PAGE_2M = 2 * MIB
 _SYS_HUGEPAGES = Path("/sys/kernel/mm/hugepages")
-_TAP_PREFIXES = ("tap", "vnet", "macvtap", "hv")  # hv: hpcvm's own taps (runtime/network.py)
+_TAP_PREFIXES = ("tap", "vnet", "macvtap", "hv")  # hv: hpcvm's own taps (runtime/net/network.py)
 
 
 def _hugetlbfs_mounts() -> list[str]:

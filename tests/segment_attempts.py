@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcvm.runtime import state
-from hpcvm.runtime.model import Machine
+from hpcvm.runtime.machine import state
+from hpcvm.runtime.machine.model import Machine
 from tests import cluster_support
 from tests.integration.test_network_bridge import (
     BUSYBOX_IN_GUEST,

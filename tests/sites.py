@@ -93,7 +93,7 @@ class Site(Protocol):
 
 
 def default_runtime_root(uid: int) -> Path:
-    """hpcvm's runtime root for a user without XDG_RUNTIME_DIR (runtime/paths.py)."""
+    """hpcvm's runtime root for a user without XDG_RUNTIME_DIR (runtime/hostside/paths.py)."""
     return Path("/run/hpcvm") if uid == 0 else Path(f"/tmp/hpcvm-{uid}")
 
 

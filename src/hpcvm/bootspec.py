@@ -44,14 +44,14 @@ class GuestLink(Frozen):
 
 
 # A name in nic_models.NIC_MODELS, or nic_models.VFIO for a passed-through VF (no
-# emulation); checked where a user gives it (runtime/network.py), so that a plugin's
+# emulation); checked where a user gives it (runtime/net/network.py), so that a plugin's
 # model is one too.
 NicModel = str
 
 
 class NicWiring(Frozen):
     """How QEMU and libvirt connect a NIC to its host side, as its network kind decided
-    (runtime/network.py): the renderers read this, never the kind's name, so a kind a
+    (runtime/net/network.py): the renderers read this, never the kind's name, so a kind a
     plugin registers renders like hpcvm's own.
 
     ``netdev``: QEMU's ``-netdev`` backend (``tap``, ``user``...) with its options
@@ -72,11 +72,11 @@ class NicWiring(Frozen):
 
 class Nic(Frozen):
     """One network interface of the VM, resolved and checked on the host before anything
-    starts (runtime/network.py). Everything about it is deterministic from the VM's name
+    starts (runtime/net/network.py). Everything about it is deterministic from the VM's name
     (``mac``, ``ifname``) or read from the host (``mtu``, ``vhost``), so the same
     ``up`` gives the same NIC and a test can predict it.
 
-    ``kind`` names its network kind (runtime/network.py ``NETWORK_KINDS``), which also
+    ``kind`` names its network kind (runtime/net/network.py ``NETWORK_KINDS``), which also
     made and will release its host side; ``mac`` is the guest's MAC (locally
     administered); ``ifname`` the host-side link (at most 15 characters, never
     ``vir*``: Open MPI skips such names); ``address`` the IPv4 interface the guest gives
@@ -93,7 +93,7 @@ class Nic(Frozen):
     vhost: bool = False  # /dev/vhost-net exists: the datapath runs in the host kernel
     wiring: NicWiring = NicWiring()
     # Descriptors hpcvm opened for QEMU (macvtap: the tap, then vhost-net's): valid only
-    # in the process that starts QEMU, so never recorded (runtime/network.py with_fds).
+    # in the process that starts QEMU, so never recorded (runtime/net/network.py with_fds).
     fds: tuple[int, ...] = Field(default=(), exclude=True)
 
 
@@ -112,17 +112,19 @@ class BootSpec(Frozen):
     agent_socket: str | None = None  # unix socket for qemu-guest-agent (virtio-serial)
     agent_port_name: str = "org.qemu.guest_agent.0"
     # hpcvm's own virtio-serial port beside the agent's: a guest process writes a token
-    # to it when done, so the host waits instead of polling (runtime/completion.py)
+    # to it when done, so the host waits instead of polling (runtime/channels/completion.py)
     done_socket: str | None = None
     done_port_name: str = "org.hpcvm.done.0"
     serial_log: str | None = None  # file receiving the guest console (ttyS0)
     qmp_socket: str | None = None  # QMP unix socket (QEMU backend)
     pidfile: str | None = None
     paused: bool = False  # start with vCPUs stopped (-S)
-    incoming: bool = False  # wait for a saved state (-incoming defer; runtime/checkpoint.py)
+    incoming: bool = (
+        False  # wait for a saved state (-incoming defer; runtime/checkpoint/save_restore.py)
+    )
     run_as: str | None = None  # QEMU drops to this user once set up (-runas)
     sandbox: bool = False  # QEMU's seccomp sandbox (-sandbox on,...)
-    nics: tuple[Nic, ...] = ()  # network interfaces (runtime/network.py)
+    nics: tuple[Nic, ...] = ()  # network interfaces (runtime/net/network.py)
 
 
 def nic_kernel_arg(nic: Nic) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from hpcvm.registry import Registry
 
-VFIO = "vfio"  # a Nic's model when the NIC is a passed-through VF (runtime/net_vf.py)
+VFIO = "vfio"  # a Nic's model when the NIC is a passed-through VF (runtime/net/vf.py)
 DEFAULT_NIC_MODEL = "virtio"  # --network without model=
 
 

@@ -2,7 +2,7 @@
 VM backend, a network kind, a host tuning setting.
 
 Each extension point is a registry (bench/suites.py REGISTRY, render/targets.py
-TARGETS, report/formats.py FORMATS, runtime/backends.py BACKENDS, runtime/network.py
+TARGETS, report/formats.py FORMATS, runtime/backends/registry.py BACKENDS, runtime/net/network.py
 NETWORK_KINDS, tune/registry.py REGISTRY); an extension is a module that calls that
 registry's ``register`` once when imported. hpcvm imports such modules before it
 builds its commands, so their names appear in ``--help`` and in the choices of every

@@ -28,10 +28,10 @@ from pathlib import Path
 import pytest
 
 from hpcvm.plan.memory import qemu_overhead
-from hpcvm.runtime import state
-from hpcvm.runtime.agent_errors import ProgramNotFound
-from hpcvm.runtime.guest_exec import connected, exec_on, qemu_runs
-from hpcvm.runtime.qemu_backend import QemuBackend
+from hpcvm.runtime.backends.qemu_backend import QemuBackend
+from hpcvm.runtime.channels.agent_errors import ProgramNotFound
+from hpcvm.runtime.machine import state
+from hpcvm.runtime.vm.guest_exec import connected, exec_on, qemu_runs
 from hpcvm.units import MIB
 from tests.runtime_support import HPCVM, one_line_error, qemu_pids_using
 

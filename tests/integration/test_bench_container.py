@@ -28,7 +28,7 @@ import pytest
 from hpcvm.bench.container import ContainerEnvironment
 from hpcvm.bench.environments import RunOutput
 from hpcvm.host import discover
-from hpcvm.runtime import oci
+from hpcvm.runtime.oci import runtime as oci
 from tests.runtime_support import hpcvm
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from qemu.qmp import QMPClient
 from hpcvm.bench.variants import VmVariant, parse_env
 from hpcvm.bench.vm import VmEnvironment, plan_vm, verify_variant
 from hpcvm.errors import VerificationFailed
-from hpcvm.runtime.backends import get_backend
+from hpcvm.runtime.backends.registry import get_backend
 from hpcvm.units import MIB
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.runtime import qmp, state
+from hpcvm.runtime.channels import qmp
+from hpcvm.runtime.machine import state
 from tests.runtime_support import hpcvm, isolated_runtime, one_line_error
 
 pytestmark = pytest.mark.integration

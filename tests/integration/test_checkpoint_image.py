@@ -36,8 +36,9 @@ from pathlib import Path
 import pytest
 
 from hpcvm import procs
-from hpcvm.runtime import paths, state
-from hpcvm.runtime.checkpoint_model import MANIFEST, PLAN_FILE, STATE_FILE, Manifest
+from hpcvm.runtime.checkpoint.model import MANIFEST, PLAN_FILE, STATE_FILE, Manifest
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine import state
 from tests import image_builder
 from tests.booted_guests import running_image_guest
 from tests.runtime_support import HPCVM, Residue, assert_nothing_left, one_line_error

@@ -790,7 +790,7 @@ def test_a_move_whose_target_task_died_said_so_and_left_nothing(story: Story, ph
 
 def _running(story: Story, vm: str) -> bool:
     """QEMU's own word (QMP) on whether ``vm`` runs."""
-    from hpcvm.runtime import qmp
+    from hpcvm.runtime.channels import qmp
 
     status = qmp.execute(str(_root(story) / vm / "qmp.sock"), "query-status")
     return bool(status["running"])

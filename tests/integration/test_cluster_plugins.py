@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.runtime import paths
+from hpcvm.runtime.hostside import paths
 
 pytestmark = pytest.mark.integration
 

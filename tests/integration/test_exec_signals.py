@@ -208,7 +208,7 @@ def test_exec_imports_neither_the_models_nor_the_planner(vm: Vm) -> None:
     assert heavy == [], heavy
     assert not [m for m in modules if m.startswith(("hpcvm.plan.", "hpcvm.host."))
                 and m not in ("hpcvm.plan.names", "hpcvm.host.privilege")], modules  # fmt: skip
-    assert "hpcvm.runtime.agent" in modules  # it did reach the guest through the agent
+    assert "hpcvm.runtime.channels.agent" in modules  # it did reach the guest through the agent
 
 
 # bench's VM environment as `hpcvm bench` starts it (bench/vm.py), in a process that

@@ -25,7 +25,7 @@ import pytest
 from hpcvm.bootspec import SHARE_TABLE_FWCFG
 from hpcvm.errors import RuntimeFailure
 from hpcvm.guest import GuestImage, build_guest
-from hpcvm.runtime.agent import GuestAgent
+from hpcvm.runtime.channels.agent import GuestAgent
 
 pytestmark = pytest.mark.integration
 
@@ -330,7 +330,7 @@ def test_agent_on_a_vm_that_dies_fails_at_once(guest_image: GuestImage, tmp_path
     One vCPU: what is tested is the host noticing QEMU's end, and in one CI run (of
     2481 tests) this guest, booted with two vCPUs under multi-threaded TCG on a loaded
     2-core machine, had neither powered off nor answered after 180 s; a hang like that
-    now names the console's last line (runtime/agent.py)."""
+    now names the console's last line (runtime/channels/agent.py)."""
     proc = subprocess.Popen(
         qemu_argv(guest_image, tmp_path, share=False, cpus=1),
         stdin=subprocess.DEVNULL,

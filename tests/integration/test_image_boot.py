@@ -26,7 +26,8 @@ import pytest
 import yaml
 
 from hpcvm import procs
-from hpcvm.runtime import paths, state
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine import state
 from tests import image_builder
 from tests.runtime_support import HPCVM, Residue, assert_nothing_left, hpcvm, one_line_error
 

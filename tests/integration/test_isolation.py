@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.runtime import paths, state
-from hpcvm.runtime.agent import GuestAgent
-from hpcvm.runtime.verify_shares import check_shares
+from hpcvm.runtime.channels.agent import GuestAgent
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine import state
+from hpcvm.runtime.verify.shares import check_shares
 from tests.integration.conftest import HugePages
 from tests.runtime_support import HPCVM, Residue, assert_nothing_left, hpcvm, one_line_error
 

@@ -20,8 +20,8 @@ import libvirt
 import pytest
 
 from hpcvm import procs
-from hpcvm.runtime import state
-from hpcvm.runtime.libvirt_backend import find_qemu_pid
+from hpcvm.runtime.backends.libvirt_backend import find_qemu_pid
+from hpcvm.runtime.machine import state
 from tests.runtime_support import hpcvm, isolated_runtime
 
 pytestmark = pytest.mark.integration
@@ -194,7 +194,7 @@ def test_domain_of_another_vm_is_refused_and_left_alone(
 def test_pause_and_resume(runtime: Path, libvirtd: str) -> None:
     """suspend/resume through the backend: libvirt and `hpcvm ps` see each state, and
     the guest answers again after resume."""
-    from hpcvm.runtime.backends import get_backend
+    from hpcvm.runtime.backends.registry import get_backend
 
     name = f"lv{os.getpid()}-pause"
     up = hpcvm("up", "--name", name, "--backend", "libvirt", "--connect", libvirtd,

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from hpcvm.runtime import qmp, state
-from hpcvm.runtime.model import Machine
+from hpcvm.runtime.channels import qmp
+from hpcvm.runtime.machine import state
+from hpcvm.runtime.machine.model import Machine
 from tests.runtime_support import (
     HPCVM,
     isolated_runtime,

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from hpcvm.runtime import state
-from hpcvm.runtime.model import Machine
+from hpcvm.runtime.machine import state
+from hpcvm.runtime.machine.model import Machine
 from tests.integration.test_network_bridge import BUSYBOX_IN_GUEST, VM, Netns, _qemu_mac
 from tests.runtime_support import isolated_runtime, one_line_error
 

@@ -1,4 +1,4 @@
-"""The QEMU backend (runtime/qemu_backend.py) with the real QEMU under TCG, without a
+"""The QEMU backend (runtime/backends/qemu_backend.py) with the real QEMU under TCG, without a
 guest: QEMU starts paused with no boot media, which is enough for QMP, vCPU threads,
 pinning and stopping. Plans come from the real planner on this host."""
 
@@ -17,9 +17,10 @@ from hpcvm.errors import RuntimeFailure
 from hpcvm.host import discover
 from hpcvm.plan import plan
 from hpcvm.plan.model import PlanRequest, ProfileName
-from hpcvm.runtime import paths, pinning, state
-from hpcvm.runtime.model import Machine
-from hpcvm.runtime.qemu_backend import QemuBackend
+from hpcvm.runtime.backends.qemu_backend import QemuBackend
+from hpcvm.runtime.hostside import paths, pinning
+from hpcvm.runtime.machine import state
+from hpcvm.runtime.machine.model import Machine
 from tests.runtime_support import Residue, assert_nothing_left
 
 pytestmark = pytest.mark.integration

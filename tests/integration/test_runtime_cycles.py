@@ -1,7 +1,7 @@
 """20 up/exec/down cycles in a row, in this process, leave nothing behind: no QEMU, no
 file descriptor of this process, no run dir or socket, no hugetlbfs file or huge page.
 
-In-process (runtime/lifecycle.py, not the CLI) so that a descriptor leaked by the
+In-process (runtime/vm/lifecycle.py, not the CLI) so that a descriptor leaked by the
 runtime — a QMP or agent socket, a log file, an event loop — shows up in this process's
 /proc/self/fd. Takes a few minutes under TCG.
 """
@@ -14,7 +14,8 @@ import pytest
 
 from hpcvm import procs
 from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime import guest_exec, lifecycle, paths, stopping
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.vm import guest_exec, lifecycle, stopping
 from tests.runtime_support import Residue, assert_nothing_left, open_fds
 
 pytestmark = pytest.mark.integration

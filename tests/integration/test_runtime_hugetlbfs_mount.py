@@ -1,4 +1,4 @@
-"""hugetlbfs mounting (runtime/hugetlbfs.py) for real: needs root."""
+"""hugetlbfs mounting (runtime/hostside/hugetlbfs.py) for real: needs root."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.errors import RuntimeFailure
-from hpcvm.runtime import hugetlbfs
+from hpcvm.runtime.hostside import hugetlbfs
 
 pytestmark = [
     pytest.mark.integration,

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from hpcvm import procs
-from hpcvm.runtime import paths, state
-from hpcvm.runtime.model import Machine
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine import state
+from hpcvm.runtime.machine.model import Machine
 from tests.runtime_support import (
     HPCVM,
     Residue,
@@ -327,7 +328,7 @@ def test_ctrl_c_during_run_tears_the_vm_down(runtime: Path) -> None:
 
 def test_paused_vm_shows_in_ps_and_down_still_stops_it(runtime: Path) -> None:
     """A paused guest cannot power itself off: down must fall back to QMP quit."""
-    from hpcvm.runtime.qemu_backend import QemuBackend
+    from hpcvm.runtime.backends.qemu_backend import QemuBackend
 
     assert hpcvm("up", "--name", "p", *CASES["naive"]).returncode == 0
     machine = record("p")

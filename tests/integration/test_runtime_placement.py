@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.runtime import paths, state
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine import state
 from tests.integration.test_runtime_lifecycle import cpus_allowed, vcpu_tids_by_name
 from tests.runtime_support import HPCVM, Residue, assert_nothing_left, hpcvm
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.runtime import paths
+from hpcvm.runtime.hostside import paths
 from hpcvm.tune.cpumask import parse_mask
 
 HPCVM = str(Path(sys.executable).with_name("hpcvm"))

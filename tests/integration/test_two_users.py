@@ -187,7 +187,8 @@ def write_checkpoint(
     """A checkpoint directory written by hpcvm's checkpoint writer as the victim, on the
     node, into /tmp (sticky): what ``hpcvm checkpoint`` makes of a disk-image guest."""
     code = (
-        "import sys; from pathlib import Path; from hpcvm.runtime import checkpoint_dir as c\n"
+        "import sys; from pathlib import Path\n"
+        "from hpcvm.runtime.checkpoint import directory as c\n"
         "t = Path(sys.argv[1])\n"
         "with c.writing(t) as w:\n"
         "    w.write_text('state', 'the guest memory stands in here')\n"

@@ -29,7 +29,8 @@ import libvirt
 import pytest
 
 from hpcvm import procs
-from hpcvm.runtime import paths, state
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine import state
 from tests.runtime_support import Residue, assert_nothing_left, hpcvm
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.errors import RuntimeFailure
-from hpcvm.runtime.agent import AgentCommandError, AgentGone, GuestAgent
+from hpcvm.runtime.channels.agent import AgentCommandError, AgentGone, GuestAgent
 
 QEMU_GA = "/usr/sbin/qemu-ga"
 BLOCKED = ",".join(

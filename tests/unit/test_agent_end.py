@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.runtime.agent import GuestAgent
-from hpcvm.runtime.agent_errors import (
+from hpcvm.runtime.channels.agent import GuestAgent
+from hpcvm.runtime.channels.agent_errors import (
     MAX_INPUT,
     AgentCommandError,
     CommandTimedOut,
@@ -34,7 +34,7 @@ from hpcvm.runtime.agent_errors import (
     ProgramNotExecutable,
     ProgramNotFound,
 )
-from hpcvm.runtime.guest_process import END_GRACE
+from hpcvm.runtime.channels.guest_process import END_GRACE
 from tests.unit.test_agent_client import QEMU_GA, HostAgent, _start
 
 # A shell that starts a child and waits: both pids are written to $1 (sh first).

@@ -25,8 +25,8 @@ from hpcvm.bench.vm import plan_vm
 from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host import HostTopology
 from hpcvm.plan.model import VMPlan
-from hpcvm.runtime.network import parse_network, with_nic_model
-from hpcvm.runtime.oci import AUTO, RUNTIMES
+from hpcvm.runtime.net.network import parse_network, with_nic_model
+from hpcvm.runtime.oci.runtime import AUTO, RUNTIMES
 from hpcvm.units import GIB, KIB, MIB
 from tests.conftest import TOPOLOGIES, sysfs_root
 from tests.plan_checks import host_from, roomy, with_pools

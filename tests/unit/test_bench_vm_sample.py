@@ -41,8 +41,8 @@ from hpcvm.bench.guest_sampler import (
 from hpcvm.bench.vm import plan_vm
 from hpcvm.bootspec import BootSpec
 from hpcvm.errors import RuntimeFailure
-from hpcvm.runtime.agent import GuestAgent
-from hpcvm.runtime.model import ExecResult, Machine
+from hpcvm.runtime.channels.agent import GuestAgent
+from hpcvm.runtime.machine.model import ExecResult, Machine
 from hpcvm.units import MIB
 
 QEMU_GA = "/usr/sbin/qemu-ga"

@@ -1,4 +1,4 @@
-"""The grant a user needs for a tap in a bridge (runtime/bridge_helper.py): QEMU's
+"""The grant a user needs for a tap in a bridge (runtime/net/bridge_helper.py): QEMU's
 setuid bridge helper and its ACL. The ACL rules are QEMU's own (qemu-bridge-helper.c:
 allow/deny NAME or all, deny wins, include FILE); a helper that is missing or not setuid
 root is refused before anything starts, naming the admin's fix. The real helper runs in
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.errors import UsageError
-from hpcvm.runtime import bridge_helper
+from hpcvm.runtime.net import bridge_helper
 
 
 @pytest.mark.parametrize(

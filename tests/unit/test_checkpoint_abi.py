@@ -17,7 +17,7 @@ from hpcvm.bootspec import BootSpec, Nic
 from hpcvm.host import HostTopology, discover
 from hpcvm.plan import plan
 from hpcvm.plan.model import PlanRequest, VMPlan
-from hpcvm.runtime.checkpoint_model import abi_differences, guest_abi
+from hpcvm.runtime.checkpoint.model import abi_differences, guest_abi
 from hpcvm.units import GIB, MIB
 from tests.conftest import TOPOLOGIES
 from tests.plan_checks import roomy

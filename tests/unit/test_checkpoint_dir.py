@@ -21,8 +21,9 @@ from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host import discover
 from hpcvm.plan import plan
 from hpcvm.plan.model import CpuModel, PlanRequest, VMPlan
-from hpcvm.runtime import checkpoint, checkpoint_dir
-from hpcvm.runtime.checkpoint_model import (
+from hpcvm.runtime.checkpoint import directory as checkpoint_dir
+from hpcvm.runtime.checkpoint import save_restore as checkpoint
+from hpcvm.runtime.checkpoint.model import (
     DISK_FILE,
     MANIFEST,
     PLAN_FILE,
@@ -32,7 +33,7 @@ from hpcvm.runtime.checkpoint_model import (
     Manifest,
     guest_abi,
 )
-from hpcvm.runtime.options import VmOptions
+from hpcvm.runtime.machine.options import VmOptions
 from hpcvm.units import MIB
 from tests.conftest import TOPOLOGIES
 from tests.plan_checks import roomy

@@ -22,7 +22,7 @@ from hpcvm.cluster.spec import ClusterSpec
 from hpcvm.cluster.state import ClusterRecord
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime.options import VmOptions
+from hpcvm.runtime.machine.options import VmOptions
 
 KEY = b"-----BEGIN OPENSSH PRIVATE KEY-----\nnot a real key\n"
 PUB = b"ssh-ed25519 AAAA test\n"
@@ -45,7 +45,7 @@ def _spec() -> ClusterSpec:
 
 def write_checkpoint(directory: Path, vms: int = 2) -> JobManifest:
     """A job checkpoint's own files as ``cluster checkpoint`` writes them (the VM
-    directories empty: their files are runtime/checkpoint_dir.py's, tested there)."""
+    directories empty: their files are runtime/checkpoint/directory.py's, tested there)."""
     directory.mkdir()
     (directory / "id_job").write_bytes(KEY)
     (directory / "id_job.pub").write_bytes(PUB)

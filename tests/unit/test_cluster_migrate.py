@@ -1,5 +1,5 @@
 """What ``cluster migrate`` decides without moving a VM: the authenticated connection
-its two nodes meet on (runtime/migration_channel.py, over a real socket pair), whose
+its two nodes meet on (runtime/migration/channel.py, over a real socket pair), whose
 word counts for a VM that moved (spec.py ``latest_per_node``, ``spare_nodes``), the
 spare nodes of an allocation, and the refusals before anything moves, each one line and
 non-zero. A real migration between two nodes of the Slurm test cluster, with an MPI
@@ -22,7 +22,7 @@ from hpcvm.cluster.batch import Allocation
 from hpcvm.cluster.spec import NodeEvent, latest_per_node, spare_nodes
 from hpcvm.cluster.state import ClusterRecord
 from hpcvm.errors import RuntimeFailure, UsageError
-from hpcvm.runtime import migration_channel as channel
+from hpcvm.runtime.migration import channel
 
 SECRET = channel.new_secret()
 
@@ -215,7 +215,7 @@ def test_a_spare_waiting_for_the_disk_gives_up_once_the_source_went() -> None:
     move from that node for the dead one's disk), while a live source's disk connection
     is still taken. Real sockets on loopback."""
     from hpcvm.cluster.migrate_node import Listener
-    from hpcvm.runtime.migration_channel import ChannelError
+    from hpcvm.runtime.migration.channel import ChannelError
 
     listener = Listener("127.0.0.1")
     try:

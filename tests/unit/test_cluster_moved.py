@@ -17,8 +17,8 @@ import pytest
 from hpcvm import procs
 from hpcvm.bootspec import BootSpec
 from hpcvm.cluster import moved
-from hpcvm.runtime import paths
-from hpcvm.runtime.model import Machine
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine.model import Machine
 from tests.runtime_support import tiny_plan
 
 

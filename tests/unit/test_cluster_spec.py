@@ -32,7 +32,7 @@ from hpcvm.cluster.spec import (
 )
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.guest import hosttools
-from hpcvm.runtime.network import parse_address
+from hpcvm.runtime.net.network import parse_address
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """How ``cluster up`` gives each VM's tap its netguard peers (job isolation, docs/site.md
 "What separates users"): the job's addresses each node knows before its VM runs
 (cluster/node.py ``job_addresses``), the helper's arguments they become
-(runtime/netguard.py), and the refusal of ``--address auto`` where the site isolates
+(runtime/net/netguard.py), and the refusal of ``--address auto`` where the site isolates
 jobs (cluster/control.py ``check_isolation``). The helper itself, with those
 arguments, runs for real in tests/integration/test_netguard_isolation.py."""
 
@@ -15,7 +15,7 @@ from hpcvm.bootspec import Nic
 from hpcvm.cluster import control, node
 from hpcvm.cluster.spec import ClusterRequest
 from hpcvm.errors import UsageError
-from hpcvm.runtime import netguard
+from hpcvm.runtime.net import netguard
 from tests.unit.test_cluster_checkpoint import _spec, write_checkpoint
 
 NIC = Nic(kind="bridge", source="br0", mac="52:54:00:00:00:01", ifname="hv0",

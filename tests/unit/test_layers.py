@@ -8,6 +8,13 @@ that comes later than it. The layers are DESIGN.md's pipeline read as dependenci
     2 plan  3 render  4 guest  5 runtime  6 tune  7 bench  8 cluster  9 report  10 cli
 
 A stage may import its own modules, the foundation and any stage of a lower layer.
+
+Inside a stage that has sub-packages, the same rule holds between them (``INNER``): a
+sub-package may import its own modules and those of a lower sub-package of its stage,
+never a later one. For runtime:
+
+    0 hostside  1 machine, oci  2 channels, net  3 backends  4 verify  5 vm
+    6 checkpoint  7 migration
 """
 
 from __future__ import annotations
@@ -84,6 +91,61 @@ def test_no_stage_imports_a_later_one() -> None:
         for target in sorted(_imports(path) & later):
             wrong.append(f"{path.relative_to(PACKAGE)} imports hpcvm.{target}")
     assert not wrong, "imports running back up the pipeline:\n" + "\n".join(wrong)
+
+
+# Sub-packages of a stage, by layer (module doc); a stage's modules outside them (its
+# __init__) import none of them.
+INNER: dict[str, dict[str, int]] = {
+    "runtime": {
+        "hostside": 0,
+        "machine": 1,
+        "oci": 1,
+        "channels": 2,
+        "net": 2,
+        "backends": 3,
+        "verify": 4,
+        "vm": 5,
+        "checkpoint": 6,
+        "migration": 7,
+    },
+}
+
+
+def _inner_imports(path: Path, stage: str) -> set[str]:
+    """Sub-packages of ``stage`` that ``path`` imports (function-local imports too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[:2] == ["hpcvm", stage] and len(parts) > 2 and parts[2] in INNER[stage]:
+                found.add(parts[2])
+    return found
+
+
+def test_every_module_of_a_divided_stage_lies_in_a_known_sub_package() -> None:
+    for stage, subs in INNER.items():
+        top = PACKAGE / stage
+        loose = sorted(p.name for p in top.glob("*.py") if p.name != "__init__.py")
+        assert not loose, f"put these in a sub-package of {stage} (and in INNER): {loose}"
+        found = {p.name for p in top.iterdir() if (p / "__init__.py").is_file()}
+        assert found == set(subs), f"{stage}'s sub-packages and INNER differ"
+
+
+def test_no_sub_package_imports_a_later_one() -> None:
+    wrong = []
+    for stage, subs in INNER.items():
+        for path in sorted((PACKAGE / stage).rglob("*.py")):
+            parts = path.relative_to(PACKAGE / stage).parts
+            own = parts[0] if len(parts) > 1 else None
+            for target in sorted(_inner_imports(path, stage)):
+                if own is None or (target != own and subs[target] >= subs[own]):
+                    wrong.append(f"{path.relative_to(PACKAGE)} imports hpcvm.{stage}.{target}")
+    assert not wrong, "imports running back up inside a stage:\n" + "\n".join(wrong)
 
 
 def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ import pytest
 from hpcvm.bootspec import BootSpec, Share
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import VMPlan
-from hpcvm.runtime import libvirt_backend as lb
-from hpcvm.runtime.model import Machine
+from hpcvm.runtime.backends import libvirt_backend as lb
+from hpcvm.runtime.machine.model import Machine
 
 DATA = Path(__file__).parent / "data" / "verify"
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bootspec import BootSpec
-from hpcvm.runtime import paths, stopping
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.vm import stopping
 
 
 @pytest.fixture
@@ -56,7 +57,7 @@ def _record(name: str, run_dir: Path) -> str:
     from hpcvm.host import discover
     from hpcvm.plan import plan
     from hpcvm.plan.model import PlanRequest
-    from hpcvm.runtime.model import Machine
+    from hpcvm.runtime.machine.model import Machine
 
     request = PlanRequest(name=name, profile="naive", vcpus=1, memory_bytes=256 << 20, accel="tcg")
     machine = Machine(

@@ -12,8 +12,8 @@ import pytest
 
 from hpcvm.bootspec import Nic
 from hpcvm.errors import RuntimeFailure
-from hpcvm.runtime import net_vf
-from hpcvm.runtime.netlink import mac_for
+from hpcvm.runtime.net import vf as net_vf
+from hpcvm.runtime.net.base import mac_for
 from tests.unit.test_network import _fake_sysfs
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.errors import UsageError
-from hpcvm.runtime import netguard
+from hpcvm.runtime.net import netguard
 from tests.users import Raised, in_child_as
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="setuid to other users: needs root")

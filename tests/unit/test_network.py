@@ -1,4 +1,4 @@
-"""runtime/network.py without a host network: parsing, refusals, deterministic names,
+"""runtime/net/network.py without a host network: parsing, refusals, deterministic names,
 and how a NIC is rendered (QEMU argv; libvirt XML checked by virt-xml-validate) and
 verified (the guest's ``ip -j addr``, captured from a real guest)."""
 
@@ -17,10 +17,14 @@ from hpcvm.bootspec import BootSpec, Nic, nic_kernel_arg
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.render import libvirt_xml
 from hpcvm.render.qemu import qemu_argv
-from hpcvm.runtime import net_bridge, net_macvtap, net_vf, netlink, network
-from hpcvm.runtime.netlink import check_address, ifname_for, mac_for, parse_address, tap_mac
-from hpcvm.runtime.network import NETWORK_KINDS, parse_network
-from hpcvm.runtime.verify_nics import nic_checks
+from hpcvm.runtime.net import base as netlink
+from hpcvm.runtime.net import bridge as net_bridge
+from hpcvm.runtime.net import macvtap as net_macvtap
+from hpcvm.runtime.net import network
+from hpcvm.runtime.net import vf as net_vf
+from hpcvm.runtime.net.base import check_address, ifname_for, mac_for, parse_address, tap_mac
+from hpcvm.runtime.net.network import NETWORK_KINDS, parse_network
+from hpcvm.runtime.verify.nics import nic_checks
 from tests import render_plans as plans
 
 IFNAMSIZ = 16  # the kernel's limit, with the terminating NUL
@@ -398,7 +402,7 @@ def test_vf_pf_outside_this_namespace_is_refused(tmp_path: Path) -> None:
 
 def test_vf_joins_the_plan_request_as_passthrough(tmp_path: Path) -> None:
     from hpcvm.plan.model import PlanRequest
-    from hpcvm.runtime import lifecycle
+    from hpcvm.runtime.vm import lifecycle
 
     nic = Nic(kind="vf", source="0000:01:00.2", model="vfio", mac=mac_for("j"), ifname="lo",
               mtu=1500)  # fmt: skip

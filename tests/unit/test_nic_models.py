@@ -22,10 +22,10 @@ from hpcvm.guest.modules import GUEST_MODULES
 from hpcvm.nic_models import NIC_MODELS, NicModelSpec, nic_model, register_nic_model
 from hpcvm.render import libvirt_xml
 from hpcvm.render.qemu import qemu_argv
-from hpcvm.runtime import net_bridge
-from hpcvm.runtime.netlink import ifname_for, mac_for
-from hpcvm.runtime.network import parse_network
-from hpcvm.runtime.verify_variant import VariantSeen, check_nic_drivers
+from hpcvm.runtime.net import bridge as net_bridge
+from hpcvm.runtime.net.base import ifname_for, mac_for
+from hpcvm.runtime.net.network import parse_network
+from hpcvm.runtime.verify.variant import VariantSeen, check_nic_drivers
 from tests import render_plans as plans
 
 # What a plugin would add: QEMU's RTL8139 (a real QEMU device and a real guest driver),

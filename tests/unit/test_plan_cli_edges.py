@@ -27,7 +27,7 @@ from hpcvm.errors import UsageError
 from hpcvm.host import discover
 from hpcvm.plan import plan
 from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime.paths import check_name
+from hpcvm.runtime.hostside.paths import check_name
 from hpcvm.units import GIB, parse_size
 from tests.conftest import TOPOLOGIES, sysfs_root
 from tests.plan_checks import roomy

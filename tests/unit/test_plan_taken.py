@@ -154,8 +154,8 @@ def test_a_restored_guest_keeps_its_layout_and_says_it_shares(snapshot: Snapshot
     own layout, on PUs the live VMs hold, with a warning. Here: numa guests whose node
     count would change if every node's first PU were avoided."""
     from hpcvm.bootspec import BootSpec
-    from hpcvm.runtime.checkpoint_model import abi_differences, guest_abi
-    from hpcvm.runtime.lifecycle import plan_same_guest
+    from hpcvm.runtime.checkpoint.model import abi_differences, guest_abi
+    from hpcvm.runtime.vm.lifecycle import plan_same_guest
 
     host, _ = _host_and_cores(snapshot)
     nodes = sorted({pu.node for pu in host.usable_pus() if pu.node is not None})

@@ -21,7 +21,8 @@ import pytest
 
 from hpcvm.cluster import state
 from hpcvm.errors import UsageError
-from hpcvm.runtime import checkpoint_dir, hugetlbfs, paths
+from hpcvm.runtime.checkpoint import directory as checkpoint_dir
+from hpcvm.runtime.hostside import hugetlbfs, paths
 from tests.users import in_child_as
 from tests.users import open_dir as open_dir  # a fixture
 

@@ -26,9 +26,11 @@ from hpcvm.cluster import checkpoint_model
 from hpcvm.errors import HpcvmError
 from hpcvm.guest import disk, hosttools
 from hpcvm.host import kvm
-from hpcvm.runtime import boot, checkpoint_dir, net_bridge
-from hpcvm.runtime import checkpoint_model as vm_checkpoint
-from hpcvm.runtime.netlink import NetworkRequest
+from hpcvm.runtime.checkpoint import directory as checkpoint_dir
+from hpcvm.runtime.checkpoint import model as vm_checkpoint
+from hpcvm.runtime.net import bridge as net_bridge
+from hpcvm.runtime.net.base import NetworkRequest
+from hpcvm.runtime.vm import boot
 from tests.unit.test_runtime_root import as_nobody, needs_root
 from tests.users import open_dir
 

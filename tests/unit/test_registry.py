@@ -9,8 +9,8 @@ from hpcvm.errors import UsageError
 from hpcvm.registry import Registry
 from hpcvm.render.targets import TARGETS
 from hpcvm.report.formats import FORMATS
-from hpcvm.runtime.backends import BACKENDS, get_backend
-from hpcvm.runtime.qemu_backend import QemuBackend
+from hpcvm.runtime.backends.qemu_backend import QemuBackend
+from hpcvm.runtime.backends.registry import BACKENDS, get_backend
 from hpcvm.tune.registry import REGISTRY as SETTINGS
 from hpcvm.tune.registry import get_setting
 

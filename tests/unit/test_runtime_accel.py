@@ -1,4 +1,4 @@
-"""The --accel auto KVM probe (runtime/accel.py) on this machine.
+"""The --accel auto KVM probe (runtime/hostside/accel.py) on this machine.
 
 Here /dev/kvm is paravirtual (kvm_pvm): an ordinary guest hangs on it, so the probe must
 refuse at once without starting QEMU.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.runtime import accel
+from hpcvm.runtime.hostside import accel
 
 PVM_HOST = Path("/sys/module/kvm_pvm").exists()
 
@@ -46,7 +46,7 @@ def test_auto_falls_back_to_tcg_when_the_probe_fails(tmp_path: Path) -> None:
     from hpcvm.host import discover
     from hpcvm.host.model import KvmInfo
     from hpcvm.plan.model import PlanRequest
-    from hpcvm.runtime.lifecycle import make_plan
+    from hpcvm.runtime.vm.lifecycle import make_plan
 
     real = discover()
     kvm_host = real.model_copy(

@@ -1,13 +1,13 @@
-"""What runtime/boot.py adds to a boot spec: QEMU's confinement per backend and an hpc
+"""What runtime/vm/boot.py adds to a boot spec: QEMU's confinement per backend and an hpc
 plan's guest kernel arguments (pure functions on the spec)."""
 
 from __future__ import annotations
 
 from hpcvm.bootspec import BootSpec
 from hpcvm.guest.image import CMDLINE
-from hpcvm.runtime.backends import get_backend
-from hpcvm.runtime.boot import confined, with_guest_kernel_args
-from hpcvm.runtime.confine import QemuUser
+from hpcvm.runtime.backends.registry import get_backend
+from hpcvm.runtime.hostside.confine import QemuUser
+from hpcvm.runtime.vm.boot import confined, with_guest_kernel_args
 
 DROP = QemuUser("hpcvm-qemu", 999, 995, (995,), switch=True)
 SAME = QemuUser("alice", 1000, 1000, (1000,), switch=False)

@@ -1,4 +1,4 @@
-"""The handle `hpcvm exec` reads without pydantic (runtime/handle.py) says what the full
+"""The handle `hpcvm exec` reads without pydantic (runtime/machine/handle.py) says what the full
 record says, and refuses what ``state.load_machine`` refuses, in the same line: the
 record as ``state.save_machine`` writes it, and pydantic's own verdict on a damaged one,
 are the oracles."""
@@ -13,9 +13,10 @@ import pytest
 
 from hpcvm.bootspec import BootSpec
 from hpcvm.errors import UsageError
-from hpcvm.runtime import paths, state
-from hpcvm.runtime.handle import VmHandle, handle_of, read_handle
-from hpcvm.runtime.model import Machine
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine import state
+from hpcvm.runtime.machine.handle import VmHandle, handle_of, read_handle
+from hpcvm.runtime.machine.model import Machine
 from tests.runtime_support import tiny_plan
 
 

@@ -1,4 +1,4 @@
-"""hugetlbfs helpers (runtime/hugetlbfs.py) against this host's real mounts and pools."""
+"""hugetlbfs helpers (runtime/hostside/hugetlbfs.py) against this host's real mounts and pools."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.runtime import hugetlbfs
+from hpcvm.runtime.hostside import hugetlbfs
 
 
 def test_default_page_size_matches_meminfo() -> None:

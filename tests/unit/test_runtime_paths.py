@@ -1,4 +1,4 @@
-"""Runtime directory location and VM name rules (runtime/paths.py)."""
+"""Runtime directory location and VM name rules (runtime/hostside/paths.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.errors import UsageError
-from hpcvm.runtime import paths
+from hpcvm.runtime.hostside import paths
 
 
 def test_env_overrides_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Thread pinning and its read-back (runtime/pinning.py) on a real multi-threaded
+"""Thread pinning and its read-back (runtime/hostside/pinning.py) on a real multi-threaded
 process standing in for QEMU: a Python child whose threads play the vCPU threads."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.errors import RuntimeFailure
-from hpcvm.runtime import pinning
+from hpcvm.runtime.hostside import pinning
 from tests.runtime_support import tiny_plan
 
 PUS = sorted(os.sched_getaffinity(0))

@@ -22,7 +22,8 @@ import pytest
 
 from hpcvm.errors import UsageError
 from hpcvm.host.privilege import for_admin
-from hpcvm.runtime import net_vf, paths
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.net import vf as net_vf
 from tests.cluster_support import vm_count
 from tests.users import Raised, in_child_as
 from tests.users import open_dir as open_dir  # a fixture

@@ -1,4 +1,5 @@
-"""The share list (runtime/shares.py) and who QEMU runs as (runtime/confine.py), on real
+"""The share list (runtime/hostside/shares.py) and who QEMU runs as
+(runtime/hostside/confine.py), on real
 directories: --share parsing and its refusals, /etc's secrets, the built-in list, and
 access asked of the kernel as another user."""
 
@@ -16,9 +17,9 @@ import pytest
 
 from hpcvm.bootspec import BootSpec, share_table
 from hpcvm.errors import UsageError
-from hpcvm.runtime import paths
-from hpcvm.runtime import shares as sh
-from hpcvm.runtime.confine import QEMU_USER, can_access, qemu_user, user_by_ids
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.hostside import shares as sh
+from hpcvm.runtime.hostside.confine import QEMU_USER, can_access, qemu_user, user_by_ids
 
 ROOT = os.geteuid() == 0
 

@@ -1,4 +1,4 @@
-"""The built-in guest's read-only shares as one 9p export (runtime/staging.py).
+"""The built-in guest's read-only shares as one 9p export (runtime/hostside/staging.py).
 
 The assembling script runs for real here (``unshare`` and ``mount`` as root), with a
 shell standing in for QEMU: the oracles are what that shell sees in its namespace
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bootspec import BootSpec, GuestLink, Share
-from hpcvm.runtime import staging
+from hpcvm.runtime.hostside import staging
 
 ETC = Share(host_path="/etc", guest_path="/etc", tag="hpcvm1", hide=("shadow", "ssh/x_key"))
 USR = Share(host_path="/usr", guest_path="/usr", tag="hpcvm0")

@@ -1,4 +1,4 @@
-"""Machine records and stale detection (runtime/state.py), with real processes."""
+"""Machine records and stale detection (runtime/machine/state.py), with real processes."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 from hpcvm import procs
 from hpcvm.bootspec import BootSpec
 from hpcvm.errors import UsageError
-from hpcvm.runtime import paths, state
-from hpcvm.runtime.model import Machine
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine import state
+from hpcvm.runtime.machine.model import Machine
 from tests.runtime_support import tiny_plan
 
 

@@ -1,4 +1,4 @@
-"""Which host paths ``verify`` probes as absent from the guest (runtime/verify_shares.py),
+"""Which host paths ``verify`` probes as absent from the guest (runtime/verify/shares.py),
 on a real directory tree standing for the host's root."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import hashlib
 from pathlib import Path
 
 from hpcvm.bootspec import Share
-from hpcvm.runtime.verify_shares import absent_probes, hidden_probes, leaked
+from hpcvm.runtime.verify.shares import absent_probes, hidden_probes, leaked
 
 
 def _tree(root: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from hpcvm.errors import UsageError
-from hpcvm.runtime import paths
-from hpcvm.runtime import shares as sh
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.hostside import shares as sh
 
 
 def _suggested(hint: str) -> str | None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcvm.plan.model import VMPlan
-from hpcvm.runtime import observe, verify
-from hpcvm.runtime.verify import Observed
+from hpcvm.runtime.verify import observe
+from hpcvm.runtime.verify import vm as verify
+from hpcvm.runtime.verify.vm import Observed
 
 DATA = Path(__file__).parent / "data" / "verify" / "libvirt-numa2"
 

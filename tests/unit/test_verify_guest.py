@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from hpcvm.plan.model import CpuTopology, VMPlan
-from hpcvm.runtime import guest_sysfs, verify
-from hpcvm.runtime.verify import Observed
+from hpcvm.runtime.verify import guest_sysfs
+from hpcvm.runtime.verify import vm as verify
+from hpcvm.runtime.verify.vm import Observed
 from hpcvm.units import KIB, MIB
 
 DATA = Path(__file__).parent / "data" / "verify" / "guest"

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from hpcvm.plan.model import VMPlan
-from hpcvm.runtime import observe, verify
-from hpcvm.runtime.verify import Observed
+from hpcvm.runtime.verify import observe
+from hpcvm.runtime.verify import vm as verify
+from hpcvm.runtime.verify.vm import Observed
 
 DATA = Path(__file__).parent / "data" / "verify" / "libvirt-numa2"
 

@@ -1,4 +1,4 @@
-"""The variant checks (runtime/verify_variant.py) on text captured from this machine's
+"""The variant checks (runtime/verify/variant.py) on text captured from this machine's
 QEMU 7.2 and kernel: ``info ramblock`` of a vm:hpc+page=4K guest, an smaps excerpt of
 its QEMU, a guest's THP file and NIC listing. The expected values are read off the
 captured text by eye and written here; each check must also fail when the text says
@@ -11,7 +11,7 @@ from hpcvm.bench.vm import plan_vm
 from hpcvm.bootspec import Nic
 from hpcvm.host import synthetic
 from hpcvm.plan.model import VMPlan
-from hpcvm.runtime.verify_variant import (
+from hpcvm.runtime.verify.variant import (
     RamBlock,
     SmapsEntry,
     VariantSeen,

@@ -1,4 +1,4 @@
-"""A VM's owner (runtime/state.py ``Owner``) counts as alive only while that very
+"""A VM's owner (runtime/machine/state.py ``Owner``) counts as alive only while that very
 process runs: a process that exited, or another one the kernel gave its pid since (a
 different start time), is not it. Real processes, read from /proc."""
 
@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from hpcvm import procs
-from hpcvm.runtime import state
+from hpcvm.runtime.machine import state
 
 
 def test_the_owner_is_this_process_and_not_a_reused_pid() -> None:

@@ -24,7 +24,7 @@ DEFAULT_VM_MEMORY = GIB
 # import it; tests/unit/test_cli_help.py holds the two equal.
 BUILTIN_SUITES = ("hpcc", "noise", "npb", "netpipe", "cmd", "openfoam", "lammps", "bsp")
 SUITES_MODULE = "hpcvm.bench.suites"
-# runtime/oci.py's RUNTIMES, and auto, named here for --help (a unit test holds them equal)
+# runtime/oci/runtime.py's RUNTIMES, and auto, named here for --help (a unit test holds them equal)
 CONTAINER_RUNTIMES = ("auto", "crun", "runc")
 
 

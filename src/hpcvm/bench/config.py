@@ -39,11 +39,11 @@ class BenchConfig(Frozen):
     vm_vcpus: int | None = None  # None: max(np)
     vm_memory: int = DEFAULT_VM_MEMORY
     vm_guest_nodes: int | None = None
-    vm_backend: str = "qemu"  # a name in runtime/backends.py BACKENDS
+    vm_backend: str = "qemu"  # a name in runtime/backends/registry.py BACKENDS
     native_cpus: tuple[int, ...] | Literal["all"] | None = None  # None: the VM's PUs
     nodes: int = 1  # --nodes: ranks spread over this many nodes of an allocation
     batch: str = "slurm"  # --batch: the batch system that gives those nodes (cluster/)
-    container_runtime: str = "auto"  # --container-runtime: runtime/oci.py RUNTIMES or auto
+    container_runtime: str = "auto"  # --container-runtime: runtime/oci/runtime.py RUNTIMES or auto
     suite_options: SuiteOptions = SuiteOptions()
 
     def check(self) -> BenchConfig:

@@ -2,13 +2,13 @@
 
 The studies put OS-level virtualization (OpenVZ, LXC) beside hypervisors and native; a
 user asking "VM or container for my MPI job?" needs both in one run. ``container`` is
-one OCI container per run, started once by a real runtime (runtime/oci.py: crun or
+one OCI container per run, started once by a real runtime (runtime/oci/runtime.py: crun or
 runc) and left running (its only process sleeps in a read), in which every sample runs
 with ``exec``, as samples run in a VM's guest:
 
-- what it sees of the host is what a VM sees (runtime/shares.py, at the same paths, so
+- what it sees of the host is what a VM sees (runtime/hostside/shares.py, at the same paths, so
   the very binaries of the native run), plus this environment's work directory under
-  the results, read-write (runtime/oci_bundle.py);
+  the results, read-write (runtime/oci/bundle.py);
 - it is confined to the native baseline's PUs and memory nodes (bench/placement.py),
   by the OCI config's cgroup resources, so native, container and VMs run on the same
   PUs and nodes; a user's rootless container has no cgroup to ask for, so each sample's
@@ -39,8 +39,8 @@ from hpcvm.bench.native import affinity_prefix, meminfo_total, mpi_held
 from hpcvm.bench.versions import host_versions
 from hpcvm.errors import RuntimeFailure
 from hpcvm.host.model import HostTopology
-from hpcvm.runtime import oci
-from hpcvm.runtime.oci_bundle import (
+from hpcvm.runtime.oci import runtime as oci
+from hpcvm.runtime.oci.bundle import (
     HOSTNAME,
     NAMESPACES,
     BundleSpec,
@@ -64,9 +64,9 @@ def bundle_spec(
     workdir: str | None,
     hostname: str = HOSTNAME,
 ) -> BundleSpec:
-    """What the container is made of (runtime/oci_bundle.py): a VM's share list for the
+    """What the container is made of (runtime/oci/bundle.py): a VM's share list for the
     working directory ``workdir`` plus ``shares`` (read-only), and ``writable``."""
-    from hpcvm.runtime import shares as sharing
+    from hpcvm.runtime.hostside import shares as sharing
 
     requests = [sharing.ShareRequest(s, s, origin="bench") for s in shares]
     wanted, links = sharing.builtin_requests(requests, workdir)
@@ -196,7 +196,7 @@ class ContainerEnvironment:
     ) -> None:
         """``cpus``/``mems``: native's (None: unconfined); ``shares``: the suites'
         directories a VM would get (session.py); ``runtime``: a name in
-        runtime/oci.py's RUNTIMES, or auto."""
+        runtime/oci/runtime.py's RUNTIMES, or auto."""
         oci.check_choice(runtime)
         self.name = name
         self.cpus = None if cpus is None else tuple(cpus)

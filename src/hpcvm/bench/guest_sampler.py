@@ -21,7 +21,7 @@ What is left is kept small (issue 29; docs/performance.md has the figures):
   exec; else bash (its ``$EPOCHREALTIME`` and ``read`` builtins spare a process per
   clock and interrupt read), else /bin/sh with ``date``/``cat``;
 - the end of the sample is signalled, not polled for: the script's EXIT trap writes a
-  per-sample token to the VM's completion port (runtime/completion.py), which the host
+  per-sample token to the VM's completion port (runtime/channels/completion.py), which the host
   waits on asleep; while the benchmark runs the agent is asked about it once a second,
   not every 10 to 250 ms, so nothing wakes the guest's agent during the measurement.
 The shell and the port's device are found once per boot, with the guest's facts.
@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any
 from hpcvm.bench import evidence
 from hpcvm.bench.environments import CLEAN_ENV, STD_PATH, RunOutput
 from hpcvm.errors import HpcvmError, RuntimeFailure
-from hpcvm.runtime.model import ExecResult, Machine
+from hpcvm.runtime.machine.model import ExecResult, Machine
 
 if TYPE_CHECKING:
-    from hpcvm.runtime.agent import GuestAgent
-    from hpcvm.runtime.completion import CompletionPort
+    from hpcvm.runtime.channels.agent import GuestAgent
+    from hpcvm.runtime.channels.completion import CompletionPort
 
 KILL_GRACE = 10.0  # seconds between the timeout's TERM and KILL
 AGENT_MARGIN = 60.0  # host-side slack over the in-guest timeout before giving up
@@ -141,7 +141,7 @@ class GuestSampler:
 
     def exec(self, argv: list[str], timeout: float | None = None) -> ExecResult:
         """One command in the guest on the kept agent connection: what the checks
-        after boot run (runtime/checks.py ``GuestExec``)."""
+        after boot run (runtime/verify/checks.py ``GuestExec``)."""
         with self._agent() as agent:
             return self._exec_on(agent, argv, timeout if timeout is not None else 120.0)
 
@@ -170,7 +170,7 @@ class GuestSampler:
         """The connection to the guest agent, kept from sample to sample: a new
         connection takes some 100 ms to sync under TCG, a request on an open one about
         1 ms. A sample that fails drops it, so the next one starts from a fresh sync."""
-        from hpcvm.runtime.agent import GuestAgent
+        from hpcvm.runtime.channels.agent import GuestAgent
 
         boot = self.machine.boot
         if not boot.agent_socket:
@@ -188,7 +188,7 @@ class GuestSampler:
     def _completion(self) -> CompletionPort | None:
         """The host end of the completion port, connected (None: the guest cannot
         signal, and the agent is polled as for any command)."""
-        from hpcvm.runtime.completion import CompletionPort
+        from hpcvm.runtime.channels.completion import CompletionPort
 
         boot = self.machine.boot
         if not boot.done_socket or not self._fact(_PORT_FACT):
@@ -204,7 +204,7 @@ class GuestSampler:
         timeout: float,
         finished: Callable[[float], bool] | None = None,
     ) -> ExecResult:
-        from hpcvm.runtime.guest_exec import exec_on
+        from hpcvm.runtime.vm.guest_exec import exec_on
 
         return exec_on(self.machine, agent, argv, timeout, finished=finished, alive=self._alive)
 
@@ -231,7 +231,7 @@ class GuestSampler:
         """A guest file's bytes through the agent's file commands (no guest process);
         when the agent refuses them (no such file, or a guest whose qemu-ga disables
         guest-file-*), through ``base64`` in the guest; None when it cannot be read."""
-        from hpcvm.runtime.agent import AgentCommandError
+        from hpcvm.runtime.channels.agent import AgentCommandError
 
         try:
             return agent.read_file(str(path))
@@ -249,7 +249,7 @@ class GuestSampler:
         self, argv: Sequence[str], workdir: Path, timeout: float, *, outputs: Sequence[str] = ()
     ) -> RunOutput:
         """One sample in one agent connection and one guest exec (module doc)."""
-        from hpcvm.runtime.guest_exec import ExecTimeout
+        from hpcvm.runtime.vm.guest_exec import ExecTimeout
 
         workdir.mkdir(parents=True, exist_ok=True)
         files = file_arguments(workdir)

@@ -87,7 +87,10 @@ def _down_dead_writers_vms(previous: Holder | None, warn: Warn | None) -> None:
     PUs the resumed run needs nor run beside its measurements. This process holds the
     lock, so that writer is gone; were its pid running again (reused), the VMs by that
     name could be another bench's, and are left alone."""
-    from hpcvm.runtime import inventory, stopping  # only a VM run needs them
+    from hpcvm.runtime.vm import (
+        inventory,  # only a VM run needs them
+        stopping,
+    )
 
     if previous is None or previous.host != socket.gethostname():
         return
@@ -347,7 +350,7 @@ def native_on(config: BenchConfig, host: HostTopology) -> NativePlacement:
     return _native(config, None, plans, host)
 
 
-# What a built-in guest shares anyway (runtime/shares.py): programs there need nothing.
+# What a built-in guest shares anyway (runtime/hostside/shares.py): programs there need nothing.
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/opt", "/etc")
 INPUTS = "inputs"  # under the results directory: the inputs suites prepare once per run
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from hpcvm.runtime.model import Machine
+    from hpcvm.runtime.machine.model import Machine
 
 
 def plan_vm(
@@ -129,11 +129,11 @@ def _in_bench_terms(env: str, exc: HpcvmError) -> HpcvmError:
 
 def verify_variant(name: str, sampler: GuestSampler, variant: VmVariant) -> dict[str, str]:
     """Check in the running VM that it is what its environment claims (the NIC model,
-    the host page size under guest RAM, the guest's THP mode: runtime/verify_variant.py)
+    the host page size under guest RAM, the guest's THP mode: runtime/verify/variant.py)
     and return what was observed; VerificationFailed (exit 6) naming what differs, so no
     sample is ever taken in a VM that is not the environment it is recorded as."""
-    from hpcvm.runtime import verify_variant as pages
-    from hpcvm.runtime.backends import get_backend
+    from hpcvm.runtime.backends.registry import get_backend
+    from hpcvm.runtime.verify import variant as pages
 
     machine = sampler.machine
     backend = get_backend(machine.backend, machine.connect_uri)
@@ -228,11 +228,12 @@ class VmEnvironment:
         return self.sampler.machine if self.sampler is not None else None
 
     def start(self) -> None:
-        """Boot the VM as this process's (runtime/state.py ``owned_by_this_process``):
+        """Boot the VM as this process's (runtime/machine/state.py ``owned_by_this_process``):
         a bench killed outright leaves it "orphaned" in ``hpcvm ps``, for ``hpcvm down
         --orphans`` (or the run's ``--resume``) to take down."""
-        from hpcvm.runtime import lifecycle, state
-        from hpcvm.runtime.options import UpOptions
+        from hpcvm.runtime.machine import state
+        from hpcvm.runtime.machine.options import UpOptions
+        from hpcvm.runtime.vm import lifecycle
 
         options = UpOptions(name=self.vm_name, backend=self.backend_name, shares=self.shares)
         with state.owned_by_this_process("hpcvm bench"):
@@ -247,19 +248,19 @@ class VmEnvironment:
         self.deactivate()
 
     def activate(self) -> None:
-        from hpcvm.runtime.backends import get_backend
+        from hpcvm.runtime.backends.registry import get_backend
 
         if (machine := self.machine) is not None:
             get_backend(machine.backend, machine.connect_uri).resume(machine)
 
     def deactivate(self) -> None:
-        from hpcvm.runtime.backends import get_backend
+        from hpcvm.runtime.backends.registry import get_backend
 
         if (machine := self.machine) is not None:
             get_backend(machine.backend, machine.connect_uri).pause(machine)
 
     def close(self) -> None:
-        from hpcvm.runtime import stopping
+        from hpcvm.runtime.vm import stopping
 
         sampler, self.sampler = self.sampler, None
         if sampler is not None:

@@ -29,7 +29,7 @@ from hpcvm.bench.variants import syntax as variant_syntax
 from hpcvm.cli.common import console, err_console, parse_duration
 from hpcvm.errors import SamplesFailed, UsageError
 from hpcvm.nic_models import NIC_MODELS
-from hpcvm.runtime.backends import BACKENDS
+from hpcvm.runtime.backends.registry import BACKENDS
 from hpcvm.units import format_size, parse_size
 
 if TYPE_CHECKING:  # the implementation is imported when a command runs, not for --help

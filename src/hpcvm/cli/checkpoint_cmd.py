@@ -1,6 +1,6 @@
 """`hpcvm checkpoint` and `hpcvm restore`: save a VM into a directory, start it again.
 
-Thin: runtime/checkpoint.py does the work and refuses what it cannot do in one line
+Thin: runtime/checkpoint/save_restore.py does the work and refuses what it cannot do in one line
 (errors.py exit codes: a damaged checkpoint or a VM that cannot be saved is a usage
 error, a host or QEMU that cannot take the saved guest is infeasible).
 """
@@ -28,7 +28,7 @@ from hpcvm.units import format_cpu_list, human_size
 def checkpoint_cmd(name: str, directory: Path, resume_after: bool) -> int:
     """Pause VM NAME, save its RAM, devices and disk into DIRECTORY (a new directory),
     then stop it, or with --resume run it on."""
-    from hpcvm.runtime import checkpoint as ckpt
+    from hpcvm.runtime.checkpoint import save_restore as ckpt
 
     with interrupting():
         saved = ckpt.checkpoint(name, directory, resume_after=resume_after)
@@ -49,7 +49,7 @@ def checkpoint_cmd(name: str, directory: Path, resume_after: bool) -> int:
 def restore_cmd(directory: Path, name: str | None) -> int:
     """Start the VM saved in DIRECTORY on this host: re-planned here (pins, memory
     binding, huge pages), with the very same guest; its clock is stepped to the host's."""
-    from hpcvm.runtime import checkpoint as ckpt
+    from hpcvm.runtime.checkpoint import save_restore as ckpt
 
     with interrupting():
         restored = ckpt.restore(directory, name=name, warn=warn)

@@ -28,7 +28,7 @@ from hpcvm.signals import interrupting, signals_deferred
 if TYPE_CHECKING:
     from hpcvm.cluster.checkpoint_model import PeriodicCheckpoints
     from hpcvm.cluster.control import JobWatch
-    from hpcvm.runtime.options import VmOptions
+    from hpcvm.runtime.machine.options import VmOptions
 
 DEFAULT_UP_TIMEOUT = 300.0
 DEFAULT_NETWORK = "bridge=br0"
@@ -159,7 +159,7 @@ def up_cmd(
     from hpcvm.cli.vm_values import VmOptionValues
     from hpcvm.cluster import control
     from hpcvm.cluster.spec import ClusterRequest
-    from hpcvm.runtime.network import parse_address
+    from hpcvm.runtime.net.network import parse_address
 
     periodic = _periodic(checkpoint_every, checkpoint_dir, checkpoint_keep)
     _check_drains(batch, on_drain)
@@ -300,14 +300,14 @@ def _check_vm_paths(vm: VmOptions) -> None:
     Without it a bad path came back from each node as its VM failing to start (exit 5)."""
     from hpcvm.guest.disk import check_image
     from hpcvm.guest.kernel import kernel_release
-    from hpcvm.runtime.backends import get_backend
-    from hpcvm.runtime.shares import parse_shares, reachable
+    from hpcvm.runtime.backends.registry import get_backend
+    from hpcvm.runtime.hostside.shares import parse_shares, reachable
 
     for flag, path in (("--kernel", vm.kernel), ("--initrd", vm.initrd), ("--image", vm.image)):
         problem = None if path is None else _unreadable_file(path)
         if problem is not None:
             raise UsageError(f"{flag} {path}: {problem}; give a file you may read")
-    if vm.image is not None and (vm.kernel or vm.initrd):  # as runtime/boot.py pairs them
+    if vm.image is not None and (vm.kernel or vm.initrd):  # as runtime/vm/boot.py pairs them
         raise UsageError("give either --image or --kernel/--initrd, not both")
     if vm.initrd is not None and vm.kernel is None:
         raise UsageError("--initrd needs --kernel")
@@ -517,8 +517,8 @@ def wait_cmd(name: str, command_id: int | None, timeout: float | None) -> int:
     checkpoint (a requeued job restores it); its periodic checkpoints are said as they
     are taken."""
     from hpcvm.cluster import control, state
-    from hpcvm.runtime.guest_exec import ExecTimeout
-    from hpcvm.runtime.model import ExecResult
+    from hpcvm.runtime.machine.model import ExecResult
+    from hpcvm.runtime.vm.guest_exec import ExecTimeout
 
     def report(result: ExecResult) -> None:
         sys.stdout.write(result.stdout)

@@ -48,7 +48,7 @@ def guest_group() -> None:
 
 
 def _print(image: GuestImage) -> None:
-    from hpcvm.runtime.shares import SHARES_SUMMARY
+    from hpcvm.runtime.hostside.shares import SHARES_SUMMARY
 
     rows = (
         ("kernel", f"{image.kernel_version} ({image.kernel_source})"),

@@ -101,7 +101,7 @@ def plan_command(
     vm = make_plan(host, request, _running_vms() if live else ())
     if fmt == TABLE:
         from hpcvm.cli.plan_view import print_plan
-        from hpcvm.runtime.shares import preview
+        from hpcvm.runtime.hostside.shares import preview
 
         seen = preview(shares, warn=warn)  # a bad --share is refused before any output
         print_plan(vm, console, host)
@@ -116,10 +116,10 @@ def plan_command(
 
 def _running_vms() -> tuple[TakenPus, ...]:
     """The PUs this user's running VMs hold, so the plan shown is the one ``up`` would
-    make now (runtime/taken.py); none when the runtime directory cannot be read (``up``
+    make now (runtime/machine/taken.py); none when the runtime directory cannot be read (``up``
     says why there)."""
     from hpcvm.errors import HpcvmError
-    from hpcvm.runtime.taken import live_taken
+    from hpcvm.runtime.machine.taken import live_taken
 
     try:
         return live_taken()

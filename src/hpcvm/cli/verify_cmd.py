@@ -1,6 +1,6 @@
 """`hpcvm verify NAME`: compare a running VM with its plan; exit 6 on any mismatch.
 
-Thin: load the machine record, open the guest agent, run runtime/verify.py, print a
+Thin: load the machine record, open the guest agent, run runtime/verify/vm.py, print a
 pass/fail table (or JSON) and turn a failed report into VerificationFailed.
 """
 
@@ -16,7 +16,7 @@ from hpcvm.errors import VerificationFailed
 if TYPE_CHECKING:  # imported where the command runs, so that --help imports no runtime
     from rich.table import Table
 
-    from hpcvm.runtime.checks import VerifyReport
+    from hpcvm.runtime.verify.checks import VerifyReport
 
 AGENT_TIMEOUT = 30.0
 
@@ -49,9 +49,9 @@ def failure_message(report: VerifyReport) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify_cmd(name: str, as_json: bool) -> int:
     """Check from inside and outside that a running VM is what its plan says."""
-    from hpcvm.runtime.agent import GuestAgent
-    from hpcvm.runtime.state import load_machine
-    from hpcvm.runtime.verify import verify
+    from hpcvm.runtime.channels.agent import GuestAgent
+    from hpcvm.runtime.machine.state import load_machine
+    from hpcvm.runtime.verify.vm import verify
 
     machine = load_machine(name)
     if machine.boot.agent_socket is None:

@@ -1,11 +1,11 @@
 """`hpcvm up`, `ps`, `exec`, `down` and `run`: start, list, use and stop VMs.
 
-Thin: options become a VmRequest (cli/vm_options.py), runtime/lifecycle.py does the work.
+Thin: options become a VmRequest (cli/vm_options.py), runtime/vm/lifecycle.py does the work.
 Exit codes: errors as in errors.py; `exec` and `run` exit with the guest command's code
 (128+N when a signal killed it), 124 when it outlives --timeout, like timeout(1), 130
 when interrupted (Ctrl-C, SIGTERM), 127 and 126 for a program the guest does not have
 or cannot execute, as a shell. A command timed out or interrupted is ended in the guest
-first (runtime/guest_process.py), and one line says so.
+first (runtime/channels/guest_process.py), and one line says so.
 """
 
 from __future__ import annotations
@@ -21,24 +21,24 @@ import click
 
 from hpcvm.cli.common import console, err_console, seconds, warn
 from hpcvm.cli.vm_options import no_stdin_option, vm_options, vm_request
-from hpcvm.runtime.timeouts import DOWN_TIMEOUT
+from hpcvm.runtime.machine.timeouts import DOWN_TIMEOUT
 from hpcvm.signals import interrupting
 from hpcvm.units import format_size
 
 if TYPE_CHECKING:  # imported where a command runs, so that --help imports no runtime
     from rich.console import Console
 
-    from hpcvm.runtime.agent_errors import ExecInterrupted
-    from hpcvm.runtime.model import ExecResult, Machine
-    from hpcvm.runtime.options import VmRequest
+    from hpcvm.runtime.channels.agent_errors import ExecInterrupted
+    from hpcvm.runtime.machine.model import ExecResult, Machine
+    from hpcvm.runtime.machine.options import VmRequest
 
 INTERRUPTED_EXIT = 130  # as a shell reports Ctrl-C (cli/main.py)
 
 
 def _start(name: str, request: VmRequest, *, out: Console = console) -> Machine:
-    from hpcvm.runtime import lifecycle
-    from hpcvm.runtime.options import UpOptions
-    from hpcvm.runtime.shares import describe as describe_shares
+    from hpcvm.runtime.hostside.shares import describe as describe_shares
+    from hpcvm.runtime.machine.options import UpOptions
+    from hpcvm.runtime.vm import lifecycle
 
     begin = time.monotonic()
     options = UpOptions(**request.vm.model_dump(), name=name)
@@ -74,7 +74,7 @@ def _command_input(program: str, read: bool) -> bytes | None:
     ``read`` is off (``--no-stdin``: a script whose stdin never ends). Read to its end
     first: the agent takes a command's input in one message, so at most MAX_INPUT."""
     from hpcvm.errors import UsageError
-    from hpcvm.runtime.agent_errors import MAX_INPUT, check_input
+    from hpcvm.runtime.channels.agent_errors import MAX_INPUT, check_input
 
     stream = sys.stdin
     if not read or stream is None or stream.isatty():
@@ -98,7 +98,7 @@ def _print_result(result: ExecResult) -> int:
     sys.stdout.flush()
     sys.stderr.write(result.stderr)
     sys.stderr.flush()
-    return result.exit_code  # 128 + N when signal N killed it (runtime/agent.py)
+    return result.exit_code  # 128 + N when signal N killed it (runtime/channels/agent.py)
 
 
 @click.command("up")
@@ -118,7 +118,7 @@ def ps_cmd(as_json: bool) -> int:
     """List VMs; remove the records of VMs whose QEMU is gone (stale)."""
     from rich.table import Table
 
-    from hpcvm.runtime import inventory
+    from hpcvm.runtime.vm import inventory
 
     rows = inventory.list_vms()
     if as_json:
@@ -173,11 +173,11 @@ def exec_cmd(name: str, timeout: float | None, no_stdin: bool, argv: tuple[str, 
 
     stdin, unless a terminal, is the command's. Interrupted (Ctrl-C, SIGTERM) or past
     --timeout, the command is ended in the guest too."""
-    from hpcvm.runtime.agent_errors import ExecInterrupted
-    from hpcvm.runtime.guest_exec import exec_in
-    from hpcvm.runtime.handle import read_handle
+    from hpcvm.runtime.channels.agent_errors import ExecInterrupted
+    from hpcvm.runtime.machine.handle import read_handle
+    from hpcvm.runtime.vm.guest_exec import exec_in
 
-    vm = read_handle(name)  # no models: scripts call exec in loops (runtime/handle.py)
+    vm = read_handle(name)  # no models: scripts call exec in loops (runtime/machine/handle.py)
     try:
         with interrupting():
             data = _command_input(argv[0], not no_stdin)
@@ -206,7 +206,7 @@ def exec_cmd(name: str, timeout: float | None, no_stdin: bool, argv: tuple[str, 
 )
 def down_cmd(name: str | None, all_: bool, orphans: bool, timeout: float) -> int:
     """Shut a VM down (guest shutdown, QMP quit, then kill) and remove its files."""
-    from hpcvm.runtime import inventory, stopping
+    from hpcvm.runtime.vm import inventory, stopping
 
     if [name is not None, all_, orphans].count(True) != 1:
         raise click.UsageError("give a VM name, --all or --orphans")
@@ -243,9 +243,10 @@ def run_cmd(
 
     stdin, unless a terminal, is the command's. The VM is this process's: killed
     outright (SIGKILL), it leaves the VM "orphaned" for `hpcvm down --orphans`."""
-    from hpcvm.runtime import state, stopping
-    from hpcvm.runtime.agent_errors import ExecInterrupted
-    from hpcvm.runtime.guest_exec import exec_in
+    from hpcvm.runtime.channels.agent_errors import ExecInterrupted
+    from hpcvm.runtime.machine import state
+    from hpcvm.runtime.vm import stopping
+    from hpcvm.runtime.vm.guest_exec import exec_in
 
     request = vm_request(kw)
     vm_name = name or f"run-{os.getpid()}"

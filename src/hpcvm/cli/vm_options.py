@@ -1,5 +1,5 @@
 """The options that shape and boot a VM, shared by ``up``, ``run`` and ``cluster up``,
-and the one place they become a typed request (runtime/options.py ``VmRequest``).
+and the one place they become a typed request (runtime/machine/options.py ``VmRequest``).
 
 ``vm_options`` adds the options to a command; the command hands what click parsed to
 ``vm_request`` (or ``VmOptionValues.parse``, cli/vm_values.py), which knows every
@@ -17,10 +17,10 @@ import click
 from hpcvm.cli.common import seconds
 from hpcvm.nic_models import NIC_MODELS
 from hpcvm.plan.names import PROFILE_NAMES
-from hpcvm.runtime.backends import BACKENDS
+from hpcvm.runtime.backends.registry import BACKENDS
 
 if TYPE_CHECKING:
-    from hpcvm.runtime.options import VmRequest
+    from hpcvm.runtime.machine.options import VmRequest
 
 F = TypeVar("F", bound=Callable[..., Any])
 

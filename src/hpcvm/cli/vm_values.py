@@ -1,5 +1,5 @@
 """What click parsed for the VM options (cli/vm_options.py), typed: one field per
-option, each read once, into runtime/options.py's ``VmRequest``."""
+option, each read once, into runtime/machine/options.py's ``VmRequest``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen, first_complaint
 from hpcvm.plan.model import AccelChoice, PlanRequest
-from hpcvm.runtime.options import VmOptions, VmRequest
+from hpcvm.runtime.machine.options import VmOptions, VmRequest
 from hpcvm.units import parse_size
 
 

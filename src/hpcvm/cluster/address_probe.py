@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from hpcvm.errors import RuntimeFailure
-from hpcvm.runtime.network import ADDRESS_IN_USE
+from hpcvm.runtime.net.network import ADDRESS_IN_USE
 
 PROBE_WAIT = 1.0  # seconds for an answer (ARP's own retry is 1 s)
 

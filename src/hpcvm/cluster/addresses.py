@@ -179,7 +179,9 @@ def _ensure_dir(directory: Path) -> None:
     elif os.geteuid() == 0 and _shared_dir_of_a_user(directory):
         os.chown(directory, 0, 0)  # what the node install makes (a user's: nobody trusts it)
         directory.chmod(0o1777)
-    from hpcvm.runtime.paths import dir_problem  # here: it loads the models, and --help must not
+    from hpcvm.runtime.hostside.paths import (
+        dir_problem,  # here: it loads the models, and --help must not
+    )
 
     problem = dir_problem(directory, owners="me or root", sticky_ok=True)
     if problem is not None:

@@ -16,7 +16,7 @@ The containers are held by a batch step with one task per node (``container-node
 below), as the VMs are: each task plans its node's native placement itself (the PUs and
 memory nodes its VM would have: native_places.py), starts its container confined to
 them, says so in a JSON line, and keeps it until the step ends. A task that dies, even
-by SIGKILL, takes its container with it (runtime/oci.py's holder pipe).
+by SIGKILL, takes its container with it (runtime/oci/runtime.py's holder pipe).
 
 A rank finds its node's container from the batch system (``this_node``: Slurm's node
 name). Where every node is this one host (``--batch local``) Open MPI starts every rank
@@ -53,8 +53,8 @@ from hpcvm.cluster.spawn import internal_argv
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.model import Frozen
-from hpcvm.runtime import oci
-from hpcvm.runtime.oci_bundle import HOSTNAME, cpus_text
+from hpcvm.runtime.oci import runtime as oci
+from hpcvm.runtime.oci.bundle import HOSTNAME, cpus_text
 from hpcvm.store.records import EnvKind, NewEnvironment
 
 ENV = "/usr/bin/env"
@@ -69,7 +69,7 @@ MPI_VARIABLES = ("OMPI_", "PMIX_", "OPAL_", "ORTE_")  # what a rank needs of its
 # take that path, never a measured message.
 # PMIx's "native" security has a client state its uid and gid, and the daemon refuses
 # any but its own user's. A rootless container maps the user to root in it (runc needs
-# its root mapped: runtime/oci_bundle.py), so a rank there says uid 0 and is refused
+# its root mapped: runtime/oci/bundle.py), so a rank there says uid 0 and is refused
 # before MPI_Init ends (checked on the test cluster: "OPAL ERROR: Unreachable", after
 # which mpirun hung). The daemons listen on the node's loopback over TCP, where PMIx has
 # no kernel word on the peer (no SO_PEERCRED): the uid was the client's own claim, so

@@ -40,8 +40,8 @@ from hpcvm.cluster.spec import node_address as nth_address
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
-from hpcvm.runtime.network import node_address, parse_address, with_nic_model
-from hpcvm.runtime.options import VmOptions
+from hpcvm.runtime.machine.options import VmOptions
+from hpcvm.runtime.net.network import node_address, parse_address, with_nic_model
 from hpcvm.store.records import EnvKind, NewEnvironment
 
 ENV = "/usr/bin/env"

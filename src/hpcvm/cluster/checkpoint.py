@@ -41,7 +41,7 @@ from hpcvm.cluster.spawn import internal_argv
 from hpcvm.cluster.spec import ClusterSpec, NodeEvent
 from hpcvm.cluster.state import ClusterRecord
 from hpcvm.errors import HpcvmError, RuntimeFailure
-from hpcvm.runtime import checkpoint_dir
+from hpcvm.runtime.checkpoint import directory as checkpoint_dir
 from hpcvm.signals import signals_deferred
 
 STEP_NAME = "hpcvm-checkpoint"

@@ -6,7 +6,7 @@
     DIR/id_job, .pub      the job's ssh key pair (the guests hold its public half, the
                           first VM its private half: a restored job must keep it)
     DIR/vm-0/ ... vm-N/   one VM checkpoint per node, in the job's node order
-                          (runtime/checkpoint_dir.py: each checks its own files)
+                          (runtime/checkpoint/directory.py: each checks its own files)
 
 Like one VM's checkpoint it is written into a hidden sibling and renamed in one step:
 ``DIR`` either does not exist or is complete. The manifest records the SHA-256 of the

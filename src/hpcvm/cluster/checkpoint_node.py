@@ -5,7 +5,7 @@ system with one task per node, and a phase starts only when the step before it h
 ended on every node: so every VM is paused before any is saved (no message between
 the guests is half sent), and every VM is saved before any runs again. The VM belongs
 to the node's holder task; this task reaches it through its QMP socket, as ``hpcvm
-checkpoint`` does on one host (runtime/checkpoint.py).
+checkpoint`` does on one host (runtime/checkpoint/save_restore.py).
 
 Each task prints one result line and exits 0 even when its phase failed: a failing
 exit would make the batch system end the other nodes' tasks in the middle of their
@@ -100,8 +100,8 @@ def report(node: str, act: Callable[[], NodeResult]) -> int:
 
 
 def _act(phase: Phase, node: str) -> NodeResult:
-    from hpcvm.runtime import checkpoint
-    from hpcvm.runtime import state as vm_state
+    from hpcvm.runtime.checkpoint import save_restore as checkpoint
+    from hpcvm.runtime.machine import state as vm_state
 
     mine = phase.vms.get(node)
     if mine is None:

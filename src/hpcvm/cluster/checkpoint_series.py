@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hpcvm.cluster.checkpoint_model import MANIFEST
 from hpcvm.errors import UsageError
-from hpcvm.runtime import checkpoint_dir
+from hpcvm.runtime.checkpoint import directory as checkpoint_dir
 
 PREFIX = "checkpoint-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)$")

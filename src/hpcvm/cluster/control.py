@@ -42,16 +42,17 @@ from hpcvm.cluster.spec import (
 from hpcvm.cluster.state import ClusterRecord
 from hpcvm.cluster.state_files import LOG_FILE, taken_down_by_another
 from hpcvm.errors import BusyError, HpcvmError, NodeLost, RuntimeFailure, UsageError
-from hpcvm.runtime import netguard, paths
-from hpcvm.runtime import state as vm_state
-from hpcvm.runtime.migration_channel import new_secret
-from hpcvm.runtime.model import ExecResult, Machine
-from hpcvm.runtime.network import parse_network
-from hpcvm.runtime.shares import check_job_dir
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.hostside.shares import check_job_dir
+from hpcvm.runtime.machine import state as vm_state
+from hpcvm.runtime.machine.model import ExecResult, Machine
+from hpcvm.runtime.migration.channel import new_secret
+from hpcvm.runtime.net import netguard
+from hpcvm.runtime.net.network import parse_network
 from hpcvm.signals import signals_deferred
 
 if TYPE_CHECKING:
-    from hpcvm.runtime.agent import GuestAgent
+    from hpcvm.runtime.channels.agent import GuestAgent
 
 DOWN_WAIT = 60.0  # seconds for every node to report its VM down
 LOG_TAIL = 20
@@ -215,8 +216,8 @@ def check_workdir(workdir: str, backend_name: str) -> None:
     """The job's directory is where its programs and inputs are, shared with every guest
     at the same path: refuse before anything starts when QEMU's user cannot read it (a
     lone ``hpcvm up`` only warns and leaves it out)."""
-    from hpcvm.runtime.backends import get_backend
-    from hpcvm.runtime.confine import can_access
+    from hpcvm.runtime.backends.registry import get_backend
+    from hpcvm.runtime.hostside.confine import can_access
 
     backend = get_backend(backend_name)
     user = backend.qemu_user()
@@ -485,7 +486,7 @@ def _first_argv(machine: Machine, argv: Sequence[str], workdir: str) -> list[str
 def exec_first(name: str, argv: Sequence[str], workdir: str, timeout: float | None) -> ExecResult:
     """Run ``argv`` in the first node's VM, with the MPI environment that spreads its
     ranks over every VM of the job."""
-    from hpcvm.runtime.guest_exec import exec_in
+    from hpcvm.runtime.vm.guest_exec import exec_in
 
     record, first = first_vm(name)
     machine = vm_of(name, first)
@@ -497,7 +498,7 @@ def exec_detached(name: str, argv: Sequence[str], workdir: str) -> DetachedExec:
     """Start ``argv`` as ``exec_first`` would and return at once: its output and exit
     status stay in the guest (qemu-ga) until ``wait_detached`` collects them, across a
     checkpoint and restore of the job."""
-    from hpcvm.runtime.guest_exec import connected
+    from hpcvm.runtime.vm.guest_exec import connected
 
     with state.one_writer(name):
         record, first = first_vm(name)
@@ -525,7 +526,7 @@ def wait_detached(
     result once and then forgets it: a SIGTERM or Ctrl-C that arrives between asking
     and reporting waits until the result is reported. ``meanwhile`` runs between asks
     (the CLI says the job's periodic checkpoints there as they happen)."""
-    from hpcvm.runtime.guest_exec import ExecTimeout, connected
+    from hpcvm.runtime.vm.guest_exec import ExecTimeout, connected
 
     record, first = first_vm(name)
     chosen = _detached(record, pid)
@@ -550,7 +551,7 @@ def _wait_on(
     meanwhile: Callable[[], None] | None,
 ) -> ExecResult:
     """``wait_detached`` on one connection to the first VM's agent."""
-    from hpcvm.runtime.guest_exec import ExecTimeout
+    from hpcvm.runtime.vm.guest_exec import ExecTimeout
 
     deadline, timeout = limit
     while True:

@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpcvm.errors import RuntimeFailure
-from hpcvm.runtime.model import Machine
-from hpcvm.runtime.timeouts import PROMPT_POLL
+from hpcvm.runtime.machine.model import Machine
+from hpcvm.runtime.machine.timeouts import PROMPT_POLL
 
 GUEST_DIR = "/run/hpcvm-cluster"  # the guest's tmpfs: gone with the VM
 AUTHORIZED_KEYS = f"{GUEST_DIR}/authorized_keys"
@@ -193,7 +193,7 @@ def run_script(
     """Run ``script`` with :func:`script_shell` in the guest, ``stdin`` fed to it;
     RuntimeFailure with the guest's own error text when it fails (its ``cause`` from
     ``causes`` by exit code)."""
-    from hpcvm.runtime.guest_exec import exec_in
+    from hpcvm.runtime.vm.guest_exec import exec_in
 
     done = exec_in(
         machine,

@@ -30,8 +30,8 @@ from hpcvm.cluster.spawn import internal_argv
 from hpcvm.cluster.spec import NodeEvent, spare_nodes
 from hpcvm.cluster.state import ClusterRecord
 from hpcvm.errors import HpcvmError, NodeLost, RuntimeFailure, UsageError
-from hpcvm.runtime.checkpoint_qemu import MIGRATE_TIMEOUT
-from hpcvm.runtime.migration import RUN_TIMEOUT, SETUP_TIMEOUT, UNKNOWN_PREFIX
+from hpcvm.runtime.checkpoint.qemu_state import MIGRATE_TIMEOUT
+from hpcvm.runtime.migration.move import RUN_TIMEOUT, SETUP_TIMEOUT, UNKNOWN_PREFIX
 from hpcvm.signals import signals_deferred
 
 STEP_NAME = "hpcvm-migrate"

@@ -4,8 +4,8 @@ and the one-task step on the VM's node that sends it.
 A spare node's task (a task of the holder step like any other, cluster/node.py) listens
 on its node's address on the job's network and reports ``spare`` with where. The
 client (cluster/migrate.py) starts the source step on the VM's node, which connects,
-proves the job's secret (runtime/migration_channel.py), names the VM's index in the
-job, and migrates the VM (runtime/migration.py). The spare re-plans it for its own
+proves the job's secret (runtime/migration/channel.py), names the VM's index in the
+job, and migrates the VM (runtime/migration/move.py). The spare re-plans it for its own
 node, takes it in under its own node's VM name (keeping the VM's MAC and address), and
 from then on holds it as its node's VM: it reports ``ready`` for that index. The
 source step leaves a marker in the old VM's run directory; the old node's task, which
@@ -47,15 +47,15 @@ from hpcvm.cluster.moved import (
 )
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
 from hpcvm.model import Frozen
-from hpcvm.runtime import migration
-from hpcvm.runtime.migration_channel import (
+from hpcvm.runtime.machine.model import Machine
+from hpcvm.runtime.migration import move as migration
+from hpcvm.runtime.migration.channel import (
     ChannelError,
     accept_peer,
     connect_peer,
     recv_message,
     send_message,
 )
-from hpcvm.runtime.model import Machine
 from hpcvm.signals import interrupting
 
 SECRET_ENV = "HPCVM_MIGRATION_SECRET"
@@ -96,7 +96,7 @@ class Listener:
     def accept_peer(
         self, secret: str, source: str, first: socket.socket | None = None
     ) -> socket.socket:
-        """The source's next connection (its disk, runtime/migration.py), from the
+        """The source's next connection (its disk, runtime/migration/move.py), from the
         source's address and authenticated; others are dropped and waited past. When
         the source's ``first`` connection closes meanwhile, the source is gone (its
         step killed after QEMU's pass): ChannelError at once, so that this node tears
@@ -217,7 +217,7 @@ def run_source(request_json: str) -> int:
 
 
 def _send(request: MigrateRequest, node: str) -> NodeResult:
-    from hpcvm.runtime import state as vm_state
+    from hpcvm.runtime.machine import state as vm_state
 
     secret = os.environ.get(SECRET_ENV, "")
     if not secret:
@@ -314,8 +314,8 @@ def _settle(request: SettleRequest) -> str:
     """The phase (asked), or what was done. A VM that runs here although the target
     reported it ready is refused, not stopped: one of the two copies must go, and only
     a person can tell which one's guest went on (both ran since)."""
-    from hpcvm.runtime import state as vm_state
-    from hpcvm.runtime.backends import get_backend
+    from hpcvm.runtime.backends.registry import get_backend
+    from hpcvm.runtime.machine import state as vm_state
 
     if request.moved is None:
         return _phase_reached(request.vm, request.move)

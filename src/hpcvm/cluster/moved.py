@@ -10,7 +10,7 @@ was). The step removes it when it ends. A step killed outright (SIGKILL: no hand
 runs) leaves it, and the VM paused here. The node's task, which asks
 :func:`migrated_away` twice a second while it holds its VM, then settles it
 (:func:`settle_abandoned`): before ``go`` the target never ran the VM (its copy is torn
-down when the source stops talking, runtime/migration.py), so the VM is resumed here,
+down when the source stops talking, runtime/migration/move.py), so the VM is resumed here,
 or, when it cannot be, taken down; from ``go`` on the target may run it, so it stays
 paused until ``cluster migrate``, which started the step and sees the target's events,
 learns which: the target reported the VM ready (this copy is then marked moved, and
@@ -33,8 +33,8 @@ from typing import Literal
 
 from hpcvm import procs
 from hpcvm.model import Frozen
-from hpcvm.runtime import paths
-from hpcvm.runtime.model import Backend, Machine
+from hpcvm.runtime.hostside import paths
+from hpcvm.runtime.machine.model import Backend, Machine
 
 MARKER = "migrated"  # in the old VM's run dir: its QEMU ended because the VM moved
 MOVING = "moving"  # in the VM's run dir while a migration's source step runs
@@ -139,7 +139,7 @@ def resume_or_stop(machine: Machine) -> str:
     """The VM running here again, or, when QEMU will not resume it, taken down; which,
     as a phrase."""
     from hpcvm.errors import HpcvmError
-    from hpcvm.runtime.backends import get_backend
+    from hpcvm.runtime.backends.registry import get_backend
 
     backend = get_backend(machine.backend, machine.connect_uri)
     try:

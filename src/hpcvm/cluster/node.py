@@ -35,11 +35,12 @@ from hpcvm.cluster.moved import migrated_away
 from hpcvm.cluster.spec import SPEC_ENV, ClusterSpec, EventKind, NodeEvent
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.plan.model import PlanRequest
-from hpcvm.runtime import lifecycle, netguard, stopping
-from hpcvm.runtime.backends import get_backend
-from hpcvm.runtime.model import Machine
-from hpcvm.runtime.network import ADDRESS_IN_USE, node_address
-from hpcvm.runtime.options import UpOptions
+from hpcvm.runtime.backends.registry import get_backend
+from hpcvm.runtime.machine.model import Machine
+from hpcvm.runtime.machine.options import UpOptions
+from hpcvm.runtime.net import netguard
+from hpcvm.runtime.net.network import ADDRESS_IN_USE, node_address
+from hpcvm.runtime.vm import lifecycle, stopping
 from hpcvm.signals import interrupting, signals_deferred
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -125,7 +126,7 @@ def job_addresses(spec: ClusterSpec) -> list[str]:
     """The addresses of the job's VMs where every node knows them before any VM runs: a
     job checkpoint's saved ones, or ``--address IP/PREFIX``'s (the k-th node's VM the
     k-th next); none with ``--address auto`` (each node picks its own: cluster up
-    refuses it where job isolation is on). A tap's netguard peers (runtime/netguard.py):
+    refuses it where job isolation is on). A tap's netguard peers (runtime/net/netguard.py):
     with job isolation on, these VMs and the nodes are all a VM receives from."""
     if spec.restore:
         from hpcvm.cluster.checkpoint_model import read
@@ -174,7 +175,7 @@ def _restore(spec: ClusterSpec, place: TaskPlace) -> tuple[Machine, Claim | None
     sends SIGUSR1, control.py), so that no guest runs while another is still frozen."""
     from hpcvm.cluster.address_probe import check_free
     from hpcvm.cluster.checkpoint_model import read, vm_dir_name
-    from hpcvm.runtime import checkpoint
+    from hpcvm.runtime.checkpoint import save_restore as checkpoint
 
     directory = Path(spec.restore or "")
     saved = read(directory).vms[place.index]
@@ -265,7 +266,7 @@ def _vm_name(spec: ClusterSpec, place: TaskPlace) -> str:
     if not spec.restore:
         return spec.vm_name(place.node)
     from hpcvm.cluster.checkpoint_model import read
-    from hpcvm.runtime import paths
+    from hpcvm.runtime.hostside import paths
 
     vm = read(Path(spec.restore)).vms[place.index].vm
     if paths.run_dir(vm).exists():
@@ -363,7 +364,7 @@ def _incoming_name(spec: ClusterSpec, node: str) -> str:
     """The name a VM migrating in gets here: the node's VM name, unless a VM of that
     name exists already (a restored VM keeps its saved name, and where nodes share a
     runtime directory, as the one-machine test cluster's do, it may be this node's)."""
-    from hpcvm.runtime import paths
+    from hpcvm.runtime.hostside import paths
 
     name = spec.vm_name(node)
     for k in range(1, 100):

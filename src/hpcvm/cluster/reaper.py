@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(OSError):
         sys.stdin.buffer.read()  # returns at EOF: the task has ended
     from hpcvm.plugins import load_plugins
-    from hpcvm.runtime import stopping
+    from hpcvm.runtime.vm import stopping
 
     try:
         load_plugins()  # late (internal.LATE_PLUGINS): a plugin backend's VM needs them

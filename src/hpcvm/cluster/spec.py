@@ -18,8 +18,8 @@ from pydantic import Field, ValidationError
 
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
-from hpcvm.runtime.network import parse_address
-from hpcvm.runtime.options import VmRequest
+from hpcvm.runtime.machine.options import VmRequest
+from hpcvm.runtime.net.network import parse_address
 
 SPEC_ENV = "HPCVM_CLUSTER_SPEC"
 EVENT_PREFIX = "hpcvm-cluster-event "
@@ -63,7 +63,7 @@ class ClusterSpec(ClusterRequest):
     # A job checkpoint (cluster/checkpoint_model.py) each node restores its VM from,
     # instead of booting one: ``cluster up --restore DIR``
     restore: str | None = None
-    # What a migration's two nodes prove to each other (runtime/migration_channel.py);
+    # What a migration's two nodes prove to each other (runtime/migration/channel.py);
     # made per job by cluster up (its state is private), left out of job checkpoints
     migration_secret: str = ""
 

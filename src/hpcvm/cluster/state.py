@@ -43,7 +43,7 @@ from hpcvm.errors import BusyError, NodeLost, UsageError
 from hpcvm.lock import Holder, exclusive, is_held, read_holder
 from hpcvm.model import Frozen
 from hpcvm.procs import pid_alive
-from hpcvm.runtime import paths
+from hpcvm.runtime.hostside import paths
 
 CLUSTERS_DIR = ".clusters"  # under the runtime root; dot: `hpcvm ps` skips it
 RECORD_FILE = "cluster.json"
@@ -311,7 +311,7 @@ def install_keys(directory: Path, source: Path, sha256: dict[str, str]) -> tuple
     """A saved job's key pair (a restore, cluster/checkpoint_model.py) copied into
     ``directory``, private, each checked against its recorded SHA-256 as it is copied:
     (public, private)."""
-    from hpcvm.runtime.checkpoint_dir import copy_hashed
+    from hpcvm.runtime.checkpoint.directory import copy_hashed
 
     for name in (KEY_FILE, f"{KEY_FILE}.pub"):
         if copy_hashed(source / name, directory / name).sha256 != sha256.get(name):

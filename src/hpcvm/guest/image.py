@@ -53,7 +53,7 @@ INITRD_FILE = "initrd.img"
 
 class GuestImage(Frozen):
     """A built guest: what the runtime passes to QEMU (``-kernel``, ``-initrd``,
-    ``-append``); the runtime adds the shares and their table (runtime/shares.py)."""
+    ``-append``); the runtime adds the shares and their table (runtime/hostside/shares.py)."""
 
     kernel: Path  # an uncompressed PVH vmlinux (kernel_format "elf-pvh") or the bzImage
     initrd: Path

@@ -29,7 +29,7 @@ PAGE_SIZE_CHOICES: tuple[int, ...] = (4 * 1024, 2 * 1024 * 1024, 1024 * 1024 * 1
 
 # What a VM may be called: it names its run directory, its sockets, a libvirt domain and
 # QEMU's ``-name``; here, apart from the plan's models, so that finding a running VM's
-# directory (runtime/paths.py, for `exec`) imports no pydantic.
+# directory (runtime/hostside/paths.py, for `exec`) imports no pydantic.
 VM_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 

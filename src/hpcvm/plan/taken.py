@@ -11,7 +11,7 @@ its vCPUs (and their memory):
    PUs it shares with which VM.
 
 Pure: the held PUs come in as data (``TakenPus``, read from the live VMs' records by
-runtime/taken.py); housekeeping cores are not moved (an hpc plan keeps the lowest cores
+runtime/machine/taken.py); housekeeping cores are not moved (an hpc plan keeps the lowest cores
 of each node for QEMU's threads, as documented), but the plan says when they are
 another VM's vCPU PUs.
 """

@@ -263,7 +263,7 @@ def _interfaces(devices: ET.Element, boot: BootSpec) -> None:
     bridge's is ``type='bridge'`` with ``<source bridge=...>``, a macvtap's ``'direct'``
     on its parent in bridge mode. libvirt creates the tap or macvtap under the planned
     name, puts it into the bridge with the MTU and removes it with the domain, as the
-    QEMU backend does (runtime/network.py). ``driver`` says vhost or QEMU's userspace
+    QEMU backend does (runtime/net/network.py). ``driver`` says vhost or QEMU's userspace
     datapath for virtio, as ``vhost=on`` does on the QEMU line."""
     for nic in boot.nics:
         if nic.wiring.libvirt_type is None:

@@ -318,7 +318,7 @@ def _disks(plan: VMPlan, boot: BootSpec) -> Args:
     otherwise QEMU reopens it by path when a checkpoint hands the disk over and when a
     restore or ``cont`` takes it back, which a QEMU that dropped to its own user
     (``-runas``) may not do in hpcvm's private run dir (measured, QEMU 7.2:
-    "bdrv_inactivate_all() failed"; runtime/checkpoint_qemu.py)."""
+    "bdrv_inactivate_all() failed"; runtime/checkpoint/qemu_state.py)."""
     disks = [("disk0", boot.disk_image, False), ("seed0", boot.seed_image, True)]
     iothreads = iothread_ids(plan)
     argv: Args = []
@@ -440,7 +440,7 @@ def _console(plan: VMPlan, boot: BootSpec) -> Args:
 def _control(plan: VMPlan, boot: BootSpec) -> Args:
     """QMP on a unix socket (the runtime's control channel), the pidfile, ``-S`` to
     start with vCPUs stopped (pin first, then ``cont``), and ``-incoming defer`` for a
-    restore: QEMU waits for the saved state, handed over QMP (runtime/checkpoint_qemu.py)."""
+    restore: QEMU waits for the saved state, handed over QMP (runtime/checkpoint/qemu_state.py)."""
     argv: Args = []
     if boot.qmp_socket is not None:
         qmp = opts(f"unix:{opt_value(boot.qmp_socket)}", ("server", "on"), ("wait", "off"))

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from hpcvm.report.model import EnvInfo
 
-NIC_DEFAULT = "virtio"  # runtime/network.py: a NIC without model= is virtio
+NIC_DEFAULT = "virtio"  # runtime/net/network.py: a NIC without model= is virtio
 
 
 def kind_of(e: EnvInfo) -> str:

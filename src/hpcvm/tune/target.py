@@ -105,7 +105,7 @@ def from_plan_file(path: Path) -> TuneTarget:
 
 def from_vm(name: str) -> TuneTarget:
     """The plan of a VM hpcvm started (its machine record)."""
-    from hpcvm.runtime.state import load_machine
+    from hpcvm.runtime.machine.state import load_machine
 
     return from_plan(load_machine(name).plan, online_pus(), f"VM {name}")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcvm.bootspec import Nic, NicWiring
-from hpcvm.runtime.network import (
+from hpcvm.runtime.net.network import (
     NETWORK_KINDS,
     NetworkRequest,
     NicFds,

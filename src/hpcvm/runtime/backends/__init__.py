@@ -1,0 +1,1 @@
+"""The VM backends (QEMU driven directly over QMP, libvirt) and their registry."""

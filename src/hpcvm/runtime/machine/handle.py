@@ -1,0 +1,107 @@
+"""What it takes to reach a running VM's guest agent, read from its record without
+pydantic: the commands a script calls in a loop (``exec``) pay for the interpreter,
+click and a socket, not for the plan's models.
+
+A ``VmHandle`` is the few fields of ``machine.json`` (runtime/machine/state.py) that ``exec``
+needs: where the agent's socket and the console log are, QEMU's pid, the backend.
+``read_handle`` refuses what ``state.load_machine`` refuses, in the same line: a name no
+VM may have, a runtime root another user could reach into (runtime/hostside/paths.py), a record
+that is missing or unreadable. ``handle_of`` gives the handle of a full ``Machine``, so
+that runtime/vm/guest_exec.py serves both.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from hpcvm.errors import UsageError
+from hpcvm.runtime.hostside import paths
+
+if TYPE_CHECKING:
+    from hpcvm.runtime.machine.model import Machine
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class VmHandle:
+    """A VM as its guest agent's clients see it (module doc)."""
+
+    name: str
+    run_dir: str
+    backend: str
+    pid: int | None
+    agent_socket: str | None
+    serial_log: str | None
+    connect_uri: str | None = None
+
+    def machine(self) -> Machine | None:
+        """The full record, for what only it answers (a libvirt VM's liveness); None
+        when it is gone or unreadable meanwhile."""
+        from hpcvm.runtime.machine.state import read_machine
+
+        return read_machine(Path(self.run_dir))
+
+
+def handle_of(vm: Machine | VmHandle) -> VmHandle:
+    """``vm``'s handle (itself when it is one)."""
+    if isinstance(vm, VmHandle):
+        return vm
+    return VmHandle(
+        name=vm.name,
+        run_dir=vm.run_dir,
+        backend=vm.backend,
+        pid=vm.pid,
+        agent_socket=vm.boot.agent_socket,
+        serial_log=vm.boot.serial_log,
+        connect_uri=vm.connect_uri,
+    )
+
+
+def read_handle(name: str) -> VmHandle:
+    """The handle of the VM the user named; the one-line error of
+    ``state.load_machine`` when there is none."""
+    directory = paths.run_dir(name)
+    handle = _parse(directory)
+    if handle is None:
+        raise UsageError(
+            f"no VM named {name!r} (runtime dir {paths.runtime_root()}); `hpcvm ps` lists them"
+        )
+    return handle
+
+
+def _parse(directory: Path) -> VmHandle | None:
+    """The handle in ``directory``'s record; None when it is missing, not JSON, or a
+    field has the wrong type (what pydantic would refuse of these fields)."""
+    try:
+        record = json.loads((directory / paths.MACHINE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(boot := record.get("boot"), dict):
+        return None
+    try:
+        return VmHandle(
+            name=_typed(record, "name", str),
+            run_dir=_typed(record, "run_dir", str),
+            backend=_typed(record, "backend", str),
+            pid=_optional(record, "pid", int),
+            agent_socket=_optional(boot, "agent_socket", str),
+            serial_log=_optional(boot, "serial_log", str),
+            connect_uri=_optional(record, "connect_uri", str),
+        )
+    except (KeyError, TypeError):
+        return None
+
+
+def _typed(record: dict[str, Any], key: str, kind: type[T]) -> T:
+    value = record[key]
+    if not isinstance(value, kind):
+        raise TypeError(key)
+    return value
+
+
+def _optional(record: dict[str, Any], key: str, kind: type[T]) -> T | None:
+    return None if record.get(key) is None else _typed(record, key, kind)

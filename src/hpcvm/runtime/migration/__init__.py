@@ -1,0 +1,1 @@
+"""Live migration of one VM to another host, and the authenticated channel it travels on."""

@@ -1,0 +1,1 @@
+"""OCI containers through a real runtime (crun, runc), and the bundles they run."""

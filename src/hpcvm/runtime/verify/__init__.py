@@ -1,0 +1,2 @@
+"""``verify``: checks of a running VM against its plan, from inside the guest and outside
+on the host."""
