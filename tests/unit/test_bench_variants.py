@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from hpcvm.bench.choices import CONTAINER_RUNTIMES
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.variant_plans import check_placed_alike
 from hpcvm.bench.variants import VmVariant, canonical_env_names, parse_env
@@ -26,7 +25,6 @@ from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host import HostTopology
 from hpcvm.plan.model import VMPlan
 from hpcvm.runtime.net.network import parse_network, with_nic_model
-from hpcvm.runtime.oci.runtime import AUTO, RUNTIMES
 from hpcvm.units import GIB, KIB, MIB
 from tests.conftest import TOPOLOGIES, sysfs_root
 from tests.plan_checks import host_from, roomy, with_pools
@@ -105,10 +103,6 @@ def test_a_nic_variant_needs_nodes() -> None:
     config.model_copy(update={"nodes": 2}).check()
     with pytest.raises(UsageError, match="is written 'vm:hpc\\+page=4K\\+thp=never'"):
         BenchConfig(envs=("vm:hpc+thp=never+page=4K",), suites=("hpcc",)).check()
-
-
-def test_light_copies_of_the_registries_agree() -> None:
-    assert (AUTO, *RUNTIMES) == CONTAINER_RUNTIMES
 
 
 def test_a_nic_variant_sets_the_model_of_the_network_and_nothing_else() -> None:

@@ -13,6 +13,7 @@ from hpcvm.bench.variants import VM_PREFIX as VM_PREFIX
 from hpcvm.bench.variants import EnvChoice as EnvChoice
 from hpcvm.bench.variants import parse_env as parse_env
 from hpcvm.bench.variants import valid_env_names as valid_env_names
+from hpcvm.runtime.oci.runtimes import AUTO, RUNTIMES
 from hpcvm.units import GIB
 
 DEFAULT_MAX_REPS = 50  # the reference studies' fixed count: auto should need fewer
@@ -24,8 +25,8 @@ DEFAULT_VM_MEMORY = GIB
 # import it; tests/unit/test_cli_help.py holds the two equal.
 BUILTIN_SUITES = ("hpcc", "noise", "npb", "netpipe", "cmd", "openfoam", "lammps", "bsp")
 SUITES_MODULE = "hpcvm.bench.suites"
-# runtime/oci/runtime.py's RUNTIMES, and auto, named here for --help (a unit test holds them equal)
-CONTAINER_RUNTIMES = ("auto", "crun", "runc")
+# auto and the registered OCI runtimes (runtime/oci/runtimes.py: no pydantic, for --help)
+CONTAINER_RUNTIMES = (AUTO, *RUNTIMES)
 
 
 def registered_suite_names() -> tuple[str, ...]:

@@ -35,44 +35,18 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpcvm.errors import BenchmarkError, UsageError
-from hpcvm.registry import Registry
 from hpcvm.runtime.hostside import paths
 from hpcvm.runtime.oci import bundle as oci_bundle
 from hpcvm.runtime.oci.bundle import BundleSpec
+from hpcvm.runtime.oci.runtimes import AUTO as AUTO
+from hpcvm.runtime.oci.runtimes import RUNTIMES as RUNTIMES
+from hpcvm.runtime.oci.runtimes import OciRuntime as OciRuntime
 
-AUTO = "auto"
 DIR = ".containers"
 ID_PREFIX = "hpcvm-"
 INIT = ("/bin/sh", "-c", "read -r _")  # ends when the holder's pipe closes (module doc)
 START_TIMEOUT = 60.0
 STOP_GRACE = 5.0  # seconds for the first process to end on its own before delete --force
-
-
-@dataclass(frozen=True)
-class OciRuntime:
-    """One OCI runtime: its program's name and the Debian package that installs it."""
-
-    name: str
-    package: str
-
-    def program(self) -> str | None:
-        return shutil.which(self.name)
-
-    def version(self) -> str:
-        """``1.8.1``: the first line of ``NAME --version``'s version word."""
-        program = self.program()
-        if program is None:
-            return ""
-        done = subprocess.run(
-            [program, "--version"], capture_output=True, text=True, timeout=30, check=False
-        )
-        match = re.search(r"version (\S+)", done.stdout)
-        return match.group(1) if match else ""
-
-
-RUNTIMES: Registry[OciRuntime] = Registry("OCI runtime")
-RUNTIMES.register("crun", OciRuntime(name="crun", package="crun"))
-RUNTIMES.register("runc", OciRuntime(name="runc", package="runc"))
 
 
 def check_choice(name: str) -> None:
