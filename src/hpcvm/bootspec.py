@@ -7,10 +7,12 @@ not depend on render/. Kept apart from VMPlan because one plan boots in many way
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
 
 from hpcvm.model import Frozen
-from hpcvm.nic_models import DEFAULT_NIC_MODEL
+from hpcvm.nic_models import DEFAULT_NIC_MODEL, NIC_MODELS, VFIO
 
 SHARE_TABLE_FWCFG = "opt/org.hpcvm/shares"  # fw_cfg entry the built-in guest reads
 SANDBOX = (  # QEMU's seccomp filter, everything QEMU 7.2 can deny together with -runas
@@ -43,10 +45,19 @@ class GuestLink(Frozen):
     target: str
 
 
+def _known_model(name: str) -> str:
+    """A NIC model a record or request may name: a registered one (nic_models.py; a
+    plugin's once loaded) or VFIO, refused in pydantic's terms otherwise, so that a
+    damaged record is refused where it is read, as with any other field."""
+    if name != VFIO and name not in NIC_MODELS:
+        raise ValueError(f"unknown NIC model {name!r}: use one of {', '.join(NIC_MODELS)}")
+    return name
+
+
 # A name in nic_models.NIC_MODELS, or nic_models.VFIO for a passed-through VF (no
-# emulation); checked where a user gives it (runtime/net/network.py), so that a plugin's
+# emulation): a name checked against the registry, not a Literal, so that a plugin's
 # model is one too.
-NicModel = str
+NicModel = Annotated[str, AfterValidator(_known_model)]
 
 
 class NicWiring(Frozen):

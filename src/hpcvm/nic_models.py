@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpcvm.errors import UsageError
 from hpcvm.registry import Registry
 
 VFIO = "vfio"  # a Nic's model when the NIC is a passed-through VF (runtime/net/vf.py)
@@ -39,6 +40,8 @@ NIC_MODELS: Registry[NicModelSpec] = Registry("NIC model")
 
 
 def register_nic_model(spec: NicModelSpec) -> None:
+    if spec.name == VFIO:
+        raise UsageError(f"NIC model {VFIO!r} is the passed-through VF's: choose another name")
     NIC_MODELS.register(spec.name, spec)
 
 

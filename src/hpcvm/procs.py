@@ -32,12 +32,21 @@ def pid_alive(pid: int, *, reap: bool = False) -> bool:
     """True while ``pid`` exists and is not a zombie (an exited process nobody has
     reaped yet: it runs nothing). ``reap`` first collects it if it is our own exited
     child: for a child no ``Popen`` waits on (QEMU once its starter returned), never for
-    one whose exit status a ``Popen`` is still to read. A process hidden from this user
-    (hidepid) counts as gone: nothing more can be known of it."""
+    one whose exit status a ``Popen`` is still to read. A process /proc hides from this
+    user (hidepid: another user's, such as the root parent of a ``sudo -u``) exists as
+    long as the kernel says so to a signal 0; whether it is a zombie cannot be known."""
     if reap:
         reap_if_child(pid)
     fields = proc_stat(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
+    if fields is not None:
+        return fields[0] not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's, hidden from /proc
+    return Path(f"/proc/{pid}").exists()  # ours after all: gone between the two reads
 
 
 def _boot_time() -> float:

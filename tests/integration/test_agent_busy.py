@@ -8,7 +8,7 @@ ran. Here a real ``hpcvm exec`` holds the agent (its command runs) while a secon
 asks: the second waits for it, and past its agent timeout says the agent is busy (exit
 8, BusyError), never that the VM died; the VM still runs (its QEMU in /proc). A VM whose
 record's start time disagrees with its QEMU's (the old test for a reused pid) is not
-called dead either while its QEMU runs (runtime/guest_exec.qemu_runs).
+called dead either while its QEMU runs (runtime/vm/guest_exec.qemu_runs).
 
 And QEMU's own memory under TCG (the kernel's VmRSS less the guest RAM mapping's Rss,
 from /proc/PID/smaps) is within what the plan's memory check allowed for it

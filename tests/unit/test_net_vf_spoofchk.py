@@ -1,4 +1,4 @@
-"""A VF's MAC and spoof check (net_vf.py): no SR-IOV NIC exists on the machines hpcvm is
+"""A VF's MAC and spoof check (runtime/net/vf.py): no SR-IOV NIC exists on the machines hpcvm is
 tested on, so the VF is the fake sysfs tree of test_network.py, whose PF interface is
 ``lo``; the command is run for real, and the oracle is who refuses it: the kernel (lo
 has no VFs), not iproute2's parser, which names a word it does not take."""

@@ -11,9 +11,11 @@ import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from hpcvm.bench.variants import VmVariant, parse_env
 from hpcvm.bootspec import BootSpec, Nic
@@ -113,6 +115,18 @@ def test_an_unknown_model_is_one_line_naming_the_known_ones() -> None:
         parse_env("vm:hpc+rtl8139")
 
 
-def test_a_model_registered_twice_is_refused(rtl: NicModelSpec) -> None:
+def test_a_model_registered_twice_or_as_vfio_is_refused(rtl: NicModelSpec) -> None:
     with pytest.raises(UsageError, match="NIC model 'rtl8139' is registered twice"):
         register_nic_model(rtl)
+    with pytest.raises(UsageError, match="'vfio' is the passed-through VF's"):
+        register_nic_model(replace(rtl, name="vfio"))
+
+
+def test_a_record_naming_an_unknown_model_is_refused_where_it_is_read() -> None:
+    """A damaged or foreign record (a plugin's model, read without the plugin) fails
+    pydantic's validation, as any other wrong field does, not later in a renderer."""
+    nic = _nic("e1000").model_dump()
+    assert Nic.model_validate(nic).model == "e1000"
+    assert Nic.model_validate({**nic, "model": "vfio"}).model == "vfio"
+    with pytest.raises(ValidationError, match="unknown NIC model 'rtl8139'"):
+        Nic.model_validate({**nic, "model": "rtl8139"})

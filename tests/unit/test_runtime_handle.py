@@ -1,5 +1,6 @@
-"""The handle `hpcvm exec` reads without pydantic (runtime/machine/handle.py) says what the full
-record says, and refuses what ``state.load_machine`` refuses, in the same line: the
+"""The handle `hpcvm exec` reads without pydantic (runtime/machine/handle.py) says what
+the full record says, and refuses in ``state.load_machine``'s line what both cannot
+read (no record, a bad name, a record not JSON or wrong in a field exec reads): the
 record as ``state.save_machine`` writes it, and pydantic's own verdict on a damaged one,
 are the oracles."""
 

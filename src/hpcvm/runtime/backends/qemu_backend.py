@@ -60,7 +60,7 @@ class QemuBackend:
     pins_itself = False  # the runtime pins vCPU and emulator threads (runtime/hostside/pinning.py)
     opens_shares_as_root = True  # -runas: QEMU opens its shares before dropping to its user
     confines_itself = False  # hpcvm adds -runas and -sandbox (runtime/vm/boot.py confined)
-    private_hugetlbfs = True  # hpcvm's per-VM hugetlbfs directories (hugetlbfs.py)
+    private_hugetlbfs = True  # hpcvm's per-VM hugetlbfs directories (hostside/hugetlbfs.py)
     nics_by_daemon = False  # hpcvm (root) makes the host side; QEMU opens taps by name
 
     def __init__(self, connect_uri: str | None = None) -> None:
@@ -68,7 +68,7 @@ class QemuBackend:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def qemu_user(self) -> QemuUser:
-        """``hpcvm-qemu`` when hpcvm is root (``-runas``), else the caller (confine.py)."""
+        """``hpcvm-qemu`` when hpcvm is root (``-runas``), else the caller (hostside/confine.py)."""
         return qemu_user()
 
     # -- start ------------------------------------------------------------------------
@@ -170,6 +170,12 @@ class QemuBackend:
         return {int(c["cpu-index"]): int(c["thread-id"]) for c in cpus}
 
     def alive(self, machine: Machine) -> bool:
+        """Whether its QEMU runs. A QEMU this process started is asked through its
+        ``Popen``, which collects the exit status for ``death_message``: reaping the pid
+        behind its back would leave Popen an exit code of 0 for a QEMU that crashed."""
+        proc = self._children.get(machine.pid or -1)
+        if proc is not None:
+            return proc.poll() is None
         return state.machine_process_alive(machine)[0]
 
     def qmp(

@@ -341,7 +341,7 @@ class GuestAgent:
         stream.
 
         ``finished(seconds)``, where the command signals its own end (runtime/
-        completion.py), blocks up to ``seconds`` and says whether it has: the status is
+        channels/completion.py), blocks up to ``seconds`` and says whether it has: the status is
         then asked once a second while it runs, instead of polling that backs off (to
         at most ``poll_max`` seconds between asks: a setup step someone waits for asks
         more often than a long benchmark, whose guest each ask disturbs; default 0.25 s).
@@ -390,7 +390,7 @@ class GuestAgent:
 
         A program that does not start is ProgramNotFound (127) or ProgramNotExecutable
         (126) as the guest's own shell tells them apart (``explain``; runtime/
-        guest_process.py); ``input`` over MAX_INPUT bytes is InputTooLarge."""
+        channels/guest_process.py); ``input`` over MAX_INPUT bytes is InputTooLarge."""
         if not argv:
             raise RuntimeFailure("nothing to run in the guest: empty command")
         check_input(argv[0], input)

@@ -16,7 +16,7 @@ When the migration completes, QEMU has flushed and released the VM's disks (stat
 ``postmigrate``): the disk overlay can be copied as it is. ``cont`` takes them back.
 
 A live migration (``send``/``receive``) is the same stream over a connection hpcvm made
-and authenticated (migration_channel.py), while the VM runs. Its disks do not go in
+and authenticated (migration/channel.py), while the VM runs. Its disks do not go in
 that stream: QEMU 7.2's block migration refuses a disk served by an I/O thread ("Cannot
 change iothread of active block backend", measured), which every tuned profile uses.
 The target therefore starts with ``late-block-activate``: QEMU opens its disks only at

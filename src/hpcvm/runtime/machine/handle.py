@@ -2,12 +2,14 @@
 pydantic: the commands a script calls in a loop (``exec``) pay for the interpreter,
 click and a socket, not for the plan's models.
 
-A ``VmHandle`` is the few fields of ``machine.json`` (runtime/machine/state.py) that ``exec``
-needs: where the agent's socket and the console log are, QEMU's pid, the backend.
-``read_handle`` refuses what ``state.load_machine`` refuses, in the same line: a name no
-VM may have, a runtime root another user could reach into (runtime/hostside/paths.py), a record
-that is missing or unreadable. ``handle_of`` gives the handle of a full ``Machine``, so
-that runtime/vm/guest_exec.py serves both.
+A ``VmHandle`` is the few fields of ``machine.json`` (runtime/machine/state.py) that
+``exec`` needs: where the agent's socket and the console log are, QEMU's pid, the
+backend. ``read_handle`` refuses, in ``state.load_machine``'s line, a name no VM may
+have, a runtime root another user could reach into (runtime/hostside/paths.py), and a
+record that is missing, not JSON, or wrong in one of these fields; it does not check
+the rest of the record (its plan, its boot media), which exec does not read.
+``handle_of`` gives the handle of a full ``Machine``, so that runtime/vm/guest_exec.py
+serves both.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ class VmOptions(Frozen):
     image: str | None = None  # a disk image booted instead of a kernel
     ready_timeout: PositiveFloat | None = None  # None: $HPCVM_READY_TIMEOUT or the default
     shares: tuple[str, ...] = ()  # --share HOST_DIR[:GUEST_DIR][:rw] (runtime/hostside/shares.py)
-    network: str | None = None  # --network KIND=SOURCE[,model=...][,mtu=N] (network.py)
+    network: str | None = None  # --network KIND=SOURCE[,model=...][,mtu=N] (net/network.py)
     address: str | None = None  # --address 10.77.0.101/24: the guest's, set by itself
 
 

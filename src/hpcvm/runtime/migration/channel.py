@@ -3,7 +3,7 @@ hpcvm tasks, authenticated both ways before QEMU gets it.
 
 QEMU's own ``tcp:`` migration listens for anyone: whoever connects first feeds the
 waiting QEMU a machine state, and QEMU cannot tell who sent it. hpcvm therefore makes
-the connection itself, as it opens a checkpoint's files itself (checkpoint_qemu.py):
+the connection itself, as it opens a checkpoint's files itself (checkpoint/qemu_state.py):
 the target node's task listens, the source node's task connects, each proves that it
 knows the job's migration secret (HMAC-SHA256 over both sides' fresh nonces, so a
 recorded exchange cannot be replayed), they agree on what moves (framed messages),

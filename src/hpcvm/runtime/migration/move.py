@@ -1,7 +1,7 @@
 """Live migration of one VM to another host, re-planned there, while it runs.
 
 The two hosts' hpcvm processes meet on one authenticated connection
-(migration_channel.py). The source offers the VM: its plan, how it was booted, its
+(migration/channel.py). The source offers the VM: its plan, how it was booted, its
 guest ABI, the QEMU that runs it, the disk image under its overlay, and its NoCloud seed
 (read-only, so not in QEMU's stream). The target checks all of that as a restore does
 (runtime/checkpoint/save_restore.py: the same QEMU version and machine type, the same base image, a
@@ -11,7 +11,7 @@ the connection, and answers. Only on that answer does the source hand its end to
 QEMU, which sends RAM and device state while the guest runs, stops the guest for the
 last pass (QEMU's ``downtime``) and ends paused with its disks flushed. Then the disk
 overlay follows, over a second authenticated connection, into the target's overlay
-(whose QEMU opens it only at ``cont``, checkpoint_qemu.py), checked by its SHA-256; the
+(whose QEMU opens it only at ``cont``, checkpoint/qemu_state.py), checked by its SHA-256; the
 guest stands still for that copy too, and it is reported beside QEMU's figure.
 
 Who runs the VM is decided in one place. The source resumes its copy when anything

@@ -2,7 +2,7 @@
 ``/dev/vhost-net`` exists (and this user may open it).
 
 For a user who is not root, the tap comes from QEMU's setuid bridge helper, an admin's
-grant (bridge_helper.py): hpcvm runs it just before QEMU starts and hands QEMU the
+grant (net/bridge_helper.py): hpcvm runs it just before QEMU starts and hands QEMU the
 tap's descriptor, which the helper has already put into the bridge.
 
 As root, with the QEMU backend QEMU itself creates the tap (``-netdev tap,ifname=...``, opened as
@@ -14,7 +14,7 @@ No unprivileged user owns the tap (only QEMU's already-open descriptor reaches i
 libvirt creates, enslaves and removes its tap itself (``<interface type='bridge'>``).
 
 Every tap, a user's and root's, gets anti-spoofing rules before its guest runs
-(netguard.py: the VM's MAC and address only): a user's as soon as the bridge helper
+(net/netguard.py: the VM's MAC and address only): a user's as soon as the bridge helper
 hands it over, before QEMU starts; root's once QEMU made it, while the guest is paused;
 libvirt's likewise (network.attach_nics). A tap without them carries nothing.
 """

@@ -2,11 +2,11 @@
 and their host side through a VM's life.
 
 Network kinds are a registry (``NETWORK_KINDS``), as backends and render targets are: a
-kind (one module each: net_bridge.py, net_macvtap.py, net_vf.py, or a plugin's) resolves
+kind (one module each: net/bridge.py, net/macvtap.py, net/vf.py, or a plugin's) resolves
 a request into a ``Nic`` (every check on the host before anything starts, and how QEMU
 and libvirt wire it), makes and opens its host side where QEMU cannot (before QEMU
 starts), attaches it once QEMU has opened it (before any vCPU runs) and releases it
-once QEMU is gone. What the kinds share is in netlink.py.
+once QEMU is gone. What the kinds share is in net/base.py.
 """
 
 from __future__ import annotations

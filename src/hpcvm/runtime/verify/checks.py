@@ -1,6 +1,6 @@
 """What ``verify`` reports: one ``Check`` per comparison, a ``VerifyReport`` per VM, and
-what it needs of the guest agent. Shared by the checks of the plan (verify.py), the
-shares (verify_shares.py) and the NICs (verify_nics.py)."""
+what it needs of the guest agent. Shared by the checks of the plan (verify/vm.py), the
+shares (verify/shares.py) and the NICs (verify/nics.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class VerifyReport(Frozen):
 
 
 class GuestExec(Protocol):
-    """What verify needs of the guest agent (runtime.agent.GuestAgent has it)."""
+    """What verify needs of the guest agent (runtime.channels.agent.GuestAgent has it)."""
 
     def exec(self, argv: list[str], timeout: float | None = None) -> ExecResult: ...
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from hpcvm.bootspec import Nic
 from hpcvm.errors import HpcvmError
-from hpcvm.nic_models import NIC_MODELS
+from hpcvm.nic_models import VFIO, nic_model
 from hpcvm.plan.model import MemoryRegion, VMPlan
 from hpcvm.runtime.machine.model import Backend, Machine
 from hpcvm.runtime.verify.checks import Check, GuestExec
@@ -189,9 +189,9 @@ def check_nic_drivers(nics: Sequence[Nic], seen: VariantSeen) -> list[Check]:
     """Each emulated NIC is driven by its model's driver in the guest."""
     out = []
     for nic in nics:
-        if nic.model not in NIC_MODELS:
+        if nic.model == VFIO:
             continue  # a passed-through VF: the device's own driver
-        want = NIC_MODELS[nic.model].guest_driver
+        want = nic_model(nic.model).guest_driver
         got = seen.nic_drivers.get(nic.mac.lower(), "no interface with this MAC")
         out.append(_check(f"NIC {nic.mac} driver ({nic.model})", want, got, got == want))
     return out

@@ -2,11 +2,11 @@
 
 Inside (one guest-agent call, runtime/verify/guest_sysfs.py): online CPUs, CPU topology, NUMA
 nodes with their CPUs, memory and distances, the clocksource. Outside (runtime/
-observe.py): each vCPU thread's and QEMU's other threads' affinity, the huge pages the
+verify/observe.py): each vCPU thread's and QEMU's other threads' affinity, the huge pages the
 QEMU process holds per host node, and on which host nodes its bound memory lies.
 
-With NICs, verify_nics.py checks them from inside; for the built-in guest,
-verify_shares.py checks what it sees of the host. What a check is: checks.py.
+With NICs, verify/nics.py checks them from inside; for the built-in guest,
+verify/shares.py checks what it sees of the host. What a check is: verify/checks.py.
 
 The checks are a list of small pure functions ``(plan, observed) -> list[Check]`` over
 an ``Observed`` snapshot; ``gather`` does all the I/O first. So each check is testable on

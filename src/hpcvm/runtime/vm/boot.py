@@ -1,5 +1,6 @@
 """What a VM boots: the built-in guest, a user's kernel and initrd, or a disk image;
-what of the host it sees (runtime/hostside/shares.py) and who its QEMU runs as (confine.py).
+what of the host it sees (runtime/hostside/shares.py) and who its QEMU runs as
+(runtime/hostside/confine.py).
 
 Checked before anything starts: a missing kernel, initrd or image, or a bad
 ``--share``, is a usage error, not a QEMU that dies later with a less helpful message.
@@ -126,7 +127,7 @@ def with_shares(
     warn: sharing.Warn | None = None,
 ) -> BootMedia:
     """``media`` with what the guest sees: for a guest that reads the share table (the
-    built-in one, a user's kernel) the built-in list (shares.py), for a disk image only
+    built-in one, a user's kernel) the built-in list (hostside/shares.py), for a disk image only
     ``requests``; each checked against what QEMU's ``user`` can reach."""
     if media.boot.share_table:
         wanted, links = sharing.builtin_requests(requests, workdir, warn)

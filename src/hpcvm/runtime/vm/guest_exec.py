@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 # (runtime/machine/handle.py): everything here serves both.
 VM = TypeVar("VM", "Machine", VmHandle)
 
+# The backend whose VMs' liveness /proc answers (runtime/backends/qemu_backend.py).
+QEMU_BACKEND = "qemu"
 AGENT_TIMEOUT = 30.0  # seconds for the agent's own answers (not the command's run)
 
 
@@ -104,10 +106,17 @@ def exec_on(
 
 
 def _default_alive(machine: Machine | VmHandle) -> bool:
-    """The backend's own answer for a full record; for a handle, none: ``qemu_runs``
-    asks the process itself, and the backend only where it must."""
+    """The backend's own answer. For a handle of hpcvm's QEMU backend, none:
+    ``qemu_runs`` asks the process itself, which is what that backend would (so exec
+    loads no models); any other backend (libvirt, a plugin's) is asked on the full
+    record, as before."""
     if isinstance(machine, VmHandle):
-        return False
+        if machine.backend == QEMU_BACKEND:
+            return False
+        full = machine.machine()
+        if full is None:
+            return False
+        machine = full
     from hpcvm.runtime.backends.registry import get_backend
 
     return get_backend(machine.backend, machine.connect_uri).alive(machine)
@@ -125,7 +134,7 @@ def qemu_runs(machine: Machine | VmHandle) -> bool:
     vm = handle_of(machine)
     if vm.pid is None or not vm.agent_socket:
         return False
-    if not pid_alive(vm.pid, reap=True):
+    if not pid_alive(vm.pid):  # a zombie is gone; its Popen, if any, reaps it
         return False
     try:
         cmdline = Path(f"/proc/{vm.pid}/cmdline").read_bytes()

@@ -338,7 +338,7 @@ def _new_machine(
     user: QemuUser,
 ) -> Machine:
     """The record before QEMU starts: sockets and logs in the run dir, for the QEMU
-    backend a private hugetlbfs directory per mount (see hugetlbfs.py), QEMU's user and
+    backend a private hugetlbfs directory per mount (see hostside/hugetlbfs.py), QEMU's user and
     sandbox, and for an hpc plan its guest kernel arguments."""
     media_boot = in_run_dir(media, run_dir, name)  # first: it may fail, leaving only run_dir
     vm_dirs: list[str] = []
