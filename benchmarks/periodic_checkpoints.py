@@ -48,7 +48,7 @@ from benchmarks.bench_common import (  # noqa: E402
     reexec_in_namespace,
 )
 
-from hpcvm.cluster import keeper  # noqa: E402
+from hpcvm.cluster.commands import keeper  # noqa: E402
 
 NAMESPACE = "hpcvm-bench-periodic"
 PREFIX = "10.88.0"

@@ -356,7 +356,7 @@ EOF
 
 # The directory `--address auto` claims slots in: root's and sticky (1777), now and at
 # every boot (/dev/shm is a tmpfs). One a user made first is trusted by no other user
-# (cluster/addresses.py), so the node makes it before any job can.
+# (cluster/tasks/addresses.py), so the node makes it before any job can.
 claims_dir() {
   write_file "$CLAIMS_TMPFILES" 644 root:root <<EOF
 $MARK

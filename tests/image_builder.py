@@ -221,7 +221,7 @@ def _configure(root: Path, root_uuid: str) -> None:
     subprocess.run(["mpicc", "-O1", "-o", str(target), str(MPI_RING)], check=True)
     target.chmod(0o755)
     # The image's own sshd stays off: a cluster guest's sshd is started by hpcvm with
-    # the job's keys (cluster/guest_mpi.py), on its address only.
+    # the job's keys (cluster/job/guest_mpi.py), on its address only.
     for unit in ("multi-user.target.wants/ssh.service", "sshd.service"):
         (root / "etc/systemd/system" / unit).unlink(missing_ok=True)
 

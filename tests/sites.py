@@ -118,7 +118,7 @@ def pool_of(subnet_prefix: str) -> str:
 
 
 def site_config(subnet_prefix: str) -> Path:
-    """A site configuration (cluster/addresses.py) for ``--address auto`` on a site's
+    """A site configuration (cluster/tasks/addresses.py) for ``--address auto`` on a site's
     /24, written once per prefix where every node reads it."""
     path = Path(f"/run/hpcvm-test-site-{subnet_prefix.replace('.', '-')}.toml")
     text = f'[addresses]\npool = "{pool_of(subnet_prefix)}"\nslots = {POOL_SLOTS}\n'

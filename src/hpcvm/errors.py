@@ -94,6 +94,6 @@ class TuneError(HpcvmError):
 class NodeLost(HpcvmError):
     """A cluster job lost a node's VM while it ran (the VM died, its node's task
     failed): its MPI program cannot go on; the message names the node and the job's
-    last complete checkpoint, from which a requeued job restores (cluster/keeper.py)."""
+    last complete checkpoint, from which a requeued job restores (cluster/commands/keeper.py)."""
 
     exit_code = 11

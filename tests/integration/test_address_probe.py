@@ -1,4 +1,4 @@
-"""A restore's address probe (cluster/address_probe.py) on a real segment: two network
+"""A restore's address probe (cluster/tasks/address_probe.py) on a real segment: two network
 namespaces joined by a veth pair, the kernel's own ARP and ICMP.
 
 The probe must refuse an address a live host holds, and must not refuse one whose host
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 HOST, PEER = "hpcvm-probe-a", "hpcvm-probe-b"
 HOST_IP, PEER_IP = "10.98.7.1", "10.98.7.2"
-PROBE = "import ipaddress, sys; from hpcvm.cluster.address_probe import check_free; " \
+PROBE = "import ipaddress, sys; from hpcvm.cluster.tasks.address_probe import check_free; " \
         "check_free(ipaddress.IPv4Interface(sys.argv[1]), 'vm-under-test')"  # fmt: skip
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.cluster.addresses import DEFAULT_CLAIMS
+from hpcvm.cluster.tasks.addresses import DEFAULT_CLAIMS
 from tests import cluster_support, segment_attempts
 from tests.integration.test_cluster_job import JOB_SCRIPT, MPI_PING, RANK_LINE, qemu_of, read
 from tests.sites import SlurmSite, auto_address, wait_until

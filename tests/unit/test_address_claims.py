@@ -1,4 +1,4 @@
-"""Address claims (cluster/addresses.py) that only their holder can make: squatting
+"""Address claims (cluster/tasks/addresses.py) that only their holder can make: squatting
 another user's slots is ignored, and that user cannot remove or replace a claim.
 
 Real files in a real sticky 1777 directory (under /var/tmp: pytest's tmp_path is root's
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.cluster.addresses import AddressPool, candidates, claim
+from hpcvm.cluster.tasks.addresses import AddressPool, candidates, claim
 from tests.users import in_child_as, process_as
 from tests.users import open_dir as open_dir  # a fixture
 

@@ -1,4 +1,4 @@
-"""``--address auto`` (cluster/addresses.py): the slots of a node in the site's pool,
+"""``--address auto`` (cluster/tasks/addresses.py): the slots of a node in the site's pool,
 derived from the node's own address, never shared between nodes; claims that die with
 their holder. Oracle: Python's ipaddress arithmetic done here independently, and real
 processes (a live one holding a claim, a dead one leaving a stale one)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.cluster.addresses import AddressPool, candidates, claim, site_pool
+from hpcvm.cluster.tasks.addresses import AddressPool, candidates, claim, site_pool
 from hpcvm.errors import UsageError
 
 POOL = AddressPool(ipaddress.IPv4Network("10.77.0.128/25"), 4)
@@ -57,7 +57,7 @@ def test_a_claim_lives_with_its_holder(tmp_path: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, ipaddress, time, pathlib\n"
-         "from hpcvm.cluster.addresses import claim\n"
+         "from hpcvm.cluster.tasks.addresses import claim\n"
          f"c = claim(ipaddress.IPv4Interface('{address}'), pathlib.Path(sys.argv[1]))\n"
          "print('held' if c and c.path else 'refused', flush=True); time.sleep(60)",
          str(tmp_path)],

@@ -1,5 +1,5 @@
-"""A job checkpoint's directory read back (cluster/checkpoint_model.py), the phase
-results of its steps (cluster/checkpoint_node.py), the choice of a detached command,
+"""A job checkpoint's directory read back (cluster/job/checkpoint_model.py), the phase
+results of its steps (cluster/tasks/checkpoint_node.py), the choice of a detached command,
 and the refusals of ``cluster up --restore`` and ``cluster checkpoint`` that need no
 batch system: each one line, non-zero, nothing left behind. The whole job's checkpoint
 and restore run under Slurm in tests/integration/test_cluster_checkpoint.py."""
@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.cluster import checkpoint_model, checkpoint_node, control
-from hpcvm.cluster.checkpoint_model import DetachedExec, JobManifest, SavedVm
-from hpcvm.cluster.local import ENV_NODE
-from hpcvm.cluster.spec import ClusterSpec
-from hpcvm.cluster.state import ClusterRecord
+from hpcvm.cluster.batch.local import ENV_NODE
+from hpcvm.cluster.commands import control
+from hpcvm.cluster.job import checkpoint_model
+from hpcvm.cluster.job.checkpoint_model import DetachedExec, JobManifest, SavedVm
+from hpcvm.cluster.job.spec import ClusterSpec
+from hpcvm.cluster.job.state import ClusterRecord
+from hpcvm.cluster.tasks import checkpoint_node
 from hpcvm.errors import UsageError
 from hpcvm.plan.model import PlanRequest
 from hpcvm.runtime.machine.options import VmOptions
@@ -228,7 +230,7 @@ def test_a_task_killed_on_one_node_is_named_as_that_nodes_failure() -> None:
     """srun ends every task of a step once one is killed: the node whose task died gets
     srun's own line about it, the other only the step's end (as srun 22.05 printed them
     when the fault suite killed node4's save task)."""
-    from hpcvm.cluster.checkpoint import _why_silent
+    from hpcvm.cluster.commands.checkpoint import _why_silent
 
     stderr = (
         "srun: error: node4: task 1: Killed\n"

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hpcvm.cluster import state, state_files
-from hpcvm.cluster.spawn import INTERNAL_MODULE
+from hpcvm.cluster.batch.spawn import INTERNAL_MODULE
+from hpcvm.cluster.job import state, state_files
 
 # A step that outlives the SIGTERM (as srun waits for its tasks to stop their VMs); it
 # touches its argument once it ignores the signal.

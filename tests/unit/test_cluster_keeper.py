@@ -1,4 +1,4 @@
-"""Periodic checkpoints (cluster/keeper.py) without a batch system: the series of a
+"""Periodic checkpoints (cluster/commands/keeper.py) without a batch system: the series of a
 job's checkpoints on disk (checkpoint_series.py: which is restored, what is pruned),
 its history, the intervals that minimise lost work (checked against scipy's
 minimisation of the models they come from), the lock that makes other writers wait for
@@ -20,9 +20,10 @@ import pytest
 from scipy.optimize import minimize_scalar
 
 from hpcvm.cli.common import parse_duration
-from hpcvm.cluster import checkpoint_series, keeper
-from hpcvm.cluster.keeper import Taken
-from hpcvm.cluster.slurm import parse_draining
+from hpcvm.cluster.batch.slurm import parse_draining
+from hpcvm.cluster.commands import keeper
+from hpcvm.cluster.commands.keeper import Taken
+from hpcvm.cluster.job import checkpoint_series
 from hpcvm.errors import BusyError, UsageError
 from hpcvm.lock import exclusive
 from tests.unit.test_cluster_checkpoint import _cli, _one_error, write_checkpoint
@@ -244,7 +245,7 @@ def test_a_series_the_user_cannot_reach_is_refused_in_one_line() -> None:
         pytest.skip("needs root to act as nobody, and a /root others may not enter")
     done = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
-         "from pathlib import Path; from hpcvm.cluster import checkpoint_series as c; "
+         "from pathlib import Path; from hpcvm.cluster.job import checkpoint_series as c; "
          "c.prepare(Path('/root/x'), make=False)"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.cluster import control, migrate, state
-from hpcvm.cluster.batch import Allocation
-from hpcvm.cluster.spec import NodeEvent, latest_per_node, spare_nodes
-from hpcvm.cluster.state import ClusterRecord
+from hpcvm.cluster.batch.base import Allocation
+from hpcvm.cluster.commands import control, migrate
+from hpcvm.cluster.job import state
+from hpcvm.cluster.job.spec import NodeEvent, latest_per_node, spare_nodes
+from hpcvm.cluster.job.state import ClusterRecord
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.runtime.migration import channel
 
@@ -214,7 +215,7 @@ def test_a_spare_waiting_for_the_disk_gives_up_once_the_source_went() -> None:
     pass closes its first connection: the wait ends at once (it took the keeper's next
     move from that node for the dead one's disk), while a live source's disk connection
     is still taken. Real sockets on loopback."""
-    from hpcvm.cluster.migrate_node import Listener
+    from hpcvm.cluster.tasks.migrate_node import Listener
     from hpcvm.runtime.migration.channel import ChannelError
 
     listener = Listener("127.0.0.1")
@@ -322,7 +323,7 @@ def test_a_failed_move_says_the_job_ended_when_its_step_did(
 
 
 def test_a_hold_is_taken_only_at_its_phase(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpcvm.cluster import migrate_node
+    from hpcvm.cluster.tasks import migrate_node
 
     slept: list[float] = []
     monkeypatch.setattr(migrate_node.time, "sleep", slept.append)

@@ -1,4 +1,4 @@
-"""A migration's source step that died (cluster/moved.py): its ``moving`` marker is
+"""A migration's source step that died (cluster/tasks/moved.py): its ``moving`` marker is
 told apart from a live step's by the real process (pid and start time), and a step
 killed after the target was told to run the VM leaves it paused, said in one line.
 (Resuming a VM paused before "go" is tested with a real migration killed midway on the
@@ -16,7 +16,7 @@ import pytest
 
 from hpcvm import procs
 from hpcvm.bootspec import BootSpec
-from hpcvm.cluster import moved
+from hpcvm.cluster.tasks import moved
 from hpcvm.runtime.hostside import paths
 from hpcvm.runtime.machine.model import Machine
 from tests.runtime_support import tiny_plan
@@ -82,7 +82,7 @@ def test_how_far_a_dead_move_got_is_read_from_its_own_marker(machine: Machine) -
     """``cluster migrate``'s first question to the source node (migrate_node.run_settle):
     the phase in this move's marker, still there or settled by the node's task; an
     earlier move's settled marker is not this one's ("": it left none)."""
-    from hpcvm.cluster import migrate_node
+    from hpcvm.cluster.tasks import migrate_node
 
     pid, started = _dead_pid()
     earlier = _moving(pid, started, "paused").model_copy(update={"move": "m0"})

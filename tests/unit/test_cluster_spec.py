@@ -19,10 +19,11 @@ import pytest
 
 from hpcvm.bench.launch import Spread, across, mpirun_argv, mpirun_program, with_cpu_set
 from hpcvm.bench.placement import NativePlacement
-from hpcvm.cluster import guest_mpi, native_places
-from hpcvm.cluster.batch import Allocation
-from hpcvm.cluster.slurm import Slurm
-from hpcvm.cluster.spec import (
+from hpcvm.cluster.batch.base import Allocation
+from hpcvm.cluster.batch.slurm import Slurm
+from hpcvm.cluster.benchnodes import native_places
+from hpcvm.cluster.job import guest_mpi
+from hpcvm.cluster.job.spec import (
     EVENT_PREFIX,
     NodeEvent,
     check_addresses,

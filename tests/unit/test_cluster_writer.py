@@ -1,6 +1,6 @@
 """One ``cluster up`` or ``down`` of a name at a time (issue 17's rule for every
 command that writes shared state). A real second process holds the cluster's lock
-through hpcvm.cluster.state itself; ``hpcvm cluster down`` of that name must be
+through hpcvm.cluster.job.state itself; ``hpcvm cluster down`` of that name must be
 refused at once, in one line naming the holder's pid, with BusyError's exit code, and
 must leave the holder's state alone. No Slurm is needed: the refusal comes first."""
 
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.cluster.state import ClusterRecord
+from hpcvm.cluster.job.state import ClusterRecord
 from hpcvm.errors import BusyError
 
 HOLD = """
 import sys, time
-from hpcvm.cluster import state
+from hpcvm.cluster.job import state
 with state.one_writer("job7"):
     state.cluster_dir("job7").mkdir(parents=True)
     print("held", flush=True)
@@ -136,7 +136,7 @@ def test_cluster_wait_relays_a_killed_move_once_it_is_settled(
     """``cluster wait``'s watch (control.JobWatch) passes on each settling line that
     reaches the holder log while it waits, once; lines there before it began are ps's
     to show."""
-    from hpcvm.cluster.control import JobWatch
+    from hpcvm.cluster.commands.control import JobWatch
 
     monkeypatch.setenv("HPCVM_RUNTIME_DIR", str(runtime_dir))
     _record(runtime_dir, "alive", holder.pid)

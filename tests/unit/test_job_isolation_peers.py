@@ -1,8 +1,8 @@
 """How ``cluster up`` gives each VM's tap its netguard peers (job isolation, docs/site.md
 "What separates users"): the job's addresses each node knows before its VM runs
-(cluster/node.py ``job_addresses``), the helper's arguments they become
+(cluster/tasks/node.py ``job_addresses``), the helper's arguments they become
 (runtime/net/netguard.py), and the refusal of ``--address auto`` where the site isolates
-jobs (cluster/control.py ``check_isolation``). The helper itself, with those
+jobs (cluster/commands/control.py ``check_isolation``). The helper itself, with those
 arguments, runs for real in tests/integration/test_netguard_isolation.py."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bootspec import Nic
-from hpcvm.cluster import control, node
-from hpcvm.cluster.spec import ClusterRequest
+from hpcvm.cluster.commands import control
+from hpcvm.cluster.job.spec import ClusterRequest
+from hpcvm.cluster.tasks import node
 from hpcvm.errors import UsageError
 from hpcvm.runtime.net import netguard
 from tests.unit.test_cluster_checkpoint import _spec, write_checkpoint

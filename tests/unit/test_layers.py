@@ -15,6 +15,14 @@ never a later one. For runtime:
 
     0 hostside  1 machine, oci  2 channels, net  3 backends  4 verify  5 vm
     6 checkpoint  7 migration
+
+For cluster:
+
+    0 job, batch  1 tasks  2 commands  3 benchnodes
+
+and above them ``cluster/internal.py`` (``TOP``), the one module outside its rooms: the
+dispatcher ``python -m hpcvm.cluster.internal ROLE`` starts on a node, which may import
+every room and which no room imports.
 """
 
 from __future__ import annotations
@@ -108,7 +116,16 @@ INNER: dict[str, dict[str, int]] = {
         "checkpoint": 6,
         "migration": 7,
     },
+    "cluster": {
+        "job": 0,
+        "batch": 0,
+        "tasks": 1,
+        "commands": 2,
+        "benchnodes": 3,
+    },
 }
+# Modules of a divided stage that stand above all its rooms (module doc).
+TOP: dict[str, set[str]] = {"cluster": {"internal.py"}}
 
 
 def _inner_imports(path: Path, stage: str) -> set[str]:
@@ -130,10 +147,34 @@ def _inner_imports(path: Path, stage: str) -> set[str]:
 def test_every_module_of_a_divided_stage_lies_in_a_known_sub_package() -> None:
     for stage, subs in INNER.items():
         top = PACKAGE / stage
-        loose = sorted(p.name for p in top.glob("*.py") if p.name != "__init__.py")
+        allowed = {"__init__.py", *TOP.get(stage, set())}
+        loose = sorted(p.name for p in top.glob("*.py") if p.name not in allowed)
         assert not loose, f"put these in a sub-package of {stage} (and in INNER): {loose}"
         found = {p.name for p in top.iterdir() if (p / "__init__.py").is_file()}
         assert found == set(subs), f"{stage}'s sub-packages and INNER differ"
+
+
+def test_no_room_imports_the_dispatcher_above_them() -> None:
+    wrong = [
+        f"{path.relative_to(PACKAGE)} imports hpcvm.{stage}.{top.removesuffix('.py')}"
+        for stage, tops in TOP.items()
+        for path in sorted((PACKAGE / stage).rglob("*.py"))
+        for top in tops
+        if path.name != top and f"hpcvm.{stage}.{top.removesuffix('.py')}" in _imported(path)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def _imported(path: Path) -> set[str]:
+    """Every hpcvm module name ``path`` imports (function-local imports too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
 
 
 def test_no_sub_package_imports_a_later_one() -> None:
@@ -141,6 +182,8 @@ def test_no_sub_package_imports_a_later_one() -> None:
     for stage, subs in INNER.items():
         for path in sorted((PACKAGE / stage).rglob("*.py")):
             parts = path.relative_to(PACKAGE / stage).parts
+            if parts[0] in TOP.get(stage, set()):
+                continue  # the dispatcher above every room
             own = parts[0] if len(parts) > 1 else None
             for target in sorted(_inner_imports(path, stage)):
                 if own is None or (target != own and subs[target] >= subs[own]):

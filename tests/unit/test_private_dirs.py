@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.cluster import state
+from hpcvm.cluster.job import state
 from hpcvm.errors import UsageError
 from hpcvm.runtime.checkpoint import directory as checkpoint_dir
 from hpcvm.runtime.hostside import hugetlbfs, paths

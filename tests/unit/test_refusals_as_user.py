@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.cluster import checkpoint_model
+from hpcvm.cluster.job import checkpoint_model
 from hpcvm.errors import HpcvmError
 from hpcvm.guest import disk, hosttools
 from hpcvm.host import kvm

@@ -21,7 +21,7 @@ with ``exec``, as samples run in a VM's guest:
 - the runtime and its version, the namespaces, the confinement and the mounts are
   recorded with the environment, as a VM's plan and shares are.
 
-Across nodes (``bench --nodes``) cluster/bench_envs.py holds one container per node.
+Across nodes (``bench --nodes``) cluster/benchnodes/environments.py holds one container per node.
 """
 
 from __future__ import annotations

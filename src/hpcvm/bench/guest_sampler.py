@@ -1,5 +1,5 @@
 """Samples in a running guest: one guest process tree per sample, through the guest
-agent, with the evidence around it (bench/vm.py and cluster/bench_envs.py own the VMs;
+agent, with the evidence around it (bench/vm.py and cluster/benchnodes/environments.py own the VMs;
 this owns what runs in them).
 
 One sample is one guest process tree: a small shell script recreates the work

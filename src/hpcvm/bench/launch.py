@@ -206,7 +206,7 @@ MPIRUN_OPTION_WORDS: dict[str, int] = {
 
 def with_rank_prefix(argv: Sequence[str], prefix: Sequence[str]) -> list[str]:
     """``argv`` with every MPI rank started through ``prefix`` (``mpirun ... PREFIX
-    PROGRAM ARGS``): how ranks enter a container (cluster/bench_containers.py). Without
+    PROGRAM ARGS``): how ranks enter a container (cluster/benchnodes/containers.py). Without
     an mpirun in ``argv``, the whole command is prefixed. BenchmarkError for an mpirun
     option this module never writes (where the program starts would be a guess)."""
     program = mpirun_program()

@@ -345,7 +345,7 @@ def vm_plans(config: BenchConfig, host: HostTopology) -> dict[str, tuple[VMPlan,
 
 def native_on(config: BenchConfig, host: HostTopology) -> NativePlacement:
     """Where native runs on ``host`` for ``config`` (what a node of ``bench --nodes``
-    computes for itself: cluster/native_places.py)."""
+    computes for itself: cluster/benchnodes/native_places.py)."""
     plans = {name: plan for name, (plan, _notes) in vm_plans(config, host).items()}
     return _native(config, None, plans, host)
 

@@ -539,8 +539,8 @@ def _across_nodes(
         return None, None
     from hpcvm.bench.launch import Spread
     from hpcvm.bench.suites import REGISTRY
-    from hpcvm.cluster.batches import get_batch
-    from hpcvm.cluster.bench_envs import ClusterEnvironments, runs_network
+    from hpcvm.cluster.batch.registry import get_batch
+    from hpcvm.cluster.benchnodes.environments import ClusterEnvironments, runs_network
 
     if o.address is None:
         raise UsageError(

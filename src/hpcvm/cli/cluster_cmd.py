@@ -20,14 +20,14 @@ import click
 
 from hpcvm.cli.common import console, err_console, parse_duration, seconds
 from hpcvm.cli.vm_options import require_shape, vm_options_shape_optional
-from hpcvm.cluster.addresses import AUTO
-from hpcvm.cluster.batches import BATCH_SYSTEMS, DEFAULT_BATCH
+from hpcvm.cluster.batch.registry import BATCH_SYSTEMS, DEFAULT_BATCH
+from hpcvm.cluster.tasks.addresses import AUTO
 from hpcvm.errors import NodeLost, RuntimeFailure, UsageError
 from hpcvm.signals import interrupting, signals_deferred
 
 if TYPE_CHECKING:
-    from hpcvm.cluster.checkpoint_model import PeriodicCheckpoints
-    from hpcvm.cluster.control import JobWatch
+    from hpcvm.cluster.commands.control import JobWatch
+    from hpcvm.cluster.job.checkpoint_model import PeriodicCheckpoints
     from hpcvm.runtime.machine.options import VmOptions
 
 DEFAULT_UP_TIMEOUT = 300.0
@@ -157,8 +157,8 @@ def up_cmd(
     qemu-guest-agent in it): such a job can be checkpointed (docs/checkpoint.md).
     """
     from hpcvm.cli.vm_values import VmOptionValues
-    from hpcvm.cluster import control
-    from hpcvm.cluster.spec import ClusterRequest
+    from hpcvm.cluster.commands import control
+    from hpcvm.cluster.job.spec import ClusterRequest
     from hpcvm.runtime.net.network import parse_address
 
     periodic = _periodic(checkpoint_every, checkpoint_dir, checkpoint_keep)
@@ -206,8 +206,9 @@ def up_cmd(
 def _periodic(every: str | None, directory: Path | None, keep: int) -> PeriodicCheckpoints | None:
     """The periodic checkpoints asked for, their directory checked before anything
     starts (made once the VMs run); None without --checkpoint-every."""
-    from hpcvm.cluster import checkpoint_series, keeper
-    from hpcvm.cluster.checkpoint_model import PeriodicCheckpoints
+    from hpcvm.cluster.commands import keeper
+    from hpcvm.cluster.job import checkpoint_series
+    from hpcvm.cluster.job.checkpoint_model import PeriodicCheckpoints
 
     if every is None:
         if directory is not None:
@@ -241,8 +242,8 @@ def _made_if_failing(directory: Path | None) -> Iterator[None]:
 
 
 def _check_drains(batch: str, on_drain: str) -> None:
-    from hpcvm.cluster.batch import Drains
-    from hpcvm.cluster.batches import get_batch
+    from hpcvm.cluster.batch.base import Drains
+    from hpcvm.cluster.batch.registry import get_batch
 
     if on_drain != "none" and not isinstance(get_batch(batch), Drains):
         raise UsageError(
@@ -252,10 +253,11 @@ def _check_drains(batch: str, on_drain: str) -> None:
 
 
 def _start_keeper(name: str, periodic: PeriodicCheckpoints | None, on_drain: str) -> None:
-    """The job's keeper (cluster/keeper.py), when it has something to do; a failure to
+    """The job's keeper (cluster/commands/keeper.py), when it has something to do; a failure to
     start it takes the job down (a job asked to be kept is not left unkept)."""
-    from hpcvm.cluster import checkpoint_series, keeper
-    from hpcvm.cluster.state import OnDrain
+    from hpcvm.cluster.commands import keeper
+    from hpcvm.cluster.job import checkpoint_series
+    from hpcvm.cluster.job.state import OnDrain
 
     if periodic is None and on_drain == "none":
         return
@@ -265,7 +267,7 @@ def _start_keeper(name: str, periodic: PeriodicCheckpoints | None, on_drain: str
         plan = keeper.KeeperPlan(periodic=periodic, on_drain=cast(OnDrain, on_drain))
         pid = keeper.start(name, plan)
     except BaseException:
-        from hpcvm.cluster import control
+        from hpcvm.cluster.commands import control
 
         with signals_deferred():
             control.down(name, _say)
@@ -284,7 +286,7 @@ def _start_keeper(name: str, periodic: PeriodicCheckpoints | None, on_drain: str
 def _restorable(directory: Path) -> Path:
     """``--restore DIR``: a job checkpoint, or a series of periodic ones (its newest
     complete one that reads back whole)."""
-    from hpcvm.cluster import checkpoint_series
+    from hpcvm.cluster.job import checkpoint_series
 
     if not checkpoint_series.is_series(directory):
         return directory
@@ -363,9 +365,9 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from hpcvm.cluster import control
-    from hpcvm.cluster.spec import spare_nodes
-    from hpcvm.cluster.state import events
+    from hpcvm.cluster.commands import control
+    from hpcvm.cluster.job.spec import spare_nodes
+    from hpcvm.cluster.job.state import events
 
     record, latest, alive = control.status(name)
     listening = spare_nodes(events(name))
@@ -377,7 +379,7 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
         data |= {"nodes": rows, "spare": spares}
         data["on_drain"] = record.on_drain
         if record.periodic is not None:
-            from hpcvm.cluster.keeper import history
+            from hpcvm.cluster.commands.keeper import history
 
             taken = history(Path(record.periodic.directory))
             data["periodic"] = record.periodic.model_dump()
@@ -405,7 +407,7 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
         out.print(line, markup=False, highlight=False)
     if record.on_drain != "none":
         out.print(f"a node that drains: {record.on_drain}", markup=False, highlight=False)
-    from hpcvm.cluster.state import settled_moves
+    from hpcvm.cluster.job.state import settled_moves
 
     for line in settled_moves(name):
         out.print(line, markup=False, highlight=False)
@@ -415,7 +417,7 @@ def ps_cmd(name: str | None, as_json: bool) -> int:
 def _periodic_lines(name: str, plan: PeriodicCheckpoints | None) -> list[str]:
     """What ``ps`` says of a job's periodic checkpoints: the plan, how many were taken
     and failed, the last one, and the stand-still as a share of the interval."""
-    from hpcvm.cluster import keeper
+    from hpcvm.cluster.commands import keeper
 
     if plan is None:
         return []
@@ -439,7 +441,7 @@ def _periodic_lines(name: str, plan: PeriodicCheckpoints | None) -> list[str]:
 def _ps_all(as_json: bool) -> int:
     from rich.table import Table
 
-    from hpcvm.cluster import state
+    from hpcvm.cluster.job import state
 
     rows: list[tuple[str, str, str, tuple[str, ...], str]] = []
     for name in state.ended_names():  # said once, then gone (the job epilog runs this)
@@ -485,7 +487,7 @@ def _ps_all(as_json: bool) -> int:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(name: str, timeout: float | None, detach: bool, argv: tuple[str, ...]) -> int:
     """Run a command in the first VM; mpirun there starts ranks on every VM of the job."""
-    from hpcvm.cluster import control
+    from hpcvm.cluster.commands import control
 
     if detach:
         if timeout is not None:
@@ -516,7 +518,8 @@ def wait_cmd(name: str, command_id: int | None, timeout: float | None) -> int:
     meanwhile ends the wait with exit 11, naming the node and the job's newest complete
     checkpoint (a requeued job restores it); its periodic checkpoints are said as they
     are taken."""
-    from hpcvm.cluster import control, state
+    from hpcvm.cluster.commands import control
+    from hpcvm.cluster.job import state
     from hpcvm.runtime.machine.model import ExecResult
     from hpcvm.runtime.vm.guest_exec import ExecTimeout
 
@@ -562,7 +565,7 @@ def _settled(watch: JobWatch, seconds: float = 10.0) -> str | None:
 
 def _node_lost(name: str, lost: str, plan: PeriodicCheckpoints | None) -> NodeLost:
     """The one line for a job that lost a VM: what, and where its work survives."""
-    from hpcvm.cluster import checkpoint_series
+    from hpcvm.cluster.job import checkpoint_series
 
     newest = checkpoint_series.complete(Path(plan.directory)) if plan is not None else []
     if newest:
@@ -578,7 +581,7 @@ def _node_lost(name: str, lost: str, plan: PeriodicCheckpoints | None) -> NodeLo
 def _periodic_news(name: str, plan: PeriodicCheckpoints | None) -> Callable[[], None]:
     """For cluster wait: each periodic checkpoint of the job, said on stderr as it is
     recorded (the job's output then shows what each cost, or why it failed)."""
-    from hpcvm.cluster import keeper
+    from hpcvm.cluster.commands import keeper
 
     if plan is None:
         return lambda: None
@@ -613,7 +616,8 @@ def checkpoint_cmd(name: str, directory: Path, resume: bool, in_series: bool) ->
     """Pause every VM of the job, then save them all into DIRECTORY (on a file system
     every node shares), then take them down (or --resume). Restore later, on any nodes:
     cluster up --restore DIRECTORY (a series: its newest complete checkpoint)."""
-    from hpcvm.cluster import checkpoint, checkpoint_series, state
+    from hpcvm.cluster.commands import checkpoint
+    from hpcvm.cluster.job import checkpoint_series, state
 
     keep = 1
     if in_series:
@@ -645,7 +649,7 @@ def checkpoint_cmd(name: str, directory: Path, resume: bool, in_series: bool) ->
 def migrate_cmd(name: str, node: str, to: str) -> int:
     """Move the VM on --node to the spare node --to while it runs (live migration),
     re-planned there; the guest keeps its address, and the old node becomes a spare."""
-    from hpcvm.cluster import migrate
+    from hpcvm.cluster.commands import migrate
 
     with interrupting():
         moved = migrate.migrate(name, node, to, say=_say)
@@ -668,7 +672,7 @@ def migrate_cmd(name: str, node: str, to: str) -> int:
 @click.argument("name")
 def down_cmd(name: str) -> int:
     """Stop every VM of the cluster on every node and remove what hpcvm made."""
-    from hpcvm.cluster import control
+    from hpcvm.cluster.commands import control
 
     control.down(name, _say)
     _say(f"{name}: down")

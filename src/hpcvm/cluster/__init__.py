@@ -7,4 +7,8 @@ on its standard output, and holds the VM until the step ends. Whatever ends the 
 (``cluster down``, the end of the batch script, ``scancel``, a VM that dies, a node
 that fails to boot) ends every VM of the job, on every node, through Slurm's own
 signals.
+
+The code is in rooms that import only the rooms before them (docs/architecture.md;
+tests/unit/test_layers.py enforces it): job and batch, tasks, commands, benchnodes, and
+above them internal.py, the roles' dispatcher.
 """

@@ -2,29 +2,29 @@
 
     python -m hpcvm.cluster.internal ROLE ARGS...
 
-- ``node``: one task of the holder step: the VM of one node (node.py);
+- ``node``: one task of the holder step: the VM of one node (tasks/node.py);
 - ``placement CONFIG_JSON``: one task of a ``bench --nodes`` step: this node's native
-  placement, as a JSON line (native_places.py);
+  placement, as a JSON line (benchnodes/native_places.py);
 - ``holder STATE_DIR STEP_ARGV...``: runs the holder step on the batch node and removes
-  the cluster's state when it ends (holder.py);
-- ``reaper VM_NAME``: takes a node's VM down when its task dies (reaper.py);
-- ``local-step JOB NAME NODES ARGV...``: a step of the ``local`` batch system (local.py);
+  the cluster's state when it ends (commands/holder.py);
+- ``reaper VM_NAME``: takes a node's VM down when its task dies (tasks/reaper.py);
+- ``local-step JOB NAME NODES ARGV...``: a step of the ``local`` batch system (batch/local.py);
 - ``container-node SPEC_JSON``: one task of a ``bench --nodes`` step holding this node's
-  benchmark container (bench_containers.py);
+  benchmark container (benchnodes/containers.py);
 - ``container-rank SPEC_JSON ARGV...``: one MPI rank entering its node's container
-  (bench_containers.py);
+  (benchnodes/containers.py);
 - ``migrate-source REQUEST_JSON``: the one task of a ``cluster migrate`` step on the
-  VM's node: sends the VM to a spare node (migrate_node.py).
+  VM's node: sends the VM to a spare node (tasks/migrate_node.py).
 - ``migrate-settle REQUEST_JSON``: the one task of a step on that node when the source
-  step died after it said go: the paused copy marked moved, or resumed (migrate_node.py).
+  step died after it said go: the paused copy marked moved, or resumed (tasks/migrate_node.py).
 - ``checkpoint-node PHASE_JSON``: one task of a ``cluster checkpoint`` phase: check,
-  pause, save or resume this node's VM (checkpoint_node.py).
+  pause, save or resume this node's VM (tasks/checkpoint_node.py).
 - ``keeper NAME PLAN_JSON``: on the batch node, checkpoints the job at an interval
-  (``cluster up --checkpoint-every``, keeper.py).
+  (``cluster up --checkpoint-every``, commands/keeper.py).
 
 Why one module and not hidden CLI commands: these are not commands a user runs, and
 each must start with the same interpreter and package as the process that starts it
-(spawn.py). Like the CLI, each loads the configured plugins first (a plugin's batch
+(batch/spawn.py). Like the CLI, each loads the configured plugins first (a plugin's batch
 system or network kind must exist in every task; ``HPCVM_PLUGINS`` reaches them in the
 environment) and ends an ``HpcvmError`` with its one line and exit code, never a
 traceback.
@@ -36,19 +36,19 @@ import os
 import sys
 from collections.abc import Callable
 
-from hpcvm.cluster.spawn import INTERNAL_MODULE
+from hpcvm.cluster.batch.spawn import INTERNAL_MODULE
 from hpcvm.errors import HpcvmError, UsageError
 
 
 def _node(args: list[str]) -> int:
-    from hpcvm.cluster import node
+    from hpcvm.cluster.tasks import node
 
     _no_more(args, "node")
     return node.run()
 
 
 def _placement(args: list[str]) -> int:
-    from hpcvm.cluster import native_places
+    from hpcvm.cluster.benchnodes import native_places
 
     if len(args) != 1:
         raise UsageError("placement takes one argument: the bench configuration as JSON")
@@ -57,7 +57,7 @@ def _placement(args: list[str]) -> int:
 
 
 def _holder(args: list[str]) -> int:
-    from hpcvm.cluster import holder
+    from hpcvm.cluster.commands import holder
 
     if len(args) < 2:
         raise UsageError("holder takes the state directory and the step's command line")
@@ -66,7 +66,7 @@ def _holder(args: list[str]) -> int:
 
 
 def _reaper(args: list[str]) -> int:
-    from hpcvm.cluster import reaper
+    from hpcvm.cluster.tasks import reaper
 
     if len(args) != 1:
         raise UsageError("reaper takes one argument: the VM's name")
@@ -74,7 +74,7 @@ def _reaper(args: list[str]) -> int:
 
 
 def _local_step(args: list[str]) -> int:
-    from hpcvm.cluster import local
+    from hpcvm.cluster.batch import local
 
     if len(args) < 4:
         raise UsageError("local-step takes the job, the step's name, its nodes and a command")
@@ -83,7 +83,7 @@ def _local_step(args: list[str]) -> int:
 
 
 def _container_node(args: list[str]) -> int:
-    from hpcvm.cluster import bench_containers
+    from hpcvm.cluster.benchnodes import containers as bench_containers
 
     if len(args) != 1:
         raise UsageError("container-node takes one argument: the node specification as JSON")
@@ -91,7 +91,7 @@ def _container_node(args: list[str]) -> int:
 
 
 def _container_rank(args: list[str]) -> int:
-    from hpcvm.cluster import bench_containers
+    from hpcvm.cluster.benchnodes import containers as bench_containers
 
     if not args:
         raise UsageError("container-rank takes the rank specification and a command")
@@ -99,7 +99,7 @@ def _container_rank(args: list[str]) -> int:
 
 
 def _checkpoint_node(args: list[str]) -> int:
-    from hpcvm.cluster import checkpoint_node
+    from hpcvm.cluster.tasks import checkpoint_node
 
     if len(args) != 1:
         raise UsageError("checkpoint-node takes one argument: the phase as JSON")
@@ -107,7 +107,7 @@ def _checkpoint_node(args: list[str]) -> int:
 
 
 def _keeper(args: list[str]) -> int:
-    from hpcvm.cluster import keeper
+    from hpcvm.cluster.commands import keeper
 
     if len(args) != 2:
         raise UsageError("keeper takes the cluster's name and its checkpoint plan as JSON")
@@ -116,7 +116,7 @@ def _keeper(args: list[str]) -> int:
 
 
 def _migrate_source(args: list[str]) -> int:
-    from hpcvm.cluster import migrate_node
+    from hpcvm.cluster.tasks import migrate_node
 
     if len(args) != 1:
         raise UsageError("migrate-source takes one argument: the request as JSON")
@@ -124,7 +124,7 @@ def _migrate_source(args: list[str]) -> int:
 
 
 def _migrate_settle(args: list[str]) -> int:
-    from hpcvm.cluster import migrate_node
+    from hpcvm.cluster.tasks import migrate_node
 
     if len(args) != 1:
         raise UsageError("migrate-settle takes one argument: the request as JSON")
@@ -153,7 +153,7 @@ ROLES: dict[str, Callable[[list[str]], int]] = {
 
 # Roles that load the plugins themselves, when they need them: the reaper starts beside
 # its node's VM and then waits, maybe for days; scanning the installed packages' entry
-# points then would only take CPU from the VM's boot (reaper.py).
+# points then would only take CPU from the VM's boot (tasks/reaper.py).
 LATE_PLUGINS = frozenset({"reaper"})
 
 

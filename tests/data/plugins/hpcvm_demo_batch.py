@@ -5,7 +5,7 @@ Its "cluster" is this machine: the allocation is the node names in ``DEMO_NODES`
 PBS lists its nodes in ``PBS_NODEFILE``), and a step is this module run as a program,
 starting the command once per node with ``DEMO_NODE``/``DEMO_INDEX`` set, relaying the
 tasks' output, ending the others when one fails and forwarding SIGTERM. It shares no
-code with hpcvm's own batch systems: only the interface (hpcvm/cluster/batch.py).
+code with hpcvm's own batch systems: only the interface (hpcvm/cluster/batch/base.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
-from hpcvm.cluster.batch import Allocation, TaskPlace
-from hpcvm.cluster.batches import BATCH_SYSTEMS
+from hpcvm.cluster.batch.base import Allocation, TaskPlace
+from hpcvm.cluster.batch.registry import BATCH_SYSTEMS
 from hpcvm.errors import UsageError
 
 

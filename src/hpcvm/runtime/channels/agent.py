@@ -386,7 +386,7 @@ class GuestAgent:
         """Start ``argv`` in the guest with its output captured; its guest pid. qemu-ga
         keeps the process's output and exit status in the guest's memory until
         :meth:`exit_status` has reported its end once: a detached ``cluster exec``
-        outlives a checkpoint and restore of its VMs this way (cluster/control.py).
+        outlives a checkpoint and restore of its VMs this way (cluster/commands/control.py).
 
         A program that does not start is ProgramNotFound (127) or ProgramNotExecutable
         (126) as the guest's own shell tells them apart (``explain``; runtime/

@@ -131,7 +131,7 @@ def commit(writer: Writer, manifest: Manifest, target: Path) -> Path:
 def commit_directory(partial: Path, manifest_name: str, manifest: str, target: Path) -> Path:
     """Write ``manifest`` (private, fsynced) into ``partial`` last, then move the
     directory into place at ``target`` in one rename (a job checkpoint too,
-    cluster/checkpoint.py); the target, absolute."""
+    cluster/commands/checkpoint.py); the target, absolute."""
     target = target.absolute()
     with _private(partial / manifest_name) as fh:
         fh.write(manifest.encode())

@@ -365,7 +365,7 @@ def restore(
     its agent answers. Refused before anything starts when the checkpoint is damaged
     or incompatible with this host; nothing is left when a later step fails.
     ``before_resume(machine)`` runs once the state is loaded, the vCPUs still stopped:
-    a job's restore waits there until every node has loaded its VM (cluster/node.py)."""
+    a job's restore waits there until every node has loaded its VM (cluster/tasks/node.py)."""
     from hpcvm.runtime.checkpoint.qemu_state import emulator_here
 
     begin = time.monotonic()

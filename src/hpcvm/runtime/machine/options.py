@@ -3,7 +3,7 @@
 ``VmRequest`` is the whole of ``hpcvm up`` and ``run`` beside the VM's name: the plan
 request and :class:`VmOptions`, how to boot what is planned. The CLI builds it from its
 options in one place (cli/vm_options.py), every cluster node gets it inside its
-``ClusterSpec`` (cluster/spec.py extends it), and ``lifecycle.up`` takes its options as
+``ClusterSpec`` (cluster/job/spec.py extends it), and ``lifecycle.up`` takes its options as
 :class:`UpOptions`. Unknown fields are refused (``Frozen``), so an option that nothing
 reads cannot be accepted and dropped.
 """
@@ -46,5 +46,5 @@ class UpOptions(VmOptions):
     name: str
     workdir: str | None = None
     # The guest's MAC when it is not the one its name gives: a VM that migrated in keeps
-    # the MAC it had (its devices are part of the state, cluster/migrate.py)
+    # the MAC it had (its devices are part of the state, cluster/commands/migrate.py)
     mac: str | None = None

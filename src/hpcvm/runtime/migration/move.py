@@ -133,7 +133,7 @@ def send(
     state), ``phase("paused")`` once QEMU finished (the VM stands still here),
     ``phase("go")`` just before the target is told to run it and ``phase("told")`` just
     after: where the caller records how far it got, for whoever survives it
-    (cluster/moved.py)."""
+    (cluster/tasks/moved.py)."""
     made, seed = offer(machine)
     send_message(conn, {"offer": made.model_dump(mode="json")}, seed)
     conn.settimeout(SETUP_TIMEOUT)

@@ -1,9 +1,9 @@
 """The holder step's launcher on the batch node: runs the step's command line (the
-batch system's, batch.py), and when the step has ended, however it ended (``cluster
+batch system's, batch/base.py), and when the step has ended, however it ended (``cluster
 down``, the job's end, a node's failure), removes the cluster's state directory there.
 
 When ``cluster down`` (or a failing ``up``) ends the step, that command removes the
-directory itself once it has read the nodes' last events (state.py ``taking-down``).
+directory itself once it has read the nodes' last events (job/state.py ``taking-down``).
 Without the holder a job ended by the batch system (``scancel``) would leave that
 directory behind: the batch script is killed before its ``cluster down`` can run, and
 nothing else on the batch node knows the step is over. Under Slurm's proctrack/cgroup
@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 
 from hpcvm import timeline
-from hpcvm.cluster import state_files as state
+from hpcvm.cluster.job import state_files as state
 
 
 def main(argv: list[str]) -> int:

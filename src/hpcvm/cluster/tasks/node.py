@@ -1,7 +1,7 @@
 """One task of the holder step: the VM of one node, from boot to the step's end.
 
 The task plans the VM from its own node's topology (unlike nodes get unlike plans),
-boots it on the node's network, starts the guest's sshd (guest_mpi.py), reports
+boots it on the node's network, starts the guest's sshd (job/guest_mpi.py), reports
 ``ready`` and then holds the VM: when the batch system ends the step (``cluster down``,
 the job's end, ``scancel``) it stops the VM and removes what hpcvm made on this node;
 when the VM dies it reports ``died`` and exits non-zero, and the step ends the other
@@ -10,7 +10,7 @@ VMs.
 
 A batch system sends SIGTERM and, a while later (Slurm's ``KillWait``), SIGKILL:
 stopping is forceful (QEMU is told to quit over QMP, the guest is not asked to shut
-down), so it fits in that window; if the task is killed anyway, its reaper (reaper.py)
+down), so it fits in that window; if the task is killed anyway, its reaper (tasks/reaper.py)
 finishes the job.
 """
 
@@ -27,12 +27,13 @@ from types import FrameType
 from typing import Literal
 
 from hpcvm import timeline
-from hpcvm.cluster import guest_mpi, reaper
-from hpcvm.cluster.addresses import AUTO, Claim, candidates, claim, site_pool
-from hpcvm.cluster.batch import TaskPlace
-from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.moved import migrated_away
-from hpcvm.cluster.spec import SPEC_ENV, ClusterSpec, EventKind, NodeEvent
+from hpcvm.cluster.batch.base import TaskPlace
+from hpcvm.cluster.batch.registry import get_batch
+from hpcvm.cluster.job import guest_mpi
+from hpcvm.cluster.job.spec import SPEC_ENV, ClusterSpec, EventKind, NodeEvent
+from hpcvm.cluster.tasks import reaper
+from hpcvm.cluster.tasks.addresses import AUTO, Claim, candidates, claim, site_pool
+from hpcvm.cluster.tasks.moved import migrated_away
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
 from hpcvm.plan.model import PlanRequest
 from hpcvm.runtime.backends.registry import get_backend
@@ -94,7 +95,7 @@ def _stderr(text: str) -> None:
 def _boot(spec: ClusterSpec, place: TaskPlace) -> tuple[Machine, Claim | None]:
     """Plan and boot this node's VM at its address, then start its sshd; with
     ``--address auto`` the first of the node's slots that no VM claims and nobody on the
-    segment answers for (addresses.py), and the claim held for the VM's life."""
+    segment answers for (tasks/addresses.py), and the claim held for the VM's life."""
     name = spec.vm_name(place.node)
     if spec.first_address != AUTO:
         return _boot_at(spec, name, spec.address(place.index)), None
@@ -129,7 +130,7 @@ def job_addresses(spec: ClusterSpec) -> list[str]:
     refuses it where job isolation is on). A tap's netguard peers (runtime/net/netguard.py):
     with job isolation on, these VMs and the nodes are all a VM receives from."""
     if spec.restore:
-        from hpcvm.cluster.checkpoint_model import read
+        from hpcvm.cluster.job.checkpoint_model import read
 
         return [vm.address for vm in read(Path(spec.restore)).vms]
     if spec.first_address == AUTO:
@@ -158,7 +159,7 @@ def _boot_at(spec: ClusterSpec, name: str, address: IPv4Interface) -> Machine:
 
 def _start_sshd(spec: ClusterSpec, machine: Machine, address: IPv4Interface) -> None:
     """The guest's sshd with the job's keys; a disk-image guest gives itself its address
-    first (guest_mpi.py), in the same agent call."""
+    first (job/guest_mpi.py), in the same agent call."""
     script = guest_mpi.sshd_script(machine.name, address)
     if machine.boot.disk_image is not None and machine.boot.nics:
         script = guest_mpi.address_script(machine.boot.nics[0].mac, address) + script
@@ -170,11 +171,11 @@ def _start_sshd(spec: ClusterSpec, machine: Machine, address: IPv4Interface) -> 
 def _restore(spec: ClusterSpec, place: TaskPlace) -> tuple[Machine, Claim | None]:
     """Restore this node's VM of the job checkpoint, re-planned for this node, under
     its saved name (its MAC follows the name) at its saved address, which must be free
-    here: claimed on this node (addresses.py) and not answered for on the segment.
+    here: claimed on this node (tasks/addresses.py) and not answered for on the segment.
     Once its state is loaded, the VM waits, paused, until every node's is (the client
-    sends SIGUSR1, control.py), so that no guest runs while another is still frozen."""
-    from hpcvm.cluster.address_probe import check_free
-    from hpcvm.cluster.checkpoint_model import read, vm_dir_name
+    sends SIGUSR1, commands/control.py), so that no guest runs while another is still frozen."""
+    from hpcvm.cluster.job.checkpoint_model import read, vm_dir_name
+    from hpcvm.cluster.tasks.address_probe import check_free
     from hpcvm.runtime.checkpoint import save_restore as checkpoint
 
     directory = Path(spec.restore or "")
@@ -249,7 +250,7 @@ Outcome = Literal["ended", "died", "migrated"]
 
 def _hold(machine: Machine, stop: threading.Event) -> Outcome:
     """Wait until the step is ended, the VM dies, or it migrated away (its QEMU is
-    then stopped here, migrate_node.py)."""
+    then stopped here, tasks/migrate_node.py)."""
     backend = get_backend(machine.backend, machine.connect_uri)
     while not stop.wait(0.5):
         if migrated_away(machine):
@@ -265,7 +266,7 @@ def _vm_name(spec: ClusterSpec, place: TaskPlace) -> str:
     reaper would take that other VM down when this task ends."""
     if not spec.restore:
         return spec.vm_name(place.node)
-    from hpcvm.cluster.checkpoint_model import read
+    from hpcvm.cluster.job.checkpoint_model import read
     from hpcvm.runtime.hostside import paths
 
     vm = read(Path(spec.restore)).vms[place.index].vm
@@ -323,7 +324,7 @@ def _serve(
     it at the old node only after ``cluster migrate`` saw that ready."""
     emit(_ready(spec, place, machine))
     if moved_in is not None:
-        from hpcvm.cluster import migrate_node
+        from hpcvm.cluster.tasks import migrate_node
 
         held = migrate_node.claim_moved(moved_in, _stderr)
     outcome = _hold(machine, stop)
@@ -377,10 +378,10 @@ def _incoming_name(spec: ClusterSpec, node: str) -> str:
 def _spare(
     spec: ClusterSpec, place: TaskPlace, stop: threading.Event, reaped: set[str], name: str
 ) -> int:
-    """A node without a VM: listen for one to migrate in (migrate_node.py) until the
+    """A node without a VM: listen for one to migrate in (tasks/migrate_node.py) until the
     step ends (0); a VM taken in is then held as this node's (``name``, whose reaper
     runs), under the index it had."""
-    from hpcvm.cluster import migrate_node
+    from hpcvm.cluster.tasks import migrate_node
 
     try:
         host = str(node_address(spec.vm.network or "").ip)

@@ -8,7 +8,7 @@ it saves the work done so far. So ``cluster up --checkpoint-every DURATION
 hpcvm.cluster.internal keeper NAME PLAN``): every DURATION it runs ``cluster
 checkpoint --resume`` into a new directory of the series, ``SERIES/checkpoint-NNNNNN``,
 and once that one is complete removes all but the newest ``--checkpoint-keep``. A
-checkpoint exists whole or not at all (cluster/checkpoint.py), so a node that dies
+checkpoint exists whole or not at all (cluster/commands/checkpoint.py), so a node that dies
 during a save leaves the last complete one; ``cluster up --restore SERIES`` (a
 requeued job's next start) restores the newest complete one.
 
@@ -22,7 +22,7 @@ checkpoint in place; the keeper tries again at the next interval.
 A node the admin drains (before maintenance, or when its health check fails) is a
 failure announced: the keeper asks the batch system every few seconds which of the
 job's nodes drain (batch.Drains), and with ``--on-drain migrate`` moves a drained
-node's VM to a spare node of the job (``cluster up --spare``; cluster/migrate.py), so
+node's VM to a spare node of the job (``cluster up --spare``; cluster/commands/migrate.py), so
 the job loses only the move's stand-still. With no spare left, or ``--on-drain
 checkpoint``, it sends the batch script SIGUSR1, as the batch system does before a time
 limit: the checkpoint job script saves the job and requeues it, and the batch system
@@ -45,13 +45,13 @@ import sys
 import time
 from pathlib import Path
 
-from hpcvm.cluster import state
-from hpcvm.cluster.batch import BatchSystem, Drains
-from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.checkpoint_model import PeriodicCheckpoints
-from hpcvm.cluster.checkpoint_series import PREFIX, next_member, prune
-from hpcvm.cluster.spawn import internal_argv
-from hpcvm.cluster.state import ClusterRecord, OnDrain
+from hpcvm.cluster.batch.base import BatchSystem, Drains
+from hpcvm.cluster.batch.registry import get_batch
+from hpcvm.cluster.batch.spawn import internal_argv
+from hpcvm.cluster.job import state
+from hpcvm.cluster.job.checkpoint_model import PeriodicCheckpoints
+from hpcvm.cluster.job.checkpoint_series import PREFIX, next_member, prune
+from hpcvm.cluster.job.state import ClusterRecord, OnDrain
 from hpcvm.errors import BusyError, HpcvmError, NodeLost, UsageError
 from hpcvm.model import Frozen
 
@@ -241,7 +241,7 @@ class Drained:
 
     def _move(self, node: str, spare: str, why: str) -> bool | None:
         """Move ``node``'s VM to ``spare``: whether it moved (None: not now, busy)."""
-        from hpcvm.cluster import migrate
+        from hpcvm.cluster.commands import migrate
 
         try:
             moved = migrate.migrate(self.name, node, spare, _say, keeper=True)
@@ -271,7 +271,7 @@ def take(name: str, series: Path) -> Taken:
     """One checkpoint of the running job as the next of ``series``; the VMs run on
     after it. A failure is returned as such (BusyError is raised: someone else holds
     the job, and this checkpoint did not begin)."""
-    from hpcvm.cluster import checkpoint
+    from hpcvm.cluster.commands import checkpoint
 
     at, began = time.time(), time.monotonic()
     seq = int(next_member(series).name[len(PREFIX) :])  # a failure's number, for the log

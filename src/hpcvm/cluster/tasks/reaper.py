@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 
-from hpcvm.cluster.spawn import internal_argv
+from hpcvm.cluster.batch.spawn import internal_argv
 from hpcvm.errors import HpcvmError
 
 STOP_TIMEOUT = 2.0

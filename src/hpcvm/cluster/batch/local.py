@@ -2,7 +2,7 @@
 --nodes N`` (N VMs on this host, joined by a network, running MPI across each other)
 without Slurm.
 
-It does what a batch system does for a cluster job (batch.py), with processes of this
+It does what a batch system does for a cluster job (batch/base.py), with processes of this
 host:
 
 - the **allocation** is made here: ``--nodes N`` nodes called ``local1`` ... ``localN``,
@@ -35,8 +35,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from hpcvm.cluster.batch import Allocation, TaskPlace
-from hpcvm.cluster.spawn import internal_argv
+from hpcvm.cluster.batch.base import Allocation, TaskPlace
+from hpcvm.cluster.batch.spawn import internal_argv
 from hpcvm.errors import UsageError
 from hpcvm.procs import pid_alive
 
@@ -265,7 +265,7 @@ def run_step(job_id: str, step_name: str, nodes: str, argv: Sequence[str]) -> in
         return 1  # the job ended before its step started
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, lambda _n, _f: step.end())
-    # SIGUSR1 is a message to the tasks (a restored job's VMs may run: cluster/node.py),
+    # SIGUSR1 is a message to the tasks (a restored job's VMs may run: cluster/tasks/node.py),
     # passed on without ending the step, as Slurm's scancel --signal does
     signal.signal(signal.SIGUSR1, lambda _n, _f: step.relay(signal.SIGUSR1))
     step.start()

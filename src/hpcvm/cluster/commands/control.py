@@ -1,10 +1,10 @@
 """``cluster up``, ``ps``, ``exec`` and ``down``: the orchestration, on the job's batch
 node.
 
-``up`` asks the batch system (batch.py) for the allocation and starts the holder step
-through the holder (holder.py) in its own session, so that it outlives the ``hpcvm``
+``up`` asks the batch system (batch/base.py) for the allocation and starts the holder step
+through the holder (commands/holder.py) in its own session, so that it outlives the ``hpcvm``
 process that started it and ends only with the step; its output goes to the cluster's
-log (state.py), where the nodes' event lines arrive and the other commands read them.
+log (job/state.py), where the nodes' event lines arrive and the other commands read them.
 Nothing here knows which batch system it is: the record names it, and every call goes
 through its interface.
 """
@@ -23,13 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcvm import timeline
-from hpcvm.cluster import checkpoint_model, guest_mpi, state
-from hpcvm.cluster.addresses import AUTO
-from hpcvm.cluster.batch import Allocation, BatchSystem
-from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.checkpoint_model import DetachedExec
-from hpcvm.cluster.spawn import internal_argv
-from hpcvm.cluster.spec import (
+from hpcvm.cluster.batch.base import Allocation, BatchSystem
+from hpcvm.cluster.batch.registry import get_batch
+from hpcvm.cluster.batch.spawn import internal_argv
+from hpcvm.cluster.job import checkpoint_model, guest_mpi, state
+from hpcvm.cluster.job.checkpoint_model import DetachedExec
+from hpcvm.cluster.job.spec import (
     SPEC_ENV,
     ClusterRequest,
     ClusterSpec,
@@ -39,8 +38,9 @@ from hpcvm.cluster.spec import (
     latest_per_node,
     spare_nodes,
 )
-from hpcvm.cluster.state import ClusterRecord
-from hpcvm.cluster.state_files import LOG_FILE, taken_down_by_another
+from hpcvm.cluster.job.state import ClusterRecord
+from hpcvm.cluster.job.state_files import LOG_FILE, taken_down_by_another
+from hpcvm.cluster.tasks.addresses import AUTO
 from hpcvm.errors import BusyError, HpcvmError, NodeLost, RuntimeFailure, UsageError
 from hpcvm.runtime.hostside import paths
 from hpcvm.runtime.hostside.shares import check_job_dir
@@ -75,7 +75,7 @@ def up(
 ) -> list[NodeEvent]:
     """Start the VMs of ``request.name`` on every node of this allocation; return their
     ready events, or raise after taking every VM down again. With ``restore`` (a job
-    checkpoint, cluster/checkpoint_model.py) each node restores its saved VM instead,
+    checkpoint, cluster/job/checkpoint_model.py) each node restores its saved VM instead,
     paused, and every VM runs again only once all are loaded."""
     timeline.mark_process_start("client: process start")
     timeline.mark("client: up entered")
@@ -183,7 +183,7 @@ def _check_new_guests(request: ClusterRequest) -> None:
 
 def _resume_all(record: ClusterRecord, batch: BatchSystem) -> None:
     """Every node has loaded its VM, paused: tell every node's task to run it (SIGUSR1
-    to the holder step's tasks, cluster/node.py)."""
+    to the holder step's tasks, cluster/tasks/node.py)."""
     step = _step(record, batch)
     if step is None or not batch.signal_step(step, "USR1"):
         raise RuntimeFailure(
@@ -195,7 +195,7 @@ def _resume_all(record: ClusterRecord, batch: BatchSystem) -> None:
 def _launch_mpi(record: ClusterRecord, ready: list[NodeEvent], private_key: str) -> ClusterRecord:
     """Make the first VM (this node's) the job's MPI launcher once every VM reported
     its address: the hostfile of every VM's address with its vCPUs as slots, and the
-    job's private key (guest_mpi.py). The record learns the VMs' network."""
+    job's private key (job/guest_mpi.py). The record learns the VMs' network."""
     first = next(e for e in ready if e.index == 0)
     addresses = [IPv4Interface(e.address or "") for e in sorted(ready, key=lambda e: e.index)]
     machine = vm_of(record.name, first)

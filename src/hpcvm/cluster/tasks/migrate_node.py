@@ -1,9 +1,9 @@
 """The two node sides of ``cluster migrate``: a spare node's task that takes a VM in,
 and the one-task step on the VM's node that sends it.
 
-A spare node's task (a task of the holder step like any other, cluster/node.py) listens
+A spare node's task (a task of the holder step like any other, cluster/tasks/node.py) listens
 on its node's address on the job's network and reports ``spare`` with where. The
-client (cluster/migrate.py) starts the source step on the VM's node, which connects,
+client (cluster/commands/migrate.py) starts the source step on the VM's node, which connects,
 proves the job's secret (runtime/migration/channel.py), names the VM's index in the
 job, and migrates the VM (runtime/migration/move.py). The spare re-plans it for its own
 node, takes it in under its own node's VM name (keeping the VM's MAC and address), and
@@ -13,7 +13,7 @@ sees its QEMU end, finds the marker, tears down what is left, reports ``migrated
 becomes a spare itself.
 
 The source step prints one result line and exits 0, as a checkpoint phase does
-(cluster/checkpoint_node.py).
+(cluster/tasks/checkpoint_node.py).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from ipaddress import IPv4Interface
 from typing import TypeVar, cast
 
 from hpcvm import procs
-from hpcvm.cluster.addresses import Claim, claim
-from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.checkpoint_node import NodeResult, report
-from hpcvm.cluster.moved import (
+from hpcvm.cluster.batch.registry import get_batch
+from hpcvm.cluster.tasks.addresses import Claim, claim
+from hpcvm.cluster.tasks.checkpoint_node import NodeResult, report
+from hpcvm.cluster.tasks.moved import (
     MARKER,
     Moving,
     Phase,
@@ -60,7 +60,7 @@ from hpcvm.signals import interrupting
 
 SECRET_ENV = "HPCVM_MIGRATION_SECRET"
 # PHASE:SECONDS: the source step waits that long when it reaches PHASE (sending,
-# paused, go, told: cluster/moved.py), a window in which the fault tests kill a step
+# paused, go, told: cluster/tasks/moved.py), a window in which the fault tests kill a step
 # (tests/integration/test_cluster_migrate.py, test_cluster_checkpoint.py); unset, none.
 HOLD_ENV = "HPCVM_MIGRATE_HOLD"
 CONNECT_TIMEOUT = 30.0
@@ -234,7 +234,7 @@ def _send(request: MigrateRequest, node: str) -> NodeResult:
         write_moving(machine.name, moving)
 
     def phase(now: str) -> None:
-        """Where the move is, in the VM's ``moving`` marker (cluster/moved.py)."""
+        """Where the move is, in the VM's ``moving`` marker (cluster/tasks/moved.py)."""
         mark(cast(Phase, now))
         _hold(now)
 
@@ -296,7 +296,7 @@ class SettleRequest(Frozen):
 
 
 def run_settle(request_json: str) -> int:
-    """The one task of a settle step on the source node (cluster/moved.py): the phase
+    """The one task of a settle step on the source node (cluster/tasks/moved.py): the phase
     the dead step's marker reached, or the paused copy here marked moved (the node's
     task then takes it down, as after any move) or resumed, since the target does not
     run it; the result line says which."""

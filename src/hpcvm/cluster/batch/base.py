@@ -14,9 +14,9 @@ answers them (ReFrame's scheduler/launcher split is the model):
 - the **environment of a native MPI launch** on the batch node that spreads its ranks
   over the allocation (Open MPI reads Slurm's variables, for example).
 
-Batch systems are a registry (``cluster/batches.py``, ``BATCH_SYSTEMS``): Slurm
-(``slurm.py``) for clusters, ``local`` (``local.py``) for one workstation, and whatever a
-plugin registers. A batch system is named in ``cluster up --batch`` and recorded with
+Batch systems are a registry (``cluster/batch/registry.py``, ``BATCH_SYSTEMS``): Slurm
+(``batch/slurm.py``) for clusters, ``local`` (``batch/local.py``) for one workstation,
+and whatever a plugin registers. A batch system is named in ``cluster up --batch`` and recorded with
 the cluster, so ``ps``, ``exec`` and ``down`` use the same one.
 """
 
@@ -97,7 +97,7 @@ class BatchSystem(Protocol):
 @runtime_checkable
 class Drains(Protocol):
     """What a batch system may also tell: which nodes an admin drains, and a way to
-    warn a job's batch script (the keeper's answer to a drain, cluster/keeper.py). A
+    warn a job's batch script (the keeper's answer to a drain, cluster/commands/keeper.py). A
     batch system without it runs jobs whose keeper watches no drains."""
 
     def draining(self, nodes: Sequence[str]) -> dict[str, str]:

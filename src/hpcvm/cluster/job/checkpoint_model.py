@@ -1,6 +1,6 @@
 """What a whole job's checkpoint directory holds, and how it is read back.
 
-``cluster checkpoint NAME DIR`` writes (cluster/checkpoint.py)::
+``cluster checkpoint NAME DIR`` writes (cluster/commands/checkpoint.py)::
 
     DIR/job.json          the JobManifest below, written last
     DIR/id_job, .pub      the job's ssh key pair (the guests hold its public half, the
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hpcvm.cluster.spec import ClusterSpec
+from hpcvm.cluster.job.spec import ClusterSpec
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
 
@@ -51,7 +51,7 @@ class SavedVm(Frozen):
 
 class PeriodicCheckpoints(Frozen):
     """``cluster up --checkpoint-every``: the job saves itself every ``every`` seconds
-    into a new directory of the series ``directory`` (cluster/keeper.py), keeping
+    into a new directory of the series ``directory`` (cluster/commands/keeper.py), keeping
     the newest ``keep`` complete ones."""
 
     every: float

@@ -6,9 +6,9 @@
 - ``cluster.json``: the :class:`ClusterRecord` (batch system, job, nodes, the holder's
   pid) that ``ps``, ``exec`` and ``down`` read;
 - ``holder.log``: the holder step's output, where the nodes' event lines arrive;
-- ``id_job`` and ``id_job.pub``: the job's ssh key pair (guest_mpi.py);
+- ``id_job`` and ``id_job.pub``: the job's ssh key pair (job/guest_mpi.py);
 - ``spec.json``: the ClusterSpec every node's task planned from (a job checkpoint
-  keeps it, cluster/checkpoint.py);
+  keeps it, cluster/commands/checkpoint.py);
 - ``taking-down``: made by ``down`` (or a failing ``up``) before it ends the step, so
   the holder leaves the directory to it.
 
@@ -29,11 +29,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from hpcvm.cluster.checkpoint_model import KEY_FILE, DetachedExec, PeriodicCheckpoints
-from hpcvm.cluster.guest_mpi import keygen
-from hpcvm.cluster.spec import ClusterSpec, NodeEvent, parse_events
-from hpcvm.cluster.state_files import (
+from hpcvm.cluster.job.checkpoint_model import KEY_FILE, DetachedExec, PeriodicCheckpoints
+from hpcvm.cluster.job.guest_mpi import keygen
+from hpcvm.cluster.job.spec import ClusterSpec, NodeEvent, parse_events
+from hpcvm.cluster.job.state_files import (
     ENDED_SUFFIX,
+    KILLED,
     LOG_FILE,
     TAKING_DOWN,
     ended_path,
@@ -49,7 +50,7 @@ CLUSTERS_DIR = ".clusters"  # under the runtime root; dot: `hpcvm ps` skips it
 RECORD_FILE = "cluster.json"
 SPEC_FILE = "spec.json"
 LOCK_SUFFIX = ".lock"
-# what the keeper does when one of the job's nodes drains (cluster/keeper.py)
+# what the keeper does when one of the job's nodes drains (cluster/commands/keeper.py)
 OnDrain = Literal["none", "migrate", "checkpoint"]
 KEEPER_LABEL = "hpcvm keeper of cluster"  # a periodic checkpoint, a move off a drained node
 KEEPER_PATIENCE = 3600.0  # seconds another writer waits for the keeper's work
@@ -70,7 +71,7 @@ class ClusterRecord(Frozen):
     detached: tuple[DetachedExec, ...] = ()
     periodic: PeriodicCheckpoints | None = None  # cluster up --checkpoint-every
     on_drain: OnDrain = "none"  # cluster up --on-drain
-    keeper_pid: int | None = None  # the process that does both (cluster/keeper.py)
+    keeper_pid: int | None = None  # the process that does both (cluster/commands/keeper.py)
 
 
 def clusters_dir() -> Path:
@@ -104,7 +105,7 @@ def one_writer(name: str, *, keeper: bool = False, patient: bool = True) -> Iter
     remove and remake, so that both processes lock the same file; it goes when released
     (``remove``), and the clusters' directory with it once that is empty.
 
-    The job's keeper (``keeper``: cluster/keeper.py, taking a periodic checkpoint or
+    The job's keeper (``keeper``: cluster/commands/keeper.py, taking a periodic checkpoint or
     moving a VM off a drained node) says so in the lock; any other writer waits for it
     to end (its work is bounded, and the user's ``down`` or ``checkpoint`` must not fail
     because the job happened to be saving itself), saying once on stderr that it waits
@@ -216,11 +217,9 @@ def log_lines(name: str) -> list[str]:
 
 
 def settled_moves(name: str) -> list[str]:
-    """The nodes' lines about moves whose source step died (cluster/moved.py): where
+    """The nodes' lines about moves whose source step died (cluster/tasks/moved.py): where
     the VM is now, which ``cluster migrate``'s failure points the user to (``ps`` shows
     them, ``wait`` relays them as they come)."""
-    from hpcvm.cluster.moved import KILLED
-
     log = log_path(name)  # read at every look of cluster wait: only its lines are parsed
     text = log.read_text(errors="replace") if log.is_file() else ""
     return [ln for ln in text.splitlines() if KILLED in ln and not parse_events([ln])]
@@ -308,7 +307,7 @@ def read_spec(name: str) -> ClusterSpec | None:
 
 
 def install_keys(directory: Path, source: Path, sha256: dict[str, str]) -> tuple[str, str]:
-    """A saved job's key pair (a restore, cluster/checkpoint_model.py) copied into
+    """A saved job's key pair (a restore, cluster/job/checkpoint_model.py) copied into
     ``directory``, private, each checked against its recorded SHA-256 as it is copied:
     (public, private)."""
     from hpcvm.runtime.checkpoint.directory import copy_hashed

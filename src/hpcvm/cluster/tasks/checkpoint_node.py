@@ -1,6 +1,6 @@
 """One task of a job checkpoint's step: one phase for the VM on this node.
 
-``cluster checkpoint`` (cluster/checkpoint.py) runs each phase as a step of the batch
+``cluster checkpoint`` (cluster/commands/checkpoint.py) runs each phase as a step of the batch
 system with one task per node, and a phase starts only when the step before it has
 ended on every node: so every VM is paused before any is saved (no message between
 the guests is half sent), and every VM is saved before any runs again. The VM belongs
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.checkpoint_model import vm_dir_name
+from hpcvm.cluster.batch.registry import get_batch
+from hpcvm.cluster.job.checkpoint_model import vm_dir_name
 from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.model import Frozen
 

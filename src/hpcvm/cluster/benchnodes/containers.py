@@ -6,7 +6,7 @@ launcher inside the first container can start ranks in the others. HPC sites run
 containers the other way round, Apptainer/Singularity's "hybrid model": ``mpirun``
 runs on the host and each rank enters the container (``mpirun apptainer exec IMAGE
 PROGRAM``). Here that is ``mpirun ... RANK-WRAPPER PROGRAM``: the same native ``mpirun``
-line as the native environment (bench_envs.py: the batch system's daemons, the same
+line as the native environment (benchnodes/environments.py: the batch system's daemons, the same
 PUs per node), whose every rank ``exec``s into its node's container (``container-rank``
 below) under the in-container timeout. The ranks then talk over the host's own network
 (the containers share it): the same NICs, addresses and transports as native, so what
@@ -14,7 +14,7 @@ differs from native is the container alone (its namespaces, mounts and cgroup).
 
 The containers are held by a batch step with one task per node (``container-node``
 below), as the VMs are: each task plans its node's native placement itself (the PUs and
-memory nodes its VM would have: native_places.py), starts its container confined to
+memory nodes its VM would have: benchnodes/native_places.py), starts its container confined to
 them, says so in a JSON line, and keeps it until the step ends. A task that dies, even
 by SIGKILL, takes its container with it (runtime/oci/runtime.py's holder pipe).
 
@@ -47,9 +47,9 @@ from hpcvm.bench.container import KILL_GRACE, TIMEOUT, WORK, bundle_spec, descri
 from hpcvm.bench.environments import CONTAINER, RunOutput
 from hpcvm.bench.launch import mpirun_program, with_cpu_set, with_rank_prefix
 from hpcvm.bench.native import NativeEnvironment
-from hpcvm.cluster.batch import Allocation
-from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.spawn import internal_argv
+from hpcvm.cluster.batch.base import Allocation
+from hpcvm.cluster.batch.registry import get_batch
+from hpcvm.cluster.batch.spawn import internal_argv
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.model import Frozen

@@ -1,7 +1,7 @@
 """``cluster migrate``: move one node's VM to a spare node of the job while it runs.
 
 The job keeps spare nodes when it starts (``cluster up --spare K``): tasks of the holder
-step that run no VM and listen for one (cluster/migrate_node.py). Migrating is one step
+step that run no VM and listen for one (cluster/tasks/migrate_node.py). Migrating is one step
 on the VM's node that sends the VM, over a connection both nodes authenticate with the
 job's secret, to the spare's task, which re-plans it for its own node (pins, memory
 binding and huge pages of that node, the same guest ABI) and holds it from then on.
@@ -21,14 +21,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hpcvm.cluster import control, state
-from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.checkpoint import run_step, tail
-from hpcvm.cluster.checkpoint_node import NodeResult, parse_results
-from hpcvm.cluster.migrate_node import SECRET_ENV, MigrateRequest, SettleRequest
-from hpcvm.cluster.spawn import internal_argv
-from hpcvm.cluster.spec import NodeEvent, spare_nodes
-from hpcvm.cluster.state import ClusterRecord
+from hpcvm.cluster.batch.registry import get_batch
+from hpcvm.cluster.batch.spawn import internal_argv
+from hpcvm.cluster.commands import control
+from hpcvm.cluster.commands.checkpoint import run_step, tail
+from hpcvm.cluster.job import state
+from hpcvm.cluster.job.spec import NodeEvent, spare_nodes
+from hpcvm.cluster.job.state import ClusterRecord
+from hpcvm.cluster.tasks.checkpoint_node import NodeResult, parse_results
+from hpcvm.cluster.tasks.migrate_node import SECRET_ENV, MigrateRequest, SettleRequest
 from hpcvm.errors import HpcvmError, NodeLost, RuntimeFailure, UsageError
 from hpcvm.runtime.checkpoint.qemu_state import MIGRATE_TIMEOUT
 from hpcvm.runtime.migration.move import RUN_TIMEOUT, SETUP_TIMEOUT, UNKNOWN_PREFIX
@@ -166,7 +167,7 @@ def _unanswered(
     """The source step died without its result (killed outright). A settle step on
     ``node`` first tells how far its marker got. Before "go" the node's task resumes
     the VM by itself. From "go" on only the target knows whether it runs the VM, and
-    says so in its events (cluster/moved.py): ready for the VM's index (the paused copy
+    says so in its events (cluster/tasks/moved.py): ready for the VM's index (the paused copy
     at ``node`` is then marked moved and goes, and the move stands), or spare again
     after this move (the copy is resumed). The result is this move's, with ``message``
     saying what happened."""

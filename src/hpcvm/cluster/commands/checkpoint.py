@@ -3,10 +3,10 @@
 The order is the point: every VM is paused before any is saved, so no message between
 the guests is half sent (a TCP segment is either in a guest's memory or acknowledged),
 and the guests' connections survive the restore. Each phase (check, pause, save,
-resume) is one step of the batch system with a task per node (checkpoint_node.py),
+resume) is one step of the batch system with a task per node (tasks/checkpoint_node.py),
 and the next begins only when the step has ended on every node.
 
-The job's checkpoint directory (checkpoint_model.py) is written into a hidden sibling
+The job's checkpoint directory (job/checkpoint_model.py) is written into a hidden sibling
 that every node writes its VM's directory into, then the manifest last, then one
 rename: it exists complete or not at all. A failure removes the partial directory and
 runs the VMs again; ``--resume`` aside, the VMs are taken down after the save (as
@@ -26,20 +26,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcvm.cluster import checkpoint_series as series
-from hpcvm.cluster import control, state
-from hpcvm.cluster.batch import BatchSystem
-from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.checkpoint_model import (
+from hpcvm.cluster.batch.base import BatchSystem
+from hpcvm.cluster.batch.registry import get_batch
+from hpcvm.cluster.batch.spawn import internal_argv
+from hpcvm.cluster.commands import control
+from hpcvm.cluster.job import checkpoint_series as series
+from hpcvm.cluster.job import state
+from hpcvm.cluster.job.checkpoint_model import (
     KEY_FILE,
     MANIFEST,
     JobManifest,
     SavedVm,
 )
-from hpcvm.cluster.checkpoint_node import NodeResult, NodeVm, Phase, parse_results
-from hpcvm.cluster.spawn import internal_argv
-from hpcvm.cluster.spec import ClusterSpec, NodeEvent
-from hpcvm.cluster.state import ClusterRecord
+from hpcvm.cluster.job.spec import ClusterSpec, NodeEvent
+from hpcvm.cluster.job.state import ClusterRecord
+from hpcvm.cluster.tasks.checkpoint_node import NodeResult, NodeVm, Phase, parse_results
 from hpcvm.errors import HpcvmError, RuntimeFailure
 from hpcvm.runtime.checkpoint import directory as checkpoint_dir
 from hpcvm.signals import signals_deferred
@@ -72,9 +73,9 @@ def checkpoint(
     job's VMs down (or run them on). On failure the VMs run again and no directory is
     left. A Ctrl-C or SIGTERM waits until the VMs run again or are saved: a phase is not
     cut short on some nodes while it goes on on others. ``in_series``: ``directory`` is
-    a series of checkpoints (cluster/keeper.py) and this one becomes its next member,
+    a series of checkpoints (cluster/commands/keeper.py) and this one becomes its next member,
     numbered while the job's lock is held. ``keeper``: taken by the job's keeper
-    (cluster/keeper.py), which other writers wait for."""
+    (cluster/commands/keeper.py), which other writers wait for."""
     if not in_series:
         checkpoint_dir.check_target(directory)
     with state.one_writer(name, keeper=keeper):

@@ -36,11 +36,11 @@ class ClusterRequest(VmRequest):
     how the VMs are joined and addressed."""
 
     name: str
-    batch: str = DEFAULT_BATCH  # a name in cluster/batches.py BATCH_SYSTEMS
+    batch: str = DEFAULT_BATCH  # a name in cluster/batch/registry.py BATCH_SYSTEMS
     nodes: int | None = None  # --nodes: how many (the batch system may decide)
     # The first node's VM's IPv4 interface (10.0.0.101/24; the k-th node's VM gets the
     # k-th next one), or "auto": each node's VM an address of the site's pool derived
-    # from the node's own (cluster/addresses.py)
+    # from the node's own (cluster/tasks/addresses.py)
     first_address: str
     workdir: str  # shared with every guest at the same path (the job's directory)
     # A node too small for the hpc profile's housekeeping core plans with none and warns
@@ -60,7 +60,7 @@ class ClusterSpec(ClusterRequest):
     public_key: str  # the job's SSH key: every guest's sshd accepts it (its private
     #                  half stays on the batch node: cluster up installs it in the
     #                  first VM only, where mpirun runs)
-    # A job checkpoint (cluster/checkpoint_model.py) each node restores its VM from,
+    # A job checkpoint (cluster/job/checkpoint_model.py) each node restores its VM from,
     # instead of booting one: ``cluster up --restore DIR``
     restore: str | None = None
     # What a migration's two nodes prove to each other (runtime/migration/channel.py);
@@ -118,7 +118,7 @@ class NodeEvent(Frozen):
     accel: str | None = None
     message: str = ""
     log: str = ""  # a log that says more (the VM's console or QEMU log on that node)
-    move: str = ""  # a spare's again after a failed move: that move's id (migrate.py)
+    move: str = ""  # a spare's again after a failed move: that move's id (commands/migrate.py)
 
     def line(self) -> str:
         """The event as one line of the task's standard output."""

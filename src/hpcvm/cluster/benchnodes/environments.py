@@ -5,9 +5,9 @@ Fair by construction: both run the same suite argv, whose ``mpirun`` line
 network with the same transports. Natively ``mpirun`` runs on the batch node and finds
 the allocation through the batch system's environment (``native_mpi_env``, kept through
 the runs' clean environment); in a VM environment it runs in the first node's VM with
-the cluster's hostfile and ssh launcher (cluster/guest_mpi.py). Native ranks run on
+the cluster's hostfile and ssh launcher (cluster/job/guest_mpi.py). Native ranks run on
 each node where that node's own placement puts them (the PUs its tuned VM has its vCPUs
-pinned to, cluster/native_places.py, which says what Open MPI 4.1 allows and what is
+pinned to, cluster/benchnodes/native_places.py, which says what Open MPI 4.1 allows and what is
 recorded when a node differs), as one-node native runs are confined by a cpuset.
 
 What differs from one-node runs, and is recorded with the run: the VMs on the other
@@ -30,13 +30,15 @@ from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.placement import Confinement
 from hpcvm.bench.variants import BASE, VmVariant
 from hpcvm.bench.vm import describe_vm, verify_variant, with_variant
-from hpcvm.cluster import control, guest_mpi, native_places
-from hpcvm.cluster.addresses import AUTO, site_pool
-from hpcvm.cluster.batch import Allocation
-from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.bench_containers import ClusterContainerEnvironment
-from hpcvm.cluster.spec import ClusterRequest, check_addresses
-from hpcvm.cluster.spec import node_address as nth_address
+from hpcvm.cluster.batch.base import Allocation
+from hpcvm.cluster.batch.registry import get_batch
+from hpcvm.cluster.benchnodes import native_places
+from hpcvm.cluster.benchnodes.containers import ClusterContainerEnvironment
+from hpcvm.cluster.commands import control
+from hpcvm.cluster.job import guest_mpi
+from hpcvm.cluster.job.spec import ClusterRequest, check_addresses
+from hpcvm.cluster.job.spec import node_address as nth_address
+from hpcvm.cluster.tasks.addresses import AUTO, site_pool
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import VMPlan
@@ -50,7 +52,7 @@ UP_TIMEOUT = 600.0
 
 class ClusterNativeEnvironment(NativeEnvironment):
     """The job's nodes as they are: mpirun on the batch node, ranks on every node,
-    each node's where that node's placement says (cluster/native_places.py)."""
+    each node's where that node's placement says (cluster/benchnodes/native_places.py)."""
 
     def __init__(
         self,

@@ -33,9 +33,9 @@ from pydantic import ValidationError
 
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.placement import NativePlacement
-from hpcvm.cluster.batch import Allocation
-from hpcvm.cluster.batches import get_batch
-from hpcvm.cluster.spawn import internal_argv
+from hpcvm.cluster.batch.base import Allocation
+from hpcvm.cluster.batch.registry import get_batch
+from hpcvm.cluster.batch.spawn import internal_argv
 from hpcvm.errors import RuntimeFailure, UsageError
 from hpcvm.model import Frozen, first_complaint
 from hpcvm.units import format_cpu_list

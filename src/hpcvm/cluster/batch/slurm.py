@@ -1,4 +1,4 @@
-"""Slurm as a batch system (batch.py): the allocation, one step that holds the VMs, and
+"""Slurm as a batch system (batch/base.py): the allocation, one step that holds the VMs, and
 the signals that end it. The only module of hpcvm that names Slurm's commands and
 variables.
 
@@ -23,7 +23,7 @@ import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from hpcvm.cluster.batch import Allocation, TaskPlace
+from hpcvm.cluster.batch.base import Allocation, TaskPlace
 from hpcvm.errors import RuntimeFailure, UsageError
 
 SLURM_PACKAGE = "slurm-client"

@@ -14,7 +14,7 @@ confirmation, so the VM of a job cancelled a moment ago would refuse its own res
 Where the entry is old and the host drops the datagram silently the address passes (a
 missed conflict rather than a refused restore). Where the host has no address on that
 segment there is nobody to ask from the host; the address claim on the node
-(addresses.py) still holds.
+(tasks/addresses.py) still holds.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The markers a VM's run directory gets while it migrates (migrate_node.py), and what a
+"""The markers a VM's run directory gets while it migrates (tasks/migrate_node.py), and what a
 node's task does when a migration's source step died midway.
 
 ``migrated``: the VM migrated away; its QEMU here ended (or is stopped) because of it.
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from hpcvm import procs
+from hpcvm.cluster.job.state_files import KILLED
 from hpcvm.model import Frozen
 from hpcvm.runtime.hostside import paths
 from hpcvm.runtime.machine.model import Backend, Machine
@@ -40,7 +41,6 @@ MARKER = "migrated"  # in the old VM's run dir: its QEMU ended because the VM mo
 MOVING = "moving"  # in the VM's run dir while a migration's source step runs
 SETTLED = "moving.settled"  # a dead step's marker, once its node's task settled it
 START_SLACK = 1.0  # seconds: process start times are read at 1/HZ, written as floats
-KILLED = "was killed (source step pid"  # in every line that settles a dead step's move
 
 Phase = Literal["sending", "paused", "go", "told"]
 Say = Callable[[str], None]

@@ -1,7 +1,7 @@
 """A series of job checkpoints: one directory holding a job's checkpoints as
 ``checkpoint-000001``, ``checkpoint-000002``, ... (``cluster up --checkpoint-every
 --checkpoint-dir``, ``cluster checkpoint --series``). Each member is written aside and
-renamed when complete (cluster/checkpoint.py), so a member without its manifest is one
+renamed when complete (cluster/commands/checkpoint.py), so a member without its manifest is one
 being written, or one a dead writer left; the newest complete member is the job's last
 good state, which ``cluster up --restore SERIES`` restores.
 """
@@ -16,7 +16,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from hpcvm.cluster.checkpoint_model import MANIFEST
+from hpcvm.cluster.job.checkpoint_model import MANIFEST
 from hpcvm.errors import UsageError
 from hpcvm.runtime.checkpoint import directory as checkpoint_dir
 
@@ -95,7 +95,7 @@ def is_series(directory: Path) -> bool:
 def newest_restorable(series: Path, say: Callable[[str], None] | None = None) -> Path:
     """The newest complete checkpoint of ``series`` that reads back whole (a damaged one
     is passed over, saying why); a UsageError when there is none."""
-    from hpcvm.cluster import checkpoint_model
+    from hpcvm.cluster.job import checkpoint_model
 
     for path in reversed(complete(series)):
         try:

@@ -1,8 +1,8 @@
-"""The few facts about a cluster's state directory that the holder needs (holder.py).
+"""The few facts about a cluster's state directory that the holder needs (commands/holder.py).
 
-Kept apart from state.py, which reads the nodes' events through pydantic models: the
+Kept apart from job/state.py, which reads the nodes' events through pydantic models: the
 holder is a fresh Python process in the path of every ``cluster up`` (it launches the
-step), and importing state.py cost it 0.3 s of the 1.6 s `cluster up` took beyond one
+step), and importing job/state.py cost it 0.3 s of the 1.6 s `cluster up` took beyond one
 ``up`` (benchmarks/cluster_up.py's breakdown). This module imports nothing of hpcvm.
 """
 
@@ -15,6 +15,9 @@ from pathlib import Path
 LOG_FILE = "holder.log"  # the step's output, where the nodes' events arrive
 TAKING_DOWN = "taking-down"  # written by `cluster down` (or a failing `up`) first
 ENDED_SUFFIX = ".ended"  # beside the state directory: why a step ended on its own
+# In every line of the holder's log that settles a dead source step's move (tasks/moved.py);
+# ``cluster wait`` relays such lines as they come (job/state.py).
+KILLED = "was killed (source step pid"
 
 
 def taken_down_by_another(directory: Path) -> bool:
