@@ -80,7 +80,7 @@ def exec_on(
         raise UsageError("nothing to run: give a command after --")
     vm = handle_of(machine)
     asks = alive if alive is not None else _default_alive
-    if not asks(machine) and not qemu_runs(vm):
+    if not asks(machine) and not qemu_runs(machine):
         raise RuntimeFailure(f"VM {vm.name} is not running (QEMU pid {vm.pid} gone)", cause="qemu")
     try:
         return agent.exec(
@@ -94,7 +94,7 @@ def exec_on(
     except ExecInterrupted as exc:
         raise ExecInterrupted(f"in VM {vm.name}, {exc.what}") from exc
     except HpcvmError as exc:
-        if not asks(machine) and not qemu_runs(vm):
+        if not asks(machine) and not qemu_runs(machine):
             raise RuntimeFailure(
                 f"VM {vm.name} died while running {argv[0]!r}; see its console log {vm.serial_log}"
             ) from exc
