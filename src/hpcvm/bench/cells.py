@@ -3,7 +3,6 @@ count, in one environment) and the tally of each cell's samples, values and cost
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,11 +31,6 @@ def cells_for(suites: Sequence[Suite], np_values: Sequence[int]) -> list[Cell]:
         else:
             cells.append(Cell(suite, None))
     return cells
-
-
-def slug(text: str) -> str:
-    """A file-name-safe form of an environment or suite name (``vm:hpc`` -> ``vm-hpc``)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
 
 
 class Tally:

@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpcvm.bench import evidence
-from hpcvm.bench.cells import slug
 from hpcvm.bench.environments import CLEAN_ENV, CONTAINER, RunOutput, decode_output
 from hpcvm.bench.native import affinity_prefix, meminfo_total, mpi_held
+from hpcvm.bench.outdir import slug
 from hpcvm.bench.versions import host_versions
 from hpcvm.errors import RuntimeFailure
 from hpcvm.host.model import HostTopology

@@ -24,17 +24,16 @@ from typing import Any, Protocol
 
 from pydantic import Field
 
-from hpcvm.bench.choices import CONTAINER as CONTAINER  # re-exported: the names live there
-from hpcvm.bench.choices import NATIVE as NATIVE
-from hpcvm.bench.choices import VM_PREFIX as VM_PREFIX
-from hpcvm.bench.choices import parse_env as parse_env
-from hpcvm.bench.choices import valid_env_names as valid_env_names
-from hpcvm.bench.launch import ENV
+from hpcvm.bench.launch import CLEAN_ENV as CLEAN_ENV  # re-exported: runs are launched there
+from hpcvm.bench.launch import STD_PATH as STD_PATH
+from hpcvm.bench.launch import decode_output as decode_output
+from hpcvm.bench.variants import CONTAINER as CONTAINER  # re-exported: the names live there
+from hpcvm.bench.variants import NATIVE as NATIVE
+from hpcvm.bench.variants import VM_PREFIX as VM_PREFIX
+from hpcvm.bench.variants import parse_env as parse_env
+from hpcvm.bench.variants import valid_env_names as valid_env_names
 from hpcvm.model import Frozen
 from hpcvm.store.records import EnvKind, NewEnvironment
-
-STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-CLEAN_ENV = (ENV, "-i", f"PATH={STD_PATH}")
 
 
 class RunOutput(Frozen):
@@ -80,8 +79,3 @@ class Environment(Protocol):
     def close(self) -> None:
         """Release everything (a VM goes down); safe to call twice or before start."""
         ...
-
-
-def decode_output(data: bytes) -> str:
-    """A program's output as text, whatever bytes it printed."""
-    return data.decode(errors="replace")

@@ -53,6 +53,16 @@ from hpcvm.units import format_cpu_list
 Bind = Literal["core", "hwthread", "none"]
 
 ENV = "/usr/bin/env"
+# every run, native or in a guest, starts from the same bare environment (the guest
+# agent hands its commands one): environments.py's module docstring says why
+STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CLEAN_ENV = (ENV, "-i", f"PATH={STD_PATH}")
+
+
+def decode_output(data: bytes) -> str:
+    """A program's output as text, whatever bytes it printed."""
+    return data.decode(errors="replace")
+
 
 _BIND_OPTIONS: dict[str, tuple[str, ...]] = {
     "core": ("--map-by", "core", "--bind-to", "core"),

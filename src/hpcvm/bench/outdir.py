@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -179,3 +180,8 @@ def _nearest_existing(path: Path, option: str) -> Path:
         if _stat(parent, option) is not None:
             return parent
     return Path(path.anchor)
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of an environment or suite name (``vm:hpc`` -> ``vm-hpc``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"

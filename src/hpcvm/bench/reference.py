@@ -34,8 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcvm.bench.environments import CLEAN_ENV, decode_output
-from hpcvm.bench.launch import across, mpirun_argv
+from hpcvm.bench.launch import CLEAN_ENV, across, decode_output, mpirun_argv
 from hpcvm.bench.metrics import ParseError, tail
 from hpcvm.errors import BenchmarkError
 

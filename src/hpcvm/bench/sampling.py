@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcvm.bench.cells import Cell, slug
+from hpcvm.bench.cells import Cell
 from hpcvm.bench.environments import CLEAN_ENV, Environment, RunOutput
 from hpcvm.bench.metrics import MetricValue
+from hpcvm.bench.outdir import slug
 from hpcvm.bench.suite import DescribesSamples, Suite, WarmsUpSmaller
 from hpcvm.errors import HpcvmError
 from hpcvm.store import MetricRecord, NewSample

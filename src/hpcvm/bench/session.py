@@ -22,11 +22,11 @@ from typing import Protocol
 
 from hpcvm import procs
 from hpcvm.bench import cpuset
-from hpcvm.bench.cells import slug
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.environments import VM_PREFIX, Environment, parse_env
 from hpcvm.bench.native import NativeEnvironment
 from hpcvm.bench.noise import calibrate_iterations
+from hpcvm.bench.outdir import slug
 from hpcvm.bench.placement import Confinement, NativePlacement, native_placement
 from hpcvm.bench.results import outlier_marks
 from hpcvm.bench.runner import Outcome, ProgressSink, Runner

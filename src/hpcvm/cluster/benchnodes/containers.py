@@ -41,12 +41,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hpcvm.bench.cells import slug
 from hpcvm.bench.config import BenchConfig
 from hpcvm.bench.container import KILL_GRACE, TIMEOUT, WORK, bundle_spec, describe_container
 from hpcvm.bench.environments import CONTAINER, RunOutput
 from hpcvm.bench.launch import mpirun_program, with_cpu_set, with_rank_prefix
 from hpcvm.bench.native import NativeEnvironment
+from hpcvm.bench.outdir import slug
 from hpcvm.cluster.batch.base import Allocation
 from hpcvm.cluster.batch.registry import get_batch
 from hpcvm.cluster.batch.spawn import internal_argv
