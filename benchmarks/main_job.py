@@ -110,7 +110,7 @@ def relative(row: dict[str, Any]) -> float | None:
 
 
 def _extreme(suite: str, metric: str) -> bool:
-    from hpcvm.bench.suites import kind_of  # the working tree's definitions
+    from hpcvm.bench.suites.registry import kind_of  # the working tree's definitions
 
     kind = kind_of(suite)
     return kind is not None and any(m.name == metric and m.extreme for m in kind.metrics)

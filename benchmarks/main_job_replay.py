@@ -32,11 +32,11 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.metrics import Metric, MetricValue
-from hpcvm.bench.native import NativeEnvironment
-from hpcvm.bench.runner import Runner
-from hpcvm.bench.suites import kind_of
+from hpcvm.bench.core.metrics import Metric, MetricValue
+from hpcvm.bench.envs.native import NativeEnvironment
+from hpcvm.bench.run.config import BenchConfig
+from hpcvm.bench.run.runner import Runner
+from hpcvm.bench.suites.registry import kind_of
 from hpcvm.stats import summarize
 from hpcvm.store import SampleRecord, Store
 

@@ -30,7 +30,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from hpcvm.bench.noise import P999_DETOUR, TIME_LOST, noise_binary, parse_report, report_metrics
+from hpcvm.bench.suites.noise import (
+    P999_DETOUR,
+    TIME_LOST,
+    noise_binary,
+    parse_report,
+    report_metrics,
+)
 from hpcvm.runtime.machine.state import load_machine
 from hpcvm.stats import interleaved_order, overhead, summarize
 from hpcvm.tune import engine, snapshot_state, state

@@ -53,7 +53,7 @@ CONFIDENCE = 0.97
 def worker(label: str, workdir: Path) -> int:
     """Boot a VM with this process's hpcvm, then serve batches: a line ``N`` runs N
     samples and answers one JSON line; ``quit`` (or end of input) takes the VM down."""
-    from hpcvm.bench.vm import VmEnvironment, plan_vm
+    from hpcvm.bench.envs.vm import VmEnvironment, plan_vm
     from hpcvm.units import MIB
 
     plan, _ = plan_vm("naive", vcpus=1, memory_bytes=512 * MIB)

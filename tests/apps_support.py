@@ -7,10 +7,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.native import NativeEnvironment
-from hpcvm.bench.runner import Runner
-from hpcvm.bench.suite import Suite
+from hpcvm.bench.core.suite import Suite
+from hpcvm.bench.envs.native import NativeEnvironment
+from hpcvm.bench.run.config import BenchConfig
+from hpcvm.bench.run.runner import Runner
 from hpcvm.store import SampleRecord, Store
 
 

@@ -31,10 +31,10 @@ from typing import Any
 
 import pytest
 
-from hpcvm.bench.cmd import CmdSuite
-from hpcvm.bench.evidence import interrupt_rates, read_interrupts, total_rate
-from hpcvm.bench.metrics import MetricValue, ParseError
-from hpcvm.bench.noise import RAW_FILE, noise_binary, parse_report, report_metrics
+from hpcvm.bench.core.metrics import MetricValue, ParseError
+from hpcvm.bench.envs.evidence import interrupt_rates, read_interrupts, total_rate
+from hpcvm.bench.suites.cmd import CmdSuite
+from hpcvm.bench.suites.noise import RAW_FILE, noise_binary, parse_report, report_metrics
 from hpcvm.stats import interleaved_order
 from hpcvm.store import MetricRecord, NewEnvironment, NewSample, Store
 

@@ -1,7 +1,7 @@
 """Extensions from outside the package: a suite, a render target, a report format, a
 VM backend, a network kind, a host tuning setting.
 
-Each extension point is a registry (bench/suites.py REGISTRY, render/targets.py
+Each extension point is a registry (bench/suites/registry.py REGISTRY, render/targets.py
 TARGETS, report/formats.py FORMATS, runtime/backends/registry.py BACKENDS, runtime/net/network.py
 NETWORK_KINDS, tune/registry.py REGISTRY); an extension is a module that calls that
 registry's ``register`` once when imported. hpcvm imports such modules before it

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcvm.bench.hpcc import COMMUNICATION_METRICS
-from hpcvm.bench.hpcc import METRICS as HPCC_METRICS
-from hpcvm.bench.noise import METRICS as NOISE_METRICS
-from hpcvm.bench.vm import plan_vm
+from hpcvm.bench.envs.vm import plan_vm
+from hpcvm.bench.suites.hpcc import COMMUNICATION_METRICS
+from hpcvm.bench.suites.hpcc import METRICS as HPCC_METRICS
+from hpcvm.bench.suites.noise import METRICS as NOISE_METRICS
 from hpcvm.store import Store
 from hpcvm.units import MIB
 from tests.integration.conftest import HugePages

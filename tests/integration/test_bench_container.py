@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.container import ContainerEnvironment
-from hpcvm.bench.environments import RunOutput
+from hpcvm.bench.envs.container import ContainerEnvironment
+from hpcvm.bench.envs.environments import RunOutput
 from hpcvm.host import discover
 from hpcvm.runtime.oci import runtime as oci
 from tests.runtime_support import hpcvm
@@ -211,7 +211,7 @@ def _ours_left(out: Path) -> list[str]:
 HOLDER = """
 import sys
 from pathlib import Path
-from hpcvm.bench.container import ContainerEnvironment
+from hpcvm.bench.envs.container import ContainerEnvironment
 env = ContainerEnvironment(None, cpus=None, mems=(), shares=(), out_dir=Path(sys.argv[1]))
 env.start()
 print(env.container.id, env.container.program, flush=True)

@@ -17,8 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcvm.bench.cmd import CmdSuite
-from hpcvm.bench.hpcc import (
+from hpcvm.bench.core.launch import mpirun_argv
+from hpcvm.bench.core.metrics import ParseError
+from hpcvm.bench.suites.cmd import CmdSuite
+from hpcvm.bench.suites.hpcc import (
     COMMUNICATION_METRICS,
     INPUT_FILE,
     METRICS,
@@ -26,11 +28,9 @@ from hpcvm.bench.hpcc import (
     HpccSuite,
     read_summary,
 )
-from hpcvm.bench.hpcc import OUTPUT_FILE as HPCC_OUTPUT
-from hpcvm.bench.launch import mpirun_argv
-from hpcvm.bench.metrics import ParseError
-from hpcvm.bench.noise import NoiseSuite, parse_report, read_raw
-from hpcvm.bench.npb import discover
+from hpcvm.bench.suites.hpcc import OUTPUT_FILE as HPCC_OUTPUT
+from hpcvm.bench.suites.noise import NoiseSuite, parse_report, read_raw
+from hpcvm.bench.suites.npb import discover
 from hpcvm.units import GIB
 
 pytestmark = pytest.mark.integration

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.cpuset import CGROUP_ROOT, PREFIX, probe
-from hpcvm.bench.launch import mpirun_argv
-from hpcvm.bench.native import NativeEnvironment
-from hpcvm.bench.noise import NoiseSuite
-from hpcvm.bench.session import prepare
-from hpcvm.bench.suites import SuiteOptions
+from hpcvm.bench.core.launch import mpirun_argv
+from hpcvm.bench.envs.cpuset import CGROUP_ROOT, PREFIX, probe
+from hpcvm.bench.envs.native import NativeEnvironment
+from hpcvm.bench.run.config import BenchConfig
+from hpcvm.bench.run.session import prepare
+from hpcvm.bench.suites.noise import NoiseSuite
+from hpcvm.bench.suites.registry import SuiteOptions
 from hpcvm.host import discover
 from tests import cluster_support
 
@@ -112,7 +112,7 @@ def test_a_user_is_denied_a_cpuset_and_the_bench_confines_by_affinity_instead(
     assert probe([_last_cpu()], [0]) is True
     assert _cpusets() == []
     code = (
-        "from hpcvm.bench.cpuset import probe; import os; "
+        "from hpcvm.bench.envs.cpuset import probe; import os; "
         "print(probe([max(os.sched_getaffinity(0))], [0]))"
     )
     src = str(Path(__file__).resolve().parents[2] / "src")

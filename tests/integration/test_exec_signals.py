@@ -211,11 +211,11 @@ def test_exec_imports_neither_the_models_nor_the_planner(vm: Vm) -> None:
     assert "hpcvm.runtime.channels.agent" in modules  # it did reach the guest through the agent
 
 
-# bench's VM environment as `hpcvm bench` starts it (bench/vm.py), in a process that
+# bench's VM environment as `hpcvm bench` starts it (bench/envs/vm.py), in a process that
 # then waits as a bench between samples does; argv[1] is the VM's name.
 BENCH_OWNER = """
 import sys, time
-from hpcvm.bench.vm import VmEnvironment, plan_vm
+from hpcvm.bench.envs.vm import VmEnvironment, plan_vm
 plan, _ = plan_vm("naive", vcpus=1, memory_bytes=256 << 20)
 VmEnvironment(plan, vm_name=sys.argv[1]).start()
 time.sleep(600)

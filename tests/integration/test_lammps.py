@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.lammps import INPUT_FILE, LOG_FILE, STEPS, LammpsSuite
-from hpcvm.bench.metrics import ParseError
-from hpcvm.bench.native import NativeEnvironment
+from hpcvm.bench.core.metrics import ParseError
+from hpcvm.bench.envs.native import NativeEnvironment
+from hpcvm.bench.suites.lammps import INPUT_FILE, LOG_FILE, STEPS, LammpsSuite
 from tests.apps_support import run_samples
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,7 @@
 Real Open MPI 4.1 (mpirun as bench runs it: launch.mpirun_argv, natively through
 NativeEnvironment.run) and a real MPI program (hpcvm's bsp helper). One rank of two is a
 shell that fails before MPI_Init in one of the two ways measured to hang mpirun
-(bench/mpiwatch.py); the other runs the MPI program and waits in MPI_Init. Without the
+(bench/envs/mpiwatch.py); the other runs the MPI program and waits in MPI_Init. Without the
 watch, each run waits out its timeout (TIMEOUT here, 3600 s in bench). The oracle is the
 clock and the run's own stderr. A control run, whose rank 0 works on after MPI_Finalize
 while the other rank has ended, must not be cut short.
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.bsp import bsp_binary
-from hpcvm.bench.launch import mpirun_argv
-from hpcvm.bench.native import NativeEnvironment
+from hpcvm.bench.core.launch import mpirun_argv
+from hpcvm.bench.envs.native import NativeEnvironment
+from hpcvm.bench.suites.bsp import bsp_binary
 from hpcvm.errors import BenchmarkError
 
 TIMEOUT = 120.0  # what each run would wait without the watch

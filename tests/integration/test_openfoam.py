@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.environments import CLEAN_ENV
-from hpcvm.bench.failures import cell_failures, failure_line
-from hpcvm.bench.native import NativeEnvironment
-from hpcvm.bench.openfoam import (
+from hpcvm.bench.envs.environments import CLEAN_ENV
+from hpcvm.bench.envs.native import NativeEnvironment
+from hpcvm.bench.results.failures import cell_failures, failure_line
+from hpcvm.bench.suites.openfoam import (
     CPU_PER_STEP,
     DECOMPOSE_PAR_DICT,
     MESH,

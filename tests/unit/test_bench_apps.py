@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.lammps import (
+from hpcvm.bench.core.launch import Spread, across, mpirun_argv
+from hpcvm.bench.core.metrics import ParseError
+from hpcvm.bench.core.suite import DescribesSamples, PreparesInputs, Suite
+from hpcvm.bench.run.config import BenchConfig
+from hpcvm.bench.run.session import INPUTS, _guest_shares
+from hpcvm.bench.suites.lammps import (
     ENERGY_RTOL,
     INPUT,
     LammpsSuite,
@@ -21,9 +25,7 @@ from hpcvm.bench.lammps import (
     error_line,
     parse_output,
 )
-from hpcvm.bench.launch import Spread, across, mpirun_argv
-from hpcvm.bench.metrics import ParseError
-from hpcvm.bench.openfoam import (
+from hpcvm.bench.suites.openfoam import (
     RESIDUAL_RTOL,
     SIZES,
     WALL_PER_STEP,
@@ -35,10 +37,8 @@ from hpcvm.bench.openfoam import (
     parse_log,
     step_metrics,
 )
-from hpcvm.bench.reference import reference_mpirun, relative_difference, run_step
-from hpcvm.bench.session import INPUTS, _guest_shares
-from hpcvm.bench.suite import DescribesSamples, PreparesInputs, Suite
-from hpcvm.bench.suites import REGISTRY, SuiteOptions, build_suites, suite_packages
+from hpcvm.bench.suites.reference import reference_mpirun, relative_difference, run_step
+from hpcvm.bench.suites.registry import REGISTRY, SuiteOptions, build_suites, suite_packages
 from hpcvm.errors import BenchmarkError, UsageError
 
 # --- registry ----------------------------------------------------------------------------

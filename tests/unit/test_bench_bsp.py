@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcvm.bench.bsp import (
+from hpcvm.bench.core.metrics import ParseError
+from hpcvm.bench.suites.bsp import (
     COMPUTE_SLOWDOWN,
     GRAIN,
     ITERATIONS_FILE,
@@ -24,8 +25,7 @@ from hpcvm.bench.bsp import (
     bsp_metrics,
     read_raw,
 )
-from hpcvm.bench.metrics import ParseError
-from hpcvm.bench.suites import SuiteOptions, build_suites
+from hpcvm.bench.suites.registry import SuiteOptions, build_suites
 from hpcvm.errors import UsageError
 
 

@@ -1,15 +1,15 @@
-"""Failure counting (bench/failures.py) and which summary rows exist, on synthetic
+"""Failure counting (bench/results/failures.py) and which summary rows exist, on synthetic
 store records: the expected counts are written out by hand from the records below."""
 
 from __future__ import annotations
 
-from hpcvm.bench.failures import (
+from hpcvm.bench.results.failures import (
     cell_failures,
     failure_line,
     repeats_same_failure,
     without_valid_sample,
 )
-from hpcvm.bench.results import summarize_run
+from hpcvm.bench.results.results import summarize_run
 from hpcvm.store import MetricRecord, SampleRecord
 from tests.unit.test_bench_runner_results import NATIVE, RUN, VM
 

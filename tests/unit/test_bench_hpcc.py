@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.hpcc import (
+from hpcvm.bench.core.metrics import MetricValue, ParseError
+from hpcvm.bench.suites.hpcc import (
     COMMUNICATION_METRICS,
     INPUT_FILE,
     MAX_MEMORY_FRACTION,
@@ -26,7 +27,6 @@ from hpcvm.bench.hpcc import (
     read_summary,
     warmup_input,
 )
-from hpcvm.bench.metrics import MetricValue, ParseError
 from hpcvm.errors import BenchmarkError, UsageError
 from hpcvm.units import GIB, MIB
 

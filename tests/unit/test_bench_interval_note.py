@@ -4,7 +4,7 @@ user's --cmd metric, e.g. a clock offset) is not flagged for being what it is.""
 
 from __future__ import annotations
 
-from hpcvm.bench.results import summarize_run
+from hpcvm.bench.results.results import summarize_run
 from tests.unit.test_bench_failures import NATIVE, RUN, _sample
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.metrics import ParseError
-from hpcvm.bench.npb import (
+from hpcvm.bench.core.metrics import ParseError
+from hpcvm.bench.suites.npb import (
     MOPS,
     RUN_FILE,
     TIME,
@@ -29,7 +29,7 @@ from hpcvm.bench.npb import (
     report_metrics,
     sample_facts,
 )
-from hpcvm.bench.npb_report import failure_reason, verification
+from hpcvm.bench.suites.npb_report import failure_reason, verification
 from hpcvm.errors import UsageError
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "npb"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.npb import MOPS, TIME, NpbSuite
-from hpcvm.bench.npb_kernels import (
+from hpcvm.bench.suites.npb import MOPS, TIME, NpbSuite
+from hpcvm.bench.suites.npb_kernels import (
     CLASSES,
     KERNELS,
     check_process_count,
@@ -17,7 +17,7 @@ from hpcvm.bench.npb_kernels import (
     larger_class,
     parse_selector,
 )
-from hpcvm.bench.npb_resolution import coarse_resolution, resolution_warning
+from hpcvm.bench.suites.npb_resolution import coarse_resolution, resolution_warning
 from hpcvm.errors import UsageError
 
 

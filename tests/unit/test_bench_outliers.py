@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcvm.bench.results import outlier_marks, summarize_run
+from hpcvm.bench.results.results import outlier_marks, summarize_run
 from hpcvm.store import SCHEMA_VERSION, MetricRecord, SampleRecord, Store
 from tests.unit.test_bench_runner_results import NATIVE, RUN, VM
 

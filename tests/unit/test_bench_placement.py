@@ -1,4 +1,4 @@
-"""Native placement (bench/placement.py) on real machines' topologies, planned by the
+"""Native placement (bench/envs/placement.py) on real machines' topologies, planned by the
 real planner: the expected PUs come from the plans themselves and from hwloc's node of
 each PU (the host model hpcvm reads with hwloc), never from numbers written here."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.placement import ALL, native_placement, parse_native_cpus
+from hpcvm.bench.envs.placement import ALL, native_placement, parse_native_cpus
 from hpcvm.errors import UsageError
 from hpcvm.host import discover
 from hpcvm.host.model import HostTopology

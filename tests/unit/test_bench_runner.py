@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.environments import RunOutput
-from hpcvm.bench.native import NativeEnvironment
-from hpcvm.bench.results import summaries
-from hpcvm.bench.runner import Runner
-from hpcvm.bench.suites import SuiteOptions, build_suites
+from hpcvm.bench.envs.environments import RunOutput
+from hpcvm.bench.envs.native import NativeEnvironment
+from hpcvm.bench.results.results import summaries
+from hpcvm.bench.run.config import BenchConfig
+from hpcvm.bench.run.runner import Runner
+from hpcvm.bench.suites.registry import SuiteOptions, build_suites
 from hpcvm.stats import interleaved_order
 from hpcvm.store import Store
 

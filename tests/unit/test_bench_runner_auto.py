@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.environments import RunOutput
-from hpcvm.bench.metrics import Metric, MetricValue
-from hpcvm.bench.native import NativeEnvironment
-from hpcvm.bench.runner import Runner
+from hpcvm.bench.core.metrics import Metric, MetricValue
+from hpcvm.bench.envs.environments import RunOutput
+from hpcvm.bench.envs.native import NativeEnvironment
+from hpcvm.bench.run.config import BenchConfig
+from hpcvm.bench.run.runner import Runner
 from hpcvm.store import SampleRecord, Store
 
 TARGET = 0.1

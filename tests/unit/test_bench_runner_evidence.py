@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.evidence import (
+from hpcvm.bench.envs.evidence import (
     ClockRead,
     check_clock,
     exit_rate,

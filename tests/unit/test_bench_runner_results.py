@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpcvm.bench.results import summarize_run
-from hpcvm.bench.session import TCG_WARNING
+from hpcvm.bench.results.results import summarize_run
+from hpcvm.bench.run.session import TCG_WARNING
 from hpcvm.store import EnvironmentRecord, MetricRecord, RunRecord, SampleRecord
 
 RUN = RunRecord(

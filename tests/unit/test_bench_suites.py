@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.cmd import CmdSuite
-from hpcvm.bench.hpcc import HpccSuite
-from hpcvm.bench.launch import in_workdir, mpirun_argv
-from hpcvm.bench.noise import NoiseSuite
-from hpcvm.bench.npb import NpbSuite
-from hpcvm.bench.suite import Suite
-from hpcvm.bench.suites import SuiteOptions, build_suites, suite_names
+from hpcvm.bench.core.launch import in_workdir, mpirun_argv
+from hpcvm.bench.core.suite import Suite
+from hpcvm.bench.suites.cmd import CmdSuite
+from hpcvm.bench.suites.hpcc import HpccSuite
+from hpcvm.bench.suites.noise import NoiseSuite
+from hpcvm.bench.suites.npb import NpbSuite
+from hpcvm.bench.suites.registry import SuiteOptions, build_suites, suite_names
 from hpcvm.errors import UsageError
 
 

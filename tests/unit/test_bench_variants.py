@@ -1,4 +1,4 @@
-"""VM variants as environments (bench/variants.py): one rule parses every name, each
+"""VM variants as environments (bench/envs/variants.py): one rule parses every name, each
 variant has one canonical spelling, a malformed or impossible one is refused in one
 line naming the fix, and a variant is planned and placed exactly like its profile.
 
@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.variant_plans import check_placed_alike
-from hpcvm.bench.variants import VmVariant, canonical_env_names, parse_env
-from hpcvm.bench.vm import plan_vm
+from hpcvm.bench.envs.variant_plans import check_placed_alike
+from hpcvm.bench.envs.variants import VmVariant, canonical_env_names, parse_env
+from hpcvm.bench.envs.vm import plan_vm
+from hpcvm.bench.run.config import BenchConfig
 from hpcvm.errors import InfeasiblePlanError, UsageError
 from hpcvm.host import HostTopology
 from hpcvm.plan.model import VMPlan

@@ -29,16 +29,16 @@ from typing import Any
 
 import pytest
 
-from hpcvm.bench import guest_sampler as vm
-from hpcvm.bench.environments import CLEAN_ENV
-from hpcvm.bench.guest_sampler import (
+from hpcvm.bench.envs import guest_sampler as vm
+from hpcvm.bench.envs.environments import CLEAN_ENV
+from hpcvm.bench.envs.guest_sampler import (
     MAX_ARG,
     TEXT_CHUNK,
     GuestSampler,
     file_arguments,
     guest_evidence,
 )
-from hpcvm.bench.vm import plan_vm
+from hpcvm.bench.envs.vm import plan_vm
 from hpcvm.bootspec import BootSpec
 from hpcvm.errors import RuntimeFailure
 from hpcvm.runtime.channels.agent import GuestAgent

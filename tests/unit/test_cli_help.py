@@ -13,7 +13,7 @@ import sys
 import click
 import pytest
 
-from hpcvm.bench.choices import BUILTIN_SUITES, registered_suite_names
+from hpcvm.bench.run.choices import BUILTIN_SUITES, registered_suite_names
 from hpcvm.cli.main import COMMANDS, cli, load_commands
 
 HEAVY = ("pydantic", "scipy", "numpy", "matplotlib", "rich")  # rich: cli/common.py
@@ -99,7 +99,7 @@ def test_top_level_help_lists_the_table_as_click_would() -> None:
 
 
 def test_the_built_in_suites_are_the_registry_s() -> None:
-    from hpcvm.bench.suites import REGISTRY
+    from hpcvm.bench.suites.registry import REGISTRY
 
     assert tuple(REGISTRY) == BUILTIN_SUITES  # no plugin loaded in this process
     assert registered_suite_names() == tuple(REGISTRY)

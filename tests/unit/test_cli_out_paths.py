@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from hpcvm.bench.failures import cell_failures
-from hpcvm.bench.results import summaries
+from hpcvm.bench.results.failures import cell_failures
+from hpcvm.bench.results.results import summaries
 from hpcvm.cli.bench_view import CONDITIONS, print_report
 from hpcvm.cli.main import main
 from hpcvm.store import NewEnvironment, Store
@@ -137,7 +137,7 @@ def test_report_counts_one_figure_and_one_file_in_the_singular(
 
 
 def _vm_results(directory: Path) -> Path:
-    """Conditions as a VM variant records them (bench/vm.py writes these versions)."""
+    """Conditions as a VM variant records them (bench/envs/vm.py writes these versions)."""
     with Store.open(directory, create=True) as store:
         run_id = store.create_run(
             args={"native": {"cpus": [0, 1], "mems": [0]}}, seed=1, confidence=0.97

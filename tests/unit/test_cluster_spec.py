@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.launch import Spread, across, mpirun_argv, mpirun_program, with_cpu_set
-from hpcvm.bench.placement import NativePlacement
+from hpcvm.bench.core.launch import Spread, across, mpirun_argv, mpirun_program, with_cpu_set
+from hpcvm.bench.envs.placement import NativePlacement
 from hpcvm.cluster.batch.base import Allocation
 from hpcvm.cluster.batch.slurm import Slurm
 from hpcvm.cluster.benchnodes import native_places

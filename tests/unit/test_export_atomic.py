@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.export import write_atomic
+from hpcvm.bench.results.export import write_atomic
 
 
 @pytest.fixture

@@ -20,6 +20,10 @@ For cluster:
 
     0 job, batch  1 tasks  2 commands  3 benchnodes
 
+For bench:
+
+    0 core  1 suites, results  2 envs  3 run
+
 and above them ``cluster/internal.py`` (``TOP``), the one module outside its rooms: the
 dispatcher ``python -m hpcvm.cluster.internal ROLE`` starts on a node, which may import
 every room and which no room imports.
@@ -104,6 +108,7 @@ def test_no_stage_imports_a_later_one() -> None:
 # Sub-packages of a stage, by layer (module doc); a stage's modules outside them (its
 # __init__) import none of them.
 INNER: dict[str, dict[str, int]] = {
+    "bench": {"core": 0, "suites": 1, "results": 1, "envs": 2, "run": 3},
     "runtime": {
         "hostside": 0,
         "machine": 1,

@@ -76,8 +76,8 @@ def test_bench_vms_that_fit_alone_but_not_held_together_are_refused() -> None:
     """bench keeps every environment's VM up (paused) at once: each within the job's
     memory alone, all of them beyond it, is refused before any starts (a 4K-page VM
     was OOM-killed midway on the Slurm test cluster before this check)."""
-    from hpcvm.bench.config import BenchConfig
-    from hpcvm.bench.session import vm_plans
+    from hpcvm.bench.run.config import BenchConfig
+    from hpcvm.bench.run.session import vm_plans
 
     one = 640 * MIB
     small_pages = one + qemu_overhead(one)  # vm:hpc+page=4K: RAM and QEMU charged

@@ -1,8 +1,8 @@
-"""What a hung run's failure record shows of the ranks' own stderr (bench/mpiwatch.py)."""
+"""What a hung run's failure record shows of the ranks' own stderr (bench/envs/mpiwatch.py)."""
 
 from __future__ import annotations
 
-from hpcvm.bench.mpiwatch import rank_lines
+from hpcvm.bench.envs.mpiwatch import rank_lines
 
 # mpirun's stderr as measured (Open MPI 4.1.4): a binding report, the rank's own line,
 # then two boxed notices.

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.metrics import MetricValue, ParseError
-from hpcvm.bench.netpipe import (
+from hpcvm.bench.core.metrics import MetricValue, ParseError
+from hpcvm.bench.suites.netpipe import (
     MAX_BYTES,
     METRICS,
     OUTPUT_FILE,
@@ -27,7 +27,7 @@ from hpcvm.bench.netpipe import (
     read_points,
     size_name,
 )
-from hpcvm.bench.suites import SuiteOptions, build_suites, kind_of, message_bytes
+from hpcvm.bench.suites.registry import SuiteOptions, build_suites, kind_of, message_bytes
 from hpcvm.errors import BenchmarkError, UsageError
 
 DATA = Path(__file__).parent.parent / "data" / "netpipe"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.vm import plan_vm
+from hpcvm.bench.envs.vm import plan_vm
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, UsageError
 from hpcvm.host import HostTopology
 from hpcvm.host.model import KvmInfo

@@ -61,8 +61,8 @@ def test_no_module_uses_another_packages_private_names() -> None:
 def test_the_walk_finds_both_kinds(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text(
-        "from hpcvm.bench.vm import _FACTS\n"
+        "from hpcvm.bench.envs.vm import _FACTS\n"
         "def f():\n    from hpcvm.bench import vm\n    return vm._SAMPLE, vm.plan_vm\n"
     )
-    assert reaches(module, "cluster") == ["hpcvm.bench.vm._FACTS", "vm._SAMPLE"]
+    assert reaches(module, "cluster") == ["hpcvm.bench.envs.vm._FACTS", "vm._SAMPLE"]
     assert reaches(module, "bench") == []

@@ -22,8 +22,8 @@ from matplotlib.figure import Figure
 from matplotlib.image import imread
 from matplotlib.patches import Rectangle
 
-from hpcvm.bench.noise import RAW_FILE, read_raw
-from hpcvm.bench.results import summarize_run
+from hpcvm.bench.results.results import summarize_run
+from hpcvm.bench.suites.noise import RAW_FILE, read_raw
 from hpcvm.report.drawing import TCG_NOTE
 from hpcvm.report.figures import (
     absolute_figure,

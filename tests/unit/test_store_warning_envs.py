@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from hpcvm.bench.results import summarize_run
+from hpcvm.bench.results.results import summarize_run
 from hpcvm.store import (
     SCHEMA_VERSION,
     MetricRecord,

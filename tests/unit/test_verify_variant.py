@@ -6,8 +6,8 @@ otherwise."""
 
 from __future__ import annotations
 
-from hpcvm.bench.variants import VmVariant
-from hpcvm.bench.vm import plan_vm
+from hpcvm.bench.envs.variants import VmVariant
+from hpcvm.bench.envs.vm import plan_vm
 from hpcvm.bootspec import Nic
 from hpcvm.host import synthetic
 from hpcvm.plan.model import VMPlan

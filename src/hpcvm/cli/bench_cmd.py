@@ -1,7 +1,7 @@
 """`hpcvm bench` and `hpcvm results`: measure native against VMs, and read the results.
 
-Thin: options become a BenchConfig; bench/session.py checks and runs it, bench/results.py
-summarises the database, cli/bench_view.py prints the tables.
+Thin: options become a BenchConfig; bench/run/session.py checks and runs it,
+bench/results/results.py summarises the database, cli/bench_view.py prints the tables.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 from click.core import ParameterSource
 
-from hpcvm.bench.choices import (
+from hpcvm.bench.envs.variants import syntax as variant_syntax
+from hpcvm.bench.results.outdir import path_option
+from hpcvm.bench.run.choices import (
     CONTAINER_RUNTIMES,
     DEFAULT_MAX_REPS,
     DEFAULT_VM_MEMORY,
     registered_suite_names,
     valid_env_names,
 )
-from hpcvm.bench.outdir import path_option
-from hpcvm.bench.variants import syntax as variant_syntax
 from hpcvm.cli.common import console, err_console, parse_duration
 from hpcvm.errors import SamplesFailed, UsageError
 from hpcvm.nic_models import NIC_MODELS
@@ -35,14 +35,14 @@ from hpcvm.units import format_size, parse_size
 if TYPE_CHECKING:  # the implementation is imported when a command runs, not for --help
     from rich.progress import TaskID
 
-    from hpcvm.bench.config import BenchConfig
-    from hpcvm.bench.failures import CellFailures
-    from hpcvm.bench.lammps import LammpsSize
-    from hpcvm.bench.launch import Bind, Spread
-    from hpcvm.bench.netpipe import NetpipeSize
-    from hpcvm.bench.openfoam import OpenfoamSize
-    from hpcvm.bench.session import EnvironmentMaker
-    from hpcvm.bench.suites import SuiteOptions
+    from hpcvm.bench.core.launch import Bind, Spread
+    from hpcvm.bench.results.failures import CellFailures
+    from hpcvm.bench.run.config import BenchConfig
+    from hpcvm.bench.run.session import EnvironmentMaker
+    from hpcvm.bench.suites.lammps import LammpsSize
+    from hpcvm.bench.suites.netpipe import NetpipeSize
+    from hpcvm.bench.suites.openfoam import OpenfoamSize
+    from hpcvm.bench.suites.registry import SuiteOptions
     from hpcvm.stats.overhead import Method
     from hpcvm.store import SampleRecord
 
@@ -138,7 +138,7 @@ def _size(text: str) -> tuple[str | float, int]:
 
 
 def _suite_options(o: BenchOptions) -> SuiteOptions:
-    from hpcvm.bench.suites import SuiteOptions
+    from hpcvm.bench.suites.registry import SuiteOptions
 
     hpcc_size, quanta = _size(o.size)
     for flag, value in (
@@ -262,9 +262,9 @@ def _refuse_vm_settings(envs: Sequence[str]) -> None:
 
 
 def _config(o: BenchOptions) -> BenchConfig:
-    from hpcvm.bench.config import BenchConfig
-    from hpcvm.bench.placement import parse_native_cpus
-    from hpcvm.bench.variants import canonical_env_names
+    from hpcvm.bench.envs.placement import parse_native_cpus
+    from hpcvm.bench.envs.variants import canonical_env_names
+    from hpcvm.bench.run.config import BenchConfig
 
     suites = _suites(o)
     memory = o.vm_memory
@@ -476,8 +476,8 @@ class _Bar:
 )
 def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
     """Run benchmarks natively and in VMs, interleaved, into OUT/hpcvm.db; print tables."""
-    from hpcvm.bench.outdir import check_results_dir, removed_if_refused
-    from hpcvm.bench.session import results_writer
+    from hpcvm.bench.results.outdir import check_results_dir, removed_if_refused
+    from hpcvm.bench.run.session import results_writer
 
     options = BenchOptions(**kw)
     # refused before the lock is taken, a directory made or a VM booted: the path, then
@@ -493,11 +493,11 @@ def _bench(
 ) -> int:
     """The bench command while this process is the one writer of ``out``; ``config``,
     the run's settings (None: those of the run recorded in ``out``, to resume)."""
-    from hpcvm.bench.export import write_exports
-    from hpcvm.bench.failures import cell_failures
-    from hpcvm.bench.launch import across
-    from hpcvm.bench.results import summaries
-    from hpcvm.bench.session import TCG_WARNING, execute, prepare, recorded_config
+    from hpcvm.bench.core.launch import across
+    from hpcvm.bench.results.export import write_exports
+    from hpcvm.bench.results.failures import cell_failures
+    from hpcvm.bench.results.results import summaries
+    from hpcvm.bench.run.session import TCG_WARNING, execute, prepare, recorded_config
     from hpcvm.cli.bench_view import print_report
     from hpcvm.store import Store
 
@@ -537,8 +537,8 @@ def _across_nodes(
         if o.network or o.address:
             raise UsageError("--network and --address go with --nodes N (N > 1)")
         return None, None
-    from hpcvm.bench.launch import Spread
-    from hpcvm.bench.suites import REGISTRY
+    from hpcvm.bench.core.launch import Spread
+    from hpcvm.bench.suites.registry import REGISTRY
     from hpcvm.cluster.batch.registry import get_batch
     from hpcvm.cluster.benchnodes.environments import ClusterEnvironments, runs_network
 
@@ -566,8 +566,8 @@ def _across_nodes(
 def _judge(failures: list[CellFailures], samples: list[SampleRecord], out: Path) -> None:
     """Say how the run ended: SamplesFailed (exit 9) when an environment x suite has no
     valid sample; "finished with failures" when some samples failed."""
-    from hpcvm.bench.failures import failure_line, without_valid_sample
-    from hpcvm.bench.sampling import LOGS
+    from hpcvm.bench.results.failures import failure_line, without_valid_sample
+    from hpcvm.bench.run.sampling import LOGS
 
     empty = without_valid_sample(samples)
     if empty:
@@ -605,10 +605,10 @@ def results_cmd(
     results_dir: Path, as_json: bool, csv_file: Path | None, run_id: int | None, interval: str
 ) -> int:
     """Recompute the summaries of a results directory from its database."""
-    from hpcvm.bench.export import rows_csv, rows_json, write_atomic
-    from hpcvm.bench.failures import cell_failures
-    from hpcvm.bench.outdir import check_writable_file
-    from hpcvm.bench.results import summaries
+    from hpcvm.bench.results.export import rows_csv, rows_json, write_atomic
+    from hpcvm.bench.results.failures import cell_failures
+    from hpcvm.bench.results.outdir import check_writable_file
+    from hpcvm.bench.results.results import summaries
     from hpcvm.cli.bench_view import print_report
     from hpcvm.store import Store
 

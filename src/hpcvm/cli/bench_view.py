@@ -25,10 +25,10 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from hpcvm.bench.failures import CellFailures
-from hpcvm.bench.results import ResultRow, noise_by_env
-from hpcvm.bench.session import TCG_WARNING
-from hpcvm.bench.suites import kind_of, short_name
+from hpcvm.bench.results.failures import CellFailures
+from hpcvm.bench.results.results import ResultRow, noise_by_env
+from hpcvm.bench.run.session import TCG_WARNING
+from hpcvm.bench.suites.registry import kind_of, short_name
 from hpcvm.store import EnvironmentRecord, RunRecord
 from hpcvm.units import format_cpu_list
 
@@ -79,7 +79,7 @@ def host_pus(run: RunRecord, env: EnvironmentRecord) -> str:
             return "any"
         how = native.get("confine", "cpuset") if isinstance(native, dict) else "cpuset"
         if env.kind == "container" and env.versions.get("container_rootless") == "yes":
-            how = "affinity"  # a rootless container has no cgroup (bench/container.py)
+            how = "affinity"  # a rootless container has no cgroup (bench/envs/container.py)
         if how != "cpuset":
             return f"{format_cpu_list(cpus)} (nodes {format_cpu_list(mems or [])}; {how})"
         return f"{format_cpu_list(cpus)} (nodes {format_cpu_list(mems or [])})"
@@ -114,9 +114,9 @@ def pages_of(env: EnvironmentRecord) -> str:
 
 
 def differs_in(env: EnvironmentRecord) -> str:
-    """What a variant changes of its profile (bench/variants.py), from the variant
+    """What a variant changes of its profile (bench/envs/variants.py), from the variant
     stored with it; "-" for a profile as it is, native and a container."""
-    from hpcvm.bench.variants import KEYS
+    from hpcvm.bench.envs.variants import KEYS
 
     parts = [
         f"{k.variable} {k.show(env.variant[k.name])}"

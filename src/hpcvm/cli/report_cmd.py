@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from hpcvm.bench.outdir import path_option
+from hpcvm.bench.results.outdir import path_option
 from hpcvm.cli.common import warn
 from hpcvm.errors import UsageError
 from hpcvm.report.formats import FORMATS

@@ -36,7 +36,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from hpcvm.bench.suites import memory_bound
+from hpcvm.bench.suites.registry import memory_bound
 from hpcvm.model import Frozen
 from hpcvm.report.compare import Comparison
 from hpcvm.report.drawing import DPI, TCG_NOTE, fit_tick_labels, new_figure, text
@@ -272,7 +272,7 @@ def overview_figure(
 def pages_figure(
     data: ReportData, colours: dict[str, str], confidence: float
 ) -> tuple[Figure, list[str]] | None:
-    """The memory-bound benchmarks' overhead (bench/suites.py ``memory_bound``: STREAM,
+    """The memory-bound benchmarks' overhead (bench/suites/registry.py ``memory_bound``: STREAM,
     RandomAccess) with one bar series per VM page-size combination (host page size
     under guest RAM x the guest's THP mode, as observed after boot), as the study of
     hardware-assisted paging drew them; None unless the run's VMs have at least two

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
-from hpcvm.bench.placement import CONFINEMENT_TEXT
+from hpcvm.bench.envs.placement import CONFINEMENT_TEXT
 from hpcvm.model import Frozen
 from hpcvm.report.compare import CompareRow
 from hpcvm.report.labels import label

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hpcvm.bench.suites import np_label as suite_np_label
-from hpcvm.bench.suites import short_name as suite_short_name
-from hpcvm.bench.variants import CONTAINER, parse_env
+from hpcvm.bench.envs.variants import CONTAINER, parse_env
+from hpcvm.bench.suites.registry import np_label as suite_np_label
+from hpcvm.bench.suites.registry import short_name as suite_short_name
 from hpcvm.errors import UsageError
 from hpcvm.plan.names import PROFILE_NAMES
 from hpcvm.report.model import NATIVE
@@ -30,7 +30,7 @@ OTHER_COLOURS = ("#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8", "#98df8a
 
 
 def short_name(suite: str, metric: str) -> str:
-    """Short benchmark name of a metric, as its suite kind defines it (bench/suites.py);
+    """Short benchmark name of a metric, as its suite kind defines it (bench/suites/registry.py);
     the metric's own name when none is known."""
     return suite_short_name(suite, metric) or metric
 

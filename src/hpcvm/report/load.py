@@ -1,8 +1,8 @@
 """Read one run of a results database into a ReportData (the report's only reader).
 
 Everything the outputs show comes from here: the store's runs, environments and samples
-(``hpcvm.store`` read API); the summary rows of ``hpcvm results`` (bench/results.py,
-computed with ``hpcvm.stats``); and the evidence each sample kept (bench/evidence.py):
+(``hpcvm.store`` read API); the summary rows of ``hpcvm results`` (bench/results/results.py,
+computed with ``hpcvm.stats``); and the evidence each sample kept (bench/envs/evidence.py):
 interrupts per second per source (``evidence["interrupts"][host|guest]``), the guest
 clock check (``evidence["clock"]``), failed samples with their logs, and the noise
 suite's raw per-quantum durations. The store does not hold those durations: they are
@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcvm.bench.failures import NO_REASON, cell_failures
-from hpcvm.bench.metrics import ParseError
-from hpcvm.bench.noise import RAW_FILE, read_raw
+from hpcvm.bench.core.metrics import ParseError
+from hpcvm.bench.results.failures import NO_REASON, cell_failures
+from hpcvm.bench.suites.noise import RAW_FILE, read_raw
 from hpcvm.report.describe import host_summary, plan_summary
 from hpcvm.report.detours import detour_curve
 from hpcvm.report.labels import env_order
@@ -202,7 +202,7 @@ def _drift(envs: Sequence[EnvironmentRecord], measured: Sequence[SampleRecord]) 
 
 
 def _failures(samples: Sequence[SampleRecord]) -> list[FailedSamples]:
-    """bench/failures.py's counts (the table and ``results`` show the same), plus every
+    """bench/results/failures.py's counts (the table and ``results`` show the same), plus every
     distinct reason and log for the report's readers."""
     out = []
     for f in cell_failures(samples):

@@ -28,7 +28,7 @@ WarningKind = Literal["tcg", "drift", "failed", "run", "summary"]
 class Row(Frozen):
     """Summary of one metric in one environment, suite and process count.
 
-    The fields of ``hpcvm results --json`` (``hpcvm.bench.results.ResultRow``), with two
+    The fields of ``hpcvm results --json`` (``hpcvm.bench.results.results.ResultRow``), with two
     differences: ``overhead_pct`` also holds the point estimate (ratio of means) when no
     finite interval exists, so a figure can draw it as unbounded; ``values`` keeps the
     samples behind ``mean`` for ``--compare``.
@@ -105,7 +105,7 @@ class EnvInfo(Frozen):
     vcpus: int
     memory_bytes: int
     plan: PlanSummary | None = None
-    variant: dict[str, str | int] = Field(default_factory=dict)  # bench/variants.py's keys
+    variant: dict[str, str | int] = Field(default_factory=dict)  # bench/envs/variants.py's keys
 
 
 class HostSummary(Frozen):

@@ -1,6 +1,6 @@
 """Summary rows of a run for the report: ``hpcvm results``' rows plus what figures need.
 
-The numbers are ``hpcvm.bench.results.summarize_run``'s, so the report and
+The numbers are ``hpcvm.bench.results.results.summarize_run``'s, so the report and
 ``hpcvm results`` always agree. Two additions (pure):
 
 - the values behind each mean (``--compare`` computes its own interval from them);
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from hpcvm.bench.results import NATIVE, ResultRow, summarize_run
+from hpcvm.bench.results.results import NATIVE, ResultRow, summarize_run
 from hpcvm.report.model import Row
 from hpcvm.store import EnvironmentRecord, RunRecord, SampleRecord
 

@@ -2,7 +2,7 @@
 drew NetPIPE's curves.
 
 Which rows belong here is data, not names: a metric whose definition in the suite
-registry carries a ``message_bytes`` (``bench/suites.py message_bytes``; the database
+registry carries a ``message_bytes`` (``bench/suites/registry.py message_bytes``; the database
 stores values, not definitions). Two panels, split by the metric's direction:
 lower-is-better figures (latency: log-x, log-y, since latencies span decades from
 shared memory to large messages) and higher-is-better ones (bandwidth: log-x, linear y,
@@ -19,7 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from hpcvm.bench.suites import message_bytes
+from hpcvm.bench.suites.registry import message_bytes
 from hpcvm.report.drawing import TCG_NOTE, fit_tick_labels, new_figure, text
 from hpcvm.report.labels import env_order
 from hpcvm.report.model import Row

@@ -4,7 +4,7 @@ A figure compares environments; its reader needs to know which one thing (or thi
 set them apart: the kind of virtualization (native, container, VM), the VM profile, the
 host page size under guest RAM, the guest's transparent huge pages, the NIC model. All
 of it is read from what the store recorded of each environment, as observed where it
-was observable (a VM's page size and THP mode after boot, bench/vm.py; its NIC from
+was observable (a VM's page size and THP mode after boot, bench/envs/vm.py; its NIC from
 the network it was given), never from its name. Pure.
 """
 

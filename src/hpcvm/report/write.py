@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpcvm.bench.outdir import check_writable_dir
+from hpcvm.bench.results.outdir import check_writable_dir
 from hpcvm.report.compare import Comparison
 from hpcvm.report.figures import render_compare_figures, render_figures
 from hpcvm.report.formats import ReportFormat, get
@@ -46,7 +46,7 @@ def write_text(path: Path, content: str) -> None:
 
 def check_out_dir(out_dir: Path) -> None:
     """Refuse, before any work, an output path that is not a directory this process can
-    write into or make (bench/outdir.py says why in one line)."""
+    write into or make (bench/results/outdir.py says why in one line)."""
     check_writable_dir(out_dir, "--out")
 
 

@@ -67,7 +67,7 @@ class NewEnvironment(Frozen):
     versions: dict[str, str] = Field(default_factory=dict)
     vcpus: int
     memory_bytes: int
-    # a VM variant's keys (bench/variants.py: {"nic": "e1000", "page": 4096}); {} else
+    # a VM variant's keys (bench/envs/variants.py: {"nic": "e1000", "page": 4096}); {} else
     variant: dict[str, str | int] = Field(default_factory=dict)
 
 

@@ -15,7 +15,7 @@ One file per results directory. Tables:
   container), accelerator (``native``, ``kvm``, ``tcg``), CPU model, software versions
   and observed facts (JSON: a container's runtime, a VM's guest THP mode...), vCPUs and
   memory it offered, and the VM variant (JSON: ``{"nic": "e1000", "page": 4096,
-  "thp": "never"}``, the keys it sets, bench/variants.py).
+  "thp": "never"}``, the keys it sets, bench/envs/variants.py).
 - ``samples``: one row per run of one suite in one environment: np (0 when the suite
   ignores it), repetition (block index; warm-ups are repetition 0 with ``warmup`` 1),
   position in its block's interleaved order, ok or failed with the error, the log and

@@ -4,9 +4,9 @@ one module, one registry call. It runs /bin/echo and reads the number it printed
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpcvm.bench.metrics import Metric, MetricValue, ParseError
-from hpcvm.bench.suite import Suite
-from hpcvm.bench.suites import SuiteKind, SuiteOptions, register
+from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError
+from hpcvm.bench.core.suite import Suite
+from hpcvm.bench.suites.registry import SuiteKind, SuiteOptions, register
 
 ANSWER = Metric(name="answer", unit="", higher_is_better=True, short="Answer")
 

@@ -41,12 +41,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.container import KILL_GRACE, TIMEOUT, WORK, bundle_spec, describe_container
-from hpcvm.bench.environments import CONTAINER, RunOutput
-from hpcvm.bench.launch import mpirun_program, with_cpu_set, with_rank_prefix
-from hpcvm.bench.native import NativeEnvironment
-from hpcvm.bench.outdir import slug
+from hpcvm.bench.core.launch import mpirun_program, with_cpu_set, with_rank_prefix
+from hpcvm.bench.envs.container import KILL_GRACE, TIMEOUT, WORK, bundle_spec, describe_container
+from hpcvm.bench.envs.environments import CONTAINER, RunOutput
+from hpcvm.bench.envs.native import NativeEnvironment
+from hpcvm.bench.results.outdir import slug
+from hpcvm.bench.run.config import BenchConfig
 from hpcvm.cluster.batch.base import Allocation
 from hpcvm.cluster.batch.registry import get_batch
 from hpcvm.cluster.batch.spawn import internal_argv
@@ -110,7 +110,7 @@ class NodeContainer(Frozen):
 def node_main(spec_json: str) -> int:
     """One task of the step (``python -m hpcvm.cluster.internal container-node JSON``):
     this node's container up, one JSON line, then held until the step ends."""
-    from hpcvm.bench.session import native_on
+    from hpcvm.bench.run.session import native_on
     from hpcvm.host import discover
 
     try:

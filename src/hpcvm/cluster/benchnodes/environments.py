@@ -1,7 +1,7 @@
 """``hpcvm bench --nodes N``: native and VM environments that span an allocation's nodes.
 
 Fair by construction: both run the same suite argv, whose ``mpirun`` line
-(bench/launch.py ``across``) spreads ranks round-robin over the nodes on the same
+(bench/core/launch.py ``across``) spreads ranks round-robin over the nodes on the same
 network with the same transports. Natively ``mpirun`` runs on the batch node and finds
 the allocation through the batch system's environment (``native_mpi_env``, kept through
 the runs' clean environment); in a VM environment it runs in the first node's VM with
@@ -22,14 +22,14 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.environments import VM_PREFIX, RunOutput
-from hpcvm.bench.guest_sampler import GuestSampler
-from hpcvm.bench.launch import mpirun_program, with_cpu_set
-from hpcvm.bench.native import NativeEnvironment
-from hpcvm.bench.placement import Confinement
-from hpcvm.bench.variants import BASE, VmVariant
-from hpcvm.bench.vm import describe_vm, verify_variant, with_variant
+from hpcvm.bench.core.launch import mpirun_program, with_cpu_set
+from hpcvm.bench.envs.environments import VM_PREFIX, RunOutput
+from hpcvm.bench.envs.guest_sampler import GuestSampler
+from hpcvm.bench.envs.native import NativeEnvironment
+from hpcvm.bench.envs.placement import Confinement
+from hpcvm.bench.envs.variants import BASE, VmVariant
+from hpcvm.bench.envs.vm import describe_vm, verify_variant, with_variant
+from hpcvm.bench.run.config import BenchConfig
 from hpcvm.cluster.batch.base import Allocation
 from hpcvm.cluster.batch.registry import get_batch
 from hpcvm.cluster.benchnodes import native_places
@@ -109,7 +109,7 @@ class ClusterNativeEnvironment(NativeEnvironment):
 
 class ClusterVmEnvironment:
     """One VM per node of the job (``cluster up``); runs start in the first one, through
-    a ``GuestSampler`` of its guest (bench/guest_sampler.py), with the MPI environment
+    a ``GuestSampler`` of its guest (bench/envs/guest_sampler.py), with the MPI environment
     that spreads their ranks over every VM."""
 
     kind: EnvKind = "vm"
@@ -131,7 +131,7 @@ class ClusterVmEnvironment:
     ) -> None:
         """``plan``: this (the first) node's plan, which its VM will have; each other
         node plans its own. ``network``: the VMs' NIC, of the variant's model;
-        ``variant`` is checked in the first VM after boot (bench/vm.py)."""
+        ``variant`` is checked in the first VM after boot (bench/envs/vm.py)."""
         self.plan = plan
         self.name = name or f"{VM_PREFIX}{plan.profile}"
         self.variant = variant

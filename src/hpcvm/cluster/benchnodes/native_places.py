@@ -1,7 +1,7 @@
 """Where native ranks run on each node of ``bench --nodes``: each node's own PUs.
 
 One-node benches confine native runs to the PUs and memory nodes the tuned VM's vCPUs
-and memory are pinned to (bench/placement.py). Across nodes every VM is planned on its
+and memory are pinned to (bench/envs/placement.py). Across nodes every VM is planned on its
 own node, from that node's topology (unlike nodes get unlike plans; on the one-machine
 test cluster each node is a cpuset of its own), so the batch node's PUs say nothing of
 the others'. Each node therefore computes its own native placement, as one-node bench
@@ -14,7 +14,7 @@ cluster, a rankfile naming node 2's PU, physical or logical, fails or is refused
 2, and ``--hetero-nodes`` is gone). So:
 
 - every node's placement the same PUs (alike nodes, the usual cluster): ``--cpu-list``
-  binds the ranks on every node to them (bench/launch.py's :func:`with_cpu_set`);
+  binds the ranks on every node to them (bench/core/launch.py's :func:`with_cpu_set`);
 - placements that differ: ranks are dealt ``--map-by node --bind-to core`` as in the
   VMs, each inside what its node allows (its cgroup: Slurm's task/cgroup on a real
   cluster, the node's cpuset on the test cluster). Where a node allows more PUs than
@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
 
-from hpcvm.bench.config import BenchConfig
-from hpcvm.bench.placement import NativePlacement
+from hpcvm.bench.envs.placement import NativePlacement
+from hpcvm.bench.run.config import BenchConfig
 from hpcvm.cluster.batch.base import Allocation
 from hpcvm.cluster.batch.registry import get_batch
 from hpcvm.cluster.batch.spawn import internal_argv
@@ -53,7 +53,7 @@ class NodeNative(Frozen):
 
 def this_node(config_json: str) -> str:
     """The JSON line a node's task prints: its name, placement and allowed PUs."""
-    from hpcvm.bench.session import native_on
+    from hpcvm.bench.run.session import native_on
     from hpcvm.host import discover
 
     try:

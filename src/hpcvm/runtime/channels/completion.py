@@ -5,7 +5,7 @@ qemu-guest-agent has no event for a finished ``guest-exec``: the host can only a
 it waits for runs; asked rarely, the answer comes late (polling that backed off to
 0.25 s cost a bench sample 0.1 s on average). So the runtime gives every VM a second
 virtio-serial port (``BootSpec.done_socket``, named ``org.hpcvm.done.0``), and a guest
-process that wants to be waited for writes a token line to it as it exits (bench/vm.py's
+process that wants to be waited for writes a token line to it as it exits (bench/envs/vm.py's
 sample script, from an EXIT trap). The host waits for that token on the port's unix
 socket, asleep, and then asks the agent once for the exit status.
 

@@ -21,7 +21,7 @@ job's cgroup still holds it.
 Rootless (hpcvm not root): a user namespace maps the user to root in the container, the
 host's ``/sys`` is bound rather than mounted (a user namespace cannot mount sysfs
 without a network namespace), and no cgroup is asked for (a user's runtime has no
-cpuset to make): bench/container.py then holds each sample by CPU affinity and memory
+cpuset to make): bench/envs/container.py then holds each sample by CPU affinity and memory
 binding, as a user's native baseline is held.
 """
 

@@ -1,6 +1,6 @@
 """What a VM's memory pages and devices really are, each read where it is decided.
 
-``hpcvm bench`` compares variants of one profile (bench/variants.py: the NIC model, the
+``hpcvm bench`` compares variants of one profile (bench/envs/variants.py: the NIC model, the
 host page size under guest RAM, the guest's transparent huge pages). Each is checked in
 the running VM from sources independent of hpcvm and of each other:
 

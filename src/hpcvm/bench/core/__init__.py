@@ -1,0 +1,1 @@
+"""bench/core: the Suite protocol, metrics and the launch every suite shares."""

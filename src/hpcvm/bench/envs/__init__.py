@@ -1,0 +1,1 @@
+"""bench/envs: where a sample runs: native, VMs and containers behind one interface."""

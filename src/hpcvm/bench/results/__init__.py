@@ -1,0 +1,1 @@
+"""bench/results: a run's results read back: summaries, failures, exports, the results directory."""

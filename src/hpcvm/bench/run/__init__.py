@@ -1,0 +1,1 @@
+"""bench/run: one bench run: choices, config, cells, the sampling loop and the session."""

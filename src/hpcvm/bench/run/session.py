@@ -1,0 +1,621 @@
+"""One ``hpcvm bench`` run from start to end: check, start, measure, always clean up.
+
+``prepare`` refuses everything it can before anything starts (unknown suite or
+environment, a bad regex, a missing NPB directory, an impossible np, an infeasible VM
+plan, an ``--out`` holding another run). ``execute`` then opens the database, boots
+each VM once (left paused), runs the loop (runner.py) and, however it ends (done,
+Ctrl-C, SIGTERM, an error), brings every VM down and marks the run finished,
+interrupted or failed. Finished samples are already on disk by then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shlex
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from hpcvm import procs
+from hpcvm.bench.core.suite import DescribesSamples, PreparesInputs, Suite
+from hpcvm.bench.envs import cpuset
+from hpcvm.bench.envs.environments import VM_PREFIX, Environment, parse_env
+from hpcvm.bench.envs.native import NativeEnvironment
+from hpcvm.bench.envs.placement import Confinement, NativePlacement, native_placement
+from hpcvm.bench.envs.variant_plans import check_placed_alike
+from hpcvm.bench.envs.variants import VmVariant
+from hpcvm.bench.envs.vm import VmEnvironment, plan_vm
+from hpcvm.bench.results.outdir import slug
+from hpcvm.bench.results.results import outlier_marks
+from hpcvm.bench.run.config import BenchConfig
+from hpcvm.bench.run.runner import Outcome, ProgressSink, Runner
+from hpcvm.bench.suites.noise import calibrate_iterations
+from hpcvm.bench.suites.registry import build_suites, validate_suites
+from hpcvm.errors import HpcvmError, UsageError
+from hpcvm.host.model import HostTopology
+from hpcvm.lock import Holder, exclusive, read_holder
+from hpcvm.plan.memory import check_held_together, limit_charge
+from hpcvm.plan.model import VMPlan
+from hpcvm.signals import interrupting, signals_deferred
+from hpcvm.store import (
+    NewEnvironment,
+    RunRecord,
+    SampleRecord,
+    Store,
+    db_path,
+    writer_lock_path,
+)
+from hpcvm.tune import snapshot_state
+
+Warn = Callable[[str], None]
+
+TCG_WARNING = (
+    "TCG: the VMs run under QEMU's software emulation, not hardware virtualization; "
+    "their overhead shows emulation and says nothing about KVM"
+)
+
+
+@contextlib.contextmanager
+def results_writer(out_dir: Path, warn: Warn | None = None) -> Iterator[None]:
+    """Be the one writer of ``out_dir`` for the block, or raise BusyError (exit 8) at
+    once, before anything is read, booted or written. The lock dies with its holder, so
+    a run whose writer was killed can be resumed at once. A directory made here and left
+    holding nothing but the lock (the request was refused) is removed again."""
+    out_dir = out_dir.absolute()
+    made = not out_dir.exists()
+    lock = writer_lock_path(out_dir)
+    advice = "wait for it to finish, or stop it and then continue the run with --resume"
+    previous = read_holder(lock)  # the last writer, as it wrote itself in
+    with exclusive(lock, f"results directory {out_dir}", advice):
+        _down_dead_writers_vms(previous, warn)
+        try:
+            yield
+        except BaseException:
+            if made and [p.name for p in out_dir.iterdir()] == [lock.name]:
+                lock.unlink()
+                out_dir.rmdir()
+            raise
+
+
+def _down_dead_writers_vms(previous: Holder | None, warn: Warn | None) -> None:
+    """A bench killed with SIGKILL leaves its VMs (``bench<pid>-<profile>``) running:
+    take them down before this one starts, so that they neither hold the huge pages and
+    PUs the resumed run needs nor run beside its measurements. This process holds the
+    lock, so that writer is gone; were its pid running again (reused), the VMs by that
+    name could be another bench's, and are left alone."""
+    from hpcvm.runtime.vm import (
+        inventory,  # only a VM run needs them
+        stopping,
+    )
+
+    if previous is None or previous.host != socket.gethostname():
+        return
+    if previous.pid == os.getpid() or procs.pid_alive(previous.pid, reap=True):
+        return
+    prefix = f"bench{previous.pid}-"
+    for vm in inventory.list_vms():
+        if vm.name.startswith(prefix) and vm.state != "stale":
+            if warn:
+                warn(f"{vm.name} was left running by pid {previous.pid}, killed; taking it down")
+            stopping.down(vm.name)
+
+
+@dataclass
+class Prepared:
+    """Everything checked and built, nothing started."""
+
+    config: BenchConfig
+    out_dir: Path
+    host: HostTopology
+    envs: dict[str, Environment]
+    suites: list[Suite]
+    seed: int
+    warnings: list[str] = field(default_factory=list)
+    warning_envs: dict[str, str] = field(default_factory=dict)  # warning -> its environment
+    resume: RunRecord | None = None
+    native: NativePlacement | None = None
+
+    @property
+    def emulated(self) -> bool:
+        """Whether any VM of the run runs under TCG (say TCG_WARNING once)."""
+        return any(
+            isinstance(e, VmEnvironment) and e.plan.accel == "tcg" for e in self.envs.values()
+        )
+
+
+def recorded_config(out_dir: Path) -> BenchConfig:
+    """The configuration of the latest run in ``out_dir`` (``--resume`` with no other
+    arguments continues it as it was)."""
+    with Store.open(out_dir) as store:
+        run = store.run()
+    return BenchConfig.model_validate(run.args["config"])
+
+
+def _resume_target(config: BenchConfig, out_dir: Path, resume: bool) -> RunRecord | None:
+    """The run to continue, or None for a new run; refuse an --out that holds another."""
+    if not db_path(out_dir).exists():
+        if resume:
+            raise UsageError(f"--resume: {out_dir} holds no results database to continue")
+        return None
+    with Store.open(out_dir) as store:
+        runs = store.runs()
+    if not runs:
+        return None
+    run = runs[-1]
+    if not resume:
+        if run.status == "failed":
+            return None  # a new run beside it: a failure never blocks its directory
+        raise UsageError(
+            f"{out_dir} already holds the results of run {run.id} ({run.status}): continue it "
+            "with --resume or choose another --out"
+        )
+    recorded = BenchConfig.model_validate(run.args["config"])
+    if recorded.identity() != config.identity():
+        changed = sorted(
+            k for k in config.identity() if config.identity()[k] != recorded.identity().get(k)
+        )
+        fresh = ", start a new run there without --resume" if run.status == "failed" else ""
+        raise UsageError(
+            f"--resume: the run in {out_dir} was made with different {', '.join(changed)}; "
+            f"repeat its arguments (or give only --resume --out){fresh} or choose another --out"
+        )
+    if config.seed is not None and config.seed != run.seed:
+        raise UsageError(
+            f"--resume: the run in {out_dir} used --seed {run.seed}, not {config.seed}"
+        )
+    return run
+
+
+class EnvironmentMaker(Protocol):
+    """Makes the environments of a run: this host's, or (hpcvm.cluster) ones that span
+    the nodes of a Slurm job. Same arguments either way, so placement stays the bench's."""
+
+    def native(
+        self,
+        host: HostTopology,
+        *,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int],
+        confine: Confinement = "cpuset",
+    ) -> Environment: ...
+
+    def container(
+        self,
+        host: HostTopology,
+        *,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int],
+        shares: tuple[str, ...],
+        out_dir: Path,
+        runtime: str,
+    ) -> Environment: ...
+
+    def vm(
+        self,
+        plan: VMPlan,
+        *,
+        vm_name: str,
+        backend: str,
+        shares: tuple[str, ...],
+        name: str,
+        variant: VmVariant,
+    ) -> Environment: ...
+
+
+class OneNode:
+    """This host's environments: a cpuset-confined native, a container confined alike
+    and one VM per profile or variant."""
+
+    def native(
+        self,
+        host: HostTopology,
+        *,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int],
+        confine: Confinement = "cpuset",
+    ) -> Environment:
+        return NativeEnvironment(host, cpus=cpus, mems=mems, confine=confine)
+
+    def container(
+        self,
+        host: HostTopology,
+        *,
+        cpus: Sequence[int] | None,
+        mems: Sequence[int],
+        shares: tuple[str, ...],
+        out_dir: Path,
+        runtime: str,
+    ) -> Environment:
+        from hpcvm.bench.envs.container import ContainerEnvironment
+
+        return ContainerEnvironment(
+            host, cpus=cpus, mems=mems, shares=shares, out_dir=out_dir, runtime=runtime
+        )
+
+    def vm(
+        self,
+        plan: VMPlan,
+        *,
+        vm_name: str,
+        backend: str,
+        shares: tuple[str, ...],
+        name: str,
+        variant: VmVariant,
+    ) -> Environment:
+        return VmEnvironment(
+            plan, vm_name=vm_name, backend=backend, shares=shares, name=name, variant=variant
+        )
+
+
+def prepare(
+    config: BenchConfig,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    host: HostTopology | None = None,
+    environments: EnvironmentMaker | None = None,
+) -> Prepared:
+    """Check the request against this host; build (not start) environments and suites.
+
+    ``environments``: what makes them; None: this host's (hpcvm.cluster supplies ones
+    that span a Slurm job's nodes, ``bench --nodes``)."""
+    from hpcvm.host import discover
+
+    config.check()
+    out_dir = out_dir.absolute()
+    choices = {name: parse_env(name) for name in config.envs}
+    suites = build_suites(config.suites, config.suite_options)
+    validate_suites(suites, config.np)
+    previous = _resume_target(config, out_dir, resume)
+    host = host if host is not None else discover()
+    warnings: list[str] = []
+    warning_envs: dict[str, str] = {}
+    plans: dict[str, VMPlan] = {}
+    for name, (plan, notes) in vm_plans(config, host).items():
+        warnings += notes
+        warning_envs.update(dict.fromkeys(notes, name))
+        plans[name] = plan
+    check_placed_alike(plans)
+    native = _confined(_native(config, previous, plans, host), previous)
+    config = _fixed_noise_work(config, previous, native)
+    suites = build_suites(config.suites, config.suite_options)
+    envs: dict[str, Environment] = {}
+    extra = _guest_shares(config, suites, out_dir)
+    make = environments or OneNode()
+    for name, choice in choices.items():
+        if choice.kind == "vm":
+            envs[name] = make.vm(
+                plans[name],
+                vm_name=f"bench{os.getpid()}-{slug(name.removeprefix(VM_PREFIX))}",
+                backend=config.vm_backend,
+                shares=extra,
+                name=name,
+                variant=choice.variant,
+            )
+        elif choice.kind == "container":
+            envs[name] = make.container(
+                host,
+                cpus=native.cpus,
+                mems=native.mems,
+                shares=extra,
+                out_dir=out_dir,
+                runtime=config.container_runtime,
+            )
+        else:
+            envs[name] = make.native(
+                host, cpus=native.cpus, mems=native.mems, confine=native.confine
+            )
+    _check_np(config, suites, envs)
+    return Prepared(
+        config=config,
+        out_dir=out_dir,
+        host=host,
+        envs=envs,
+        suites=suites,
+        seed=previous.seed if previous is not None else _seed(config),
+        warnings=warnings,
+        warning_envs=warning_envs,
+        resume=previous,
+        native=native,
+    )
+
+
+def vm_plans(config: BenchConfig, host: HostTopology) -> dict[str, tuple[VMPlan, list[str]]]:
+    """Each VM environment's plan on ``host``, with its warnings (by env name)."""
+    plans: dict[str, tuple[VMPlan, list[str]]] = {}
+    for name in config.envs:
+        choice = parse_env(name)
+        if choice.profile is not None:
+            plans[name] = plan_vm(
+                choice.profile,
+                vcpus=config.vcpus,
+                memory_bytes=config.vm_memory,
+                guest_nodes=config.vm_guest_nodes,
+                host=host,
+                variant=choice.variant,
+            )
+    charges = [(n, limit_charge(p.memory_bytes, p.page_size_bytes)) for n, (p, _) in plans.items()]
+    check_held_together(host, charges)
+    return plans
+
+
+def native_on(config: BenchConfig, host: HostTopology) -> NativePlacement:
+    """Where native runs on ``host`` for ``config`` (what a node of ``bench --nodes``
+    computes for itself: cluster/benchnodes/native_places.py)."""
+    plans = {name: plan for name, (plan, _notes) in vm_plans(config, host).items()}
+    return _native(config, None, plans, host)
+
+
+# What a built-in guest shares anyway (runtime/hostside/shares.py): programs there need nothing.
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/opt", "/etc")
+INPUTS = "inputs"  # under the results directory: the inputs suites prepare once per run
+
+
+def inputs_dir(out_dir: Path, suite: Suite) -> Path:
+    """Where ``suite`` prepares its inputs (bench/core/suite.py, step 2)."""
+    return out_dir / INPUTS / slug(suite.name)
+
+
+def _guest_shares(
+    config: BenchConfig, suites: Sequence[Suite] = (), out_dir: Path | None = None
+) -> tuple[str, ...]:
+    """Directories the suites run from that a guest would not otherwise see: the NPB
+    bin directory, a --cmd program's directory and the inputs prepared once per run
+    (``out_dir``/inputs), each outside the working directory and the system directories
+    (shared read-only, at their host paths)."""
+    options = config.suite_options
+    dirs: list[Path] = []
+    if out_dir is not None and any(isinstance(s, PreparesInputs) for s in suites):
+        dirs.append(out_dir / INPUTS)
+    if "npb" in config.suites and options.npb_dir is not None:
+        dirs.append(options.npb_dir)
+    if "cmd" in config.suites and options.cmd:
+        program = Path(shlex.split(options.cmd)[0])
+        if program.is_absolute():
+            dirs.append(program.parent)
+    cwd = Path.cwd().resolve()
+    out = []
+    for d in dirs:
+        resolved = d.resolve()
+        inside = [resolved, *resolved.parents]
+        if cwd in inside or any(Path(s) in inside for s in _SYSTEM_DIRS):
+            continue
+        out.append(str(resolved))
+    return tuple(dict.fromkeys(out))
+
+
+def _native(
+    config: BenchConfig, previous: RunRecord | None, plans: dict[str, VMPlan], host: HostTopology
+) -> NativePlacement:
+    """Where native runs: as recorded for a resumed run, else the VMs' PUs and nodes."""
+    if previous is not None and "native" in previous.args:
+        return NativePlacement.model_validate(previous.args["native"])
+
+    def pinned() -> VMPlan:
+        return plan_vm("pinned", vcpus=config.vcpus, memory_bytes=config.vm_memory, host=host)[0]
+
+    return native_placement(config.native_cpus, plans, host, pinned)
+
+
+def _confined(native: NativePlacement, previous: RunRecord | None) -> NativePlacement:
+    """How this host holds native runs to their PUs: as recorded for a resumed run, a
+    cpuset where this process may make one, else CPU affinity (bench/envs/native.py)."""
+    if previous is not None or native.cpus is None or cpuset.probe(native.cpus, native.mems):
+        return native
+    return native.model_copy(update={"confine": "affinity"})
+
+
+def _fixed_noise_work(
+    config: BenchConfig, previous: RunRecord | None, native: NativePlacement
+) -> BenchConfig:
+    """The noise quantum's work, calibrated once on native's first PU (or as recorded
+    for a resumed run), so every environment times the same work."""
+    options = config.suite_options
+    if "noise" not in config.suites or options.noise_iterations is not None:
+        return config
+    if previous is not None:
+        recorded = BenchConfig.model_validate(previous.args["config"]).suite_options
+        iterations = recorded.noise_iterations
+    else:
+        first = native.cpus[0] if native.cpus else None
+        iterations = calibrate_iterations(options.noise_quantum_us, first)
+    if iterations is None:
+        return config
+    fixed = options.model_copy(update={"noise_iterations": iterations})
+    return config.model_copy(update={"suite_options": fixed})
+
+
+def _seed(config: BenchConfig) -> int:
+    return config.seed if config.seed is not None else secrets.randbelow(2**31)
+
+
+def _check_np(config: BenchConfig, suites: list[Suite], envs: dict[str, Environment]) -> None:
+    if not any(s.uses_np for s in suites):
+        return
+    wanted = max(config.np)
+    # VMs first: native's PU count follows theirs, so a VM's size is the thing to change
+    for name, env in sorted(envs.items(), key=lambda item: item[1].kind != "vm"):
+        if wanted > env.vcpus:
+            where = "vCPUs (--vm-vcpus)" if env.kind == "vm" else "PUs to run on (--native-cpus)"
+            raise UsageError(
+                f"--np {wanted} is impossible in {name}: it has {env.vcpus} {where}; "
+                f"use --np {env.vcpus} or fewer"
+            )
+
+
+def _prepare_inputs(prep: Prepared, notify: Warn | None) -> None:
+    """Each suite's inputs made once, natively, before any environment starts (a
+    resumed run makes them again: the same inputs, the same native answers)."""
+    for suite in prep.suites:
+        if isinstance(suite, PreparesInputs):
+            directory = inputs_dir(prep.out_dir, suite)
+            suite.prepare_inputs(directory, prep.config.np)
+            if notify is not None:
+                notify(f"{suite.name}: inputs and native reference ready in {directory}")
+
+
+def _start_and_record(prep: Prepared, store: Store, run_id: int, notify: Warn | None) -> None:
+    """Boot every VM (each is left paused) and record every environment."""
+    for name, env in prep.envs.items():
+        env.start()
+        described = env.describe()
+        recorded = store.add_environment(run_id, described)
+        _compare(recorded.model_dump(include={"accel", "cpu_model"}), described, store, run_id)
+        if notify is not None and isinstance(env, VmEnvironment):
+            state = "paused" if env.pauses else "left running while others are measured"
+            notify(f"{name}: up ({described.accel}, {described.vcpus} vCPUs), {state}")
+
+
+def _compare_tuning(run: RunRecord, store: Store) -> None:
+    """A resumed run whose host tuning changed since it started mixes two setups."""
+    before = run.args.get("tuning")
+    if not isinstance(before, dict):
+        return
+    now = snapshot_state()
+    changed = sorted(k for k in now if k in before and before[k] != now[k])
+    if changed:
+        store.add_warning(
+            run.id,
+            f"the host's tuning changed since the run started ({', '.join(changed)}): its "
+            "samples mix two setups",
+        )
+
+
+def _compare(recorded: dict[str, object], now: NewEnvironment, store: Store, run_id: int) -> None:
+    for key, value in recorded.items():
+        if getattr(now, key) != value:
+            store.add_warning(
+                run_id,
+                f"{now.name}: {key} changed on resume ({value!r} before, "
+                f"{getattr(now, key)!r} now): its samples mix two setups",
+                env=now.name,
+            )
+
+
+def execute(
+    prep: Prepared,
+    *,
+    progress: ProgressSink | None = None,
+    notify: Warn | None = None,
+) -> tuple[int, Outcome | None]:
+    """Run (or continue) the prepared run; return its id and how the loop ended
+    (``None`` when a resumed run had already finished). Always brings the VMs down.
+    ``notify`` hears what happens outside the samples (a VM is up)."""
+    store = Store.open(prep.out_dir, create=True)
+    try:
+        if prep.resume is not None:
+            run_id = prep.resume.id
+            if prep.resume.status == "finished":
+                return run_id, None
+            store.set_status(run_id, "running")
+            for text in prep.warnings:
+                store.add_warning(run_id, text, env=prep.warning_envs.get(text))
+            _compare_tuning(prep.resume, store)
+        else:
+            run_id = store.create_run(
+                args={
+                    "config": prep.config.model_copy(update={"seed": prep.seed}).record(),
+                    "native": None if prep.native is None else prep.native.model_dump(mode="json"),
+                    "tuning": snapshot_state(),
+                },
+                seed=prep.seed,
+                confidence=prep.config.confidence,
+                host=prep.host.model_dump(mode="json"),
+                warnings=prep.warnings,
+                warning_envs=prep.warning_envs,
+            )
+        return run_id, _measure(prep, store, run_id, progress, notify)
+    finally:
+        store.close()
+
+
+def _measure(
+    prep: Prepared,
+    store: Store,
+    run_id: int,
+    progress: ProgressSink | None,
+    notify: Warn | None,
+) -> Outcome:
+    try:
+        with interrupting():
+            _prepare_inputs(prep, notify)
+            _start_and_record(prep, store, run_id, notify)
+            runner = Runner(
+                store=store,
+                run_id=run_id,
+                seed=prep.seed,
+                config=prep.config,
+                envs=prep.envs,
+                suites=prep.suites,
+                out_dir=prep.out_dir,
+                sizing_memory=min(e.memory_bytes for e in prep.envs.values()),
+                progress=progress,
+                notify=notify,
+            )
+            outcome = runner.run()
+    except KeyboardInterrupt:
+        with signals_deferred():
+            _close_all(prep, store, run_id)
+            _mark_outliers(store, run_id)
+            store.set_status(run_id, "interrupted")
+        raise
+    except BaseException as exc:
+        with signals_deferred():
+            _close_all(prep, store, run_id)
+            message = exc.message if isinstance(exc, HpcvmError) else f"{type(exc).__name__}: {exc}"
+            store.set_status(run_id, "failed", error=message)
+        raise
+    with signals_deferred():
+        _close_all(prep, store, run_id)
+        samples = store.samples(run_id)
+        measured = [s for s in samples if not s.warmup]
+        for text in _resolution_warnings(prep.suites, measured):
+            store.add_warning(run_id, text)
+        _mark_outliers(store, run_id, samples)
+        store.set_status(
+            run_id, "finished", stop_reason=outcome.stop_reason, stop_detail=outcome.detail
+        )
+    return outcome
+
+
+def _mark_outliers(store: Store, run_id: int, samples: list[SampleRecord] | None = None) -> None:
+    """Mark the run's outlying values in the database (they are kept and summarised;
+    the table counts them and the robust overhead is shown beside the mean's)."""
+    taken = store.samples(run_id) if samples is None else samples
+    store.set_outliers(run_id, outlier_marks(taken))
+
+
+def _resolution_warnings(suites: list[Suite], samples: list[SampleRecord]) -> list[str]:
+    """Once per suite, metric and np: a program that prints a metric in steps coarser
+    than about 1% of its mean (NPB's 0.01 s on a short class) says so, with what to do."""
+    out: list[str] = []
+    for suite in suites:
+        if not isinstance(suite, DescribesSamples):
+            continue
+        values: dict[tuple[str, int], list[float]] = {}
+        for s in samples:
+            if s.suite == suite.name and s.ok:
+                for m in s.metrics:
+                    if m.value is not None:
+                        values.setdefault((m.metric, s.np or 1), []).append(m.value)
+        for (metric, np_), vals in values.items():
+            text = suite.resolution_warning(metric, np_, vals)
+            if text and text not in out:
+                out.append(text)
+    return out
+
+
+def _close_all(prep: Prepared, store: Store, run_id: int) -> None:
+    """Every environment closed, whatever state it is in: a failure to close one (a VM
+    that will not stop, a cpuset the kernel keeps busy, any error at all) is recorded
+    and the others are still closed, so no QEMU outlives the run."""
+    for name, env in prep.envs.items():
+        try:
+            env.close()
+        except Exception as exc:  # the next environment must still close
+            text = exc.message if isinstance(exc, HpcvmError) else f"{type(exc).__name__}: {exc}"
+            store.add_warning(run_id, f"{name}: closing it failed: {text}", env=name)

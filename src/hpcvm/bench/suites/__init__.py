@@ -1,0 +1,1 @@
+"""bench/suites: the benchmark suites and their registry (none knows where it runs)."""
