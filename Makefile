@@ -1,5 +1,5 @@
 # C helpers of hpcvm.  `make all` (run by scripts/setup.sh) builds them into
-# src/hpcvm/data/, where the package finds them (hpcvm.bench.suites.noise.noise_binary()).
+# src/hpcvm/data/, where the package finds them (hpcvm.bench.suites.noise.suite.noise_binary()).
 #
 # No -march=native, ever: the same binaries run natively and inside guests, and a TCG
 # guest's CPU model lacks the host's newer instructions (QEMU 7.2 TCG has no AVX-512),

@@ -54,7 +54,7 @@ from pathlib import Path
 from hpcvm.bench.core.metrics import MetricValue
 from hpcvm.bench.envs.environments import CLEAN_ENV
 from hpcvm.bench.envs.native import NativeEnvironment
-from hpcvm.bench.suites.hpcc import HpccSuite
+from hpcvm.bench.suites.hpcc.suite import HpccSuite
 from hpcvm.stats import overhead, relative_half_width, replay_auto, summarize, t_quantile
 
 TARGET = 0.01

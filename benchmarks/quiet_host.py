@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from hpcvm.bench.suites.noise import (
+from hpcvm.bench.suites.noise.suite import (
     P999_DETOUR,
     TIME_LOST,
     noise_binary,

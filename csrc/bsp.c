@@ -14,7 +14,7 @@
  * With -o FILE (rank 0 writes it), two lines per rank:
  *   grain rank=<r> <ns> <ns> ...     each step's grain (work only)
  *   step rank=<r> <ns> <ns> ...      each step's grain plus its allreduce
- * The slowdown is computed from these in Python (hpcvm.bench.suites.bsp), not here.
+ * The slowdown is computed from these in Python (hpcvm.bench.suites.bsp.suite), not here.
  */
 #define _GNU_SOURCE
 #include <inttypes.h>

@@ -33,8 +33,8 @@ import pytest
 
 from hpcvm.bench.core.metrics import MetricValue, ParseError
 from hpcvm.bench.envs.evidence import interrupt_rates, read_interrupts, total_rate
-from hpcvm.bench.suites.cmd import CmdSuite
-from hpcvm.bench.suites.noise import RAW_FILE, noise_binary, parse_report, report_metrics
+from hpcvm.bench.suites.cmd.suite import CmdSuite
+from hpcvm.bench.suites.noise.suite import RAW_FILE, noise_binary, parse_report, report_metrics
 from hpcvm.stats import interleaved_order
 from hpcvm.store import MetricRecord, NewEnvironment, NewSample, Store
 

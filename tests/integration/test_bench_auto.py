@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from scipy import stats as sps
 
-from hpcvm.bench.suites.noise import METRICS as NOISE_METRICS
+from hpcvm.bench.suites.noise.suite import METRICS as NOISE_METRICS
 from hpcvm.store import Store
 
 pytestmark = pytest.mark.integration

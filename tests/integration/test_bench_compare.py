@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from hpcvm.bench.envs.vm import plan_vm
-from hpcvm.bench.suites.hpcc import COMMUNICATION_METRICS
-from hpcvm.bench.suites.hpcc import METRICS as HPCC_METRICS
-from hpcvm.bench.suites.noise import METRICS as NOISE_METRICS
+from hpcvm.bench.suites.hpcc.suite import COMMUNICATION_METRICS
+from hpcvm.bench.suites.hpcc.suite import METRICS as HPCC_METRICS
+from hpcvm.bench.suites.noise.suite import METRICS as NOISE_METRICS
 from hpcvm.store import Store
 from hpcvm.units import MIB
 from tests.integration.conftest import HugePages

@@ -19,8 +19,8 @@ import pytest
 
 from hpcvm.bench.core.launch import mpirun_argv
 from hpcvm.bench.core.metrics import ParseError
-from hpcvm.bench.suites.cmd import CmdSuite
-from hpcvm.bench.suites.hpcc import (
+from hpcvm.bench.suites.cmd.suite import CmdSuite
+from hpcvm.bench.suites.hpcc.suite import (
     COMMUNICATION_METRICS,
     INPUT_FILE,
     METRICS,
@@ -28,9 +28,9 @@ from hpcvm.bench.suites.hpcc import (
     HpccSuite,
     read_summary,
 )
-from hpcvm.bench.suites.hpcc import OUTPUT_FILE as HPCC_OUTPUT
-from hpcvm.bench.suites.noise import NoiseSuite, parse_report, read_raw
-from hpcvm.bench.suites.npb import discover
+from hpcvm.bench.suites.hpcc.suite import OUTPUT_FILE as HPCC_OUTPUT
+from hpcvm.bench.suites.noise.suite import NoiseSuite, parse_report, read_raw
+from hpcvm.bench.suites.npb.suite import discover
 from hpcvm.units import GIB
 
 pytestmark = pytest.mark.integration

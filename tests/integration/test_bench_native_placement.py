@@ -19,7 +19,7 @@ from hpcvm.bench.envs.cpuset import CGROUP_ROOT, PREFIX, probe
 from hpcvm.bench.envs.native import NativeEnvironment
 from hpcvm.bench.run.config import BenchConfig
 from hpcvm.bench.run.session import prepare
-from hpcvm.bench.suites.noise import NoiseSuite
+from hpcvm.bench.suites.noise.suite import NoiseSuite
 from hpcvm.bench.suites.registry import SuiteOptions
 from hpcvm.host import discover
 from tests import cluster_support
@@ -74,7 +74,7 @@ def test_default_native_placement_is_the_tuned_vms_and_noise_work_is_fixed(
     assert native.vcpus == hpc.vcpus
     [noise] = prep.suites
     assert isinstance(noise, NoiseSuite) and noise.iterations is not None
-    assert prep.config.suite_options.noise_iterations == noise.iterations
+    assert prep.config.suite_options.given("noise_iterations") == noise.iterations
     assert "-i" in noise.prepare(tmp_path, 1, 0)
     assert not (tmp_path / "r").exists()  # prepare starts and writes nothing
 

@@ -20,7 +20,7 @@ import pytest
 
 from hpcvm.bench.core.metrics import ParseError
 from hpcvm.bench.envs.native import NativeEnvironment
-from hpcvm.bench.suites.lammps import INPUT_FILE, LOG_FILE, STEPS, LammpsSuite
+from hpcvm.bench.suites.lammps.suite import INPUT_FILE, LOG_FILE, STEPS, LammpsSuite
 from tests.apps_support import run_samples
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ import pytest
 
 from hpcvm.bench.core.launch import mpirun_argv
 from hpcvm.bench.envs.native import NativeEnvironment
-from hpcvm.bench.suites.bsp import bsp_binary
+from hpcvm.bench.suites.bsp.suite import bsp_binary
 from hpcvm.errors import BenchmarkError
 
 TIMEOUT = 120.0  # what each run would wait without the watch

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcvm.bench.suites.netpipe import METRICS, OUTPUT_FILE
+from hpcvm.bench.suites.netpipe.suite import METRICS, OUTPUT_FILE
 from tests.runtime_support import hpcvm
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ import pytest
 from hpcvm.bench.envs.environments import CLEAN_ENV
 from hpcvm.bench.envs.native import NativeEnvironment
 from hpcvm.bench.results.failures import cell_failures, failure_line
-from hpcvm.bench.suites.openfoam import (
+from hpcvm.bench.suites.openfoam.suite import (
     CPU_PER_STEP,
     DECOMPOSE_PAR_DICT,
     MESH,

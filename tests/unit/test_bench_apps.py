@@ -16,7 +16,7 @@ from hpcvm.bench.core.metrics import ParseError
 from hpcvm.bench.core.suite import DescribesSamples, PreparesInputs, Suite
 from hpcvm.bench.run.config import BenchConfig
 from hpcvm.bench.run.session import INPUTS, _guest_shares
-from hpcvm.bench.suites.lammps import (
+from hpcvm.bench.suites.lammps.suite import (
     ENERGY_RTOL,
     INPUT,
     LammpsSuite,
@@ -25,7 +25,7 @@ from hpcvm.bench.suites.lammps import (
     error_line,
     parse_output,
 )
-from hpcvm.bench.suites.openfoam import (
+from hpcvm.bench.suites.openfoam.suite import (
     RESIDUAL_RTOL,
     SIZES,
     WALL_PER_STEP,

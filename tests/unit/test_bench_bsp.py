@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hpcvm.bench.core.metrics import ParseError
-from hpcvm.bench.suites.bsp import (
+from hpcvm.bench.suites.bsp.suite import (
     COMPUTE_SLOWDOWN,
     GRAIN,
     ITERATIONS_FILE,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bench.core.metrics import ParseError
-from hpcvm.bench.suites.cmd import CmdSuite, compile_metric_pattern, split_command
+from hpcvm.bench.suites.cmd.suite import CmdSuite, compile_metric_pattern, split_command
 from hpcvm.errors import UsageError
 
 PATTERN = r"Time: ([0-9.eE+-]+) s"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bench.core.metrics import MetricValue, ParseError
-from hpcvm.bench.suites.hpcc import (
+from hpcvm.bench.suites.hpcc.suite import (
     COMMUNICATION_METRICS,
     INPUT_FILE,
     MAX_MEMORY_FRACTION,

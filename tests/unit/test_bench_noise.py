@@ -1,4 +1,4 @@
-"""Noise suite: the C program's printout and raw file, read by bench/suites/noise.py.
+"""Noise suite: the C program's printout and raw file, read by bench/suites/noise/suite.py.
 
 The fixture (tests/data/noise) is real output of csrc/noise.c; the per-CPU statistics
 it printed are recomputed here from its raw durations, independently, with numpy.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpcvm.bench.core.metrics import ParseError
-from hpcvm.bench.suites.noise import (
+from hpcvm.bench.suites.noise.suite import (
     BINARY_ENV,
     METRICS,
     RAW_FILE,
@@ -65,7 +65,7 @@ def test_printout_matches_statistics_recomputed_from_raw_durations() -> None:
 
 def test_printout_agrees_with_stats_noise_summary() -> None:
     """The C program and hpcvm.stats.noise_summary are two implementations of one
-    definition (see bench/suites/noise.py); this keeps them from drifting apart."""
+    definition (see bench/suites/noise/suite.py); this keeps them from drifting apart."""
     report = parse_report(stdout_fixture())
     raw = read_raw(DATA / "raw.txt")
     for cpu in report.cpus:

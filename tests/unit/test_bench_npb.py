@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bench.core.metrics import ParseError
-from hpcvm.bench.suites.npb import (
+from hpcvm.bench.suites.npb.report import failure_reason, verification
+from hpcvm.bench.suites.npb.suite import (
     MOPS,
     RUN_FILE,
     TIME,
@@ -29,7 +30,6 @@ from hpcvm.bench.suites.npb import (
     report_metrics,
     sample_facts,
 )
-from hpcvm.bench.suites.npb_report import failure_reason, verification
 from hpcvm.errors import UsageError
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "npb"

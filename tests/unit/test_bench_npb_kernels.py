@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcvm.bench.suites.npb import MOPS, TIME, NpbSuite
-from hpcvm.bench.suites.npb_kernels import (
+from hpcvm.bench.core.resolution import coarse_resolution, resolution_warning
+from hpcvm.bench.suites.npb.kernels import (
     CLASSES,
     KERNELS,
     check_process_count,
@@ -17,7 +17,7 @@ from hpcvm.bench.suites.npb_kernels import (
     larger_class,
     parse_selector,
 )
-from hpcvm.bench.suites.npb_resolution import coarse_resolution, resolution_warning
+from hpcvm.bench.suites.npb.suite import MOPS, TIME, NpbSuite
 from hpcvm.errors import UsageError
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bench.core.metrics import ParseError
-from hpcvm.bench.suites.npb import NpbSuite, discover
+from hpcvm.bench.suites.npb.suite import NpbSuite, discover
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "npb"
 STANDIN = DATA / "npb_standin.py"

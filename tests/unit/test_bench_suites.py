@@ -9,10 +9,10 @@ import pytest
 
 from hpcvm.bench.core.launch import in_workdir, mpirun_argv
 from hpcvm.bench.core.suite import Suite
-from hpcvm.bench.suites.cmd import CmdSuite
-from hpcvm.bench.suites.hpcc import HpccSuite
-from hpcvm.bench.suites.noise import NoiseSuite
-from hpcvm.bench.suites.npb import NpbSuite
+from hpcvm.bench.suites.cmd.suite import CmdSuite
+from hpcvm.bench.suites.hpcc.suite import HpccSuite
+from hpcvm.bench.suites.noise.suite import NoiseSuite
+from hpcvm.bench.suites.npb.suite import NpbSuite
 from hpcvm.bench.suites.registry import SuiteOptions, build_suites, suite_names
 from hpcvm.errors import UsageError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcvm.bench.suites.noise import METRICS as NOISE_METRICS
+from hpcvm.bench.suites.noise.suite import METRICS as NOISE_METRICS
 from hpcvm.bench.suites.registry import REGISTRY
 from hpcvm.cli.bench_view import is_extreme
 

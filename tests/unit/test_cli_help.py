@@ -103,3 +103,16 @@ def test_the_built_in_suites_are_the_registry_s() -> None:
 
     assert tuple(REGISTRY) == BUILTIN_SUITES  # no plugin loaded in this process
     assert registered_suite_names() == tuple(REGISTRY)
+
+
+def test_help_reads_each_suite_s_own_options_as_the_registry_holds_them() -> None:
+    """--help reads the built-in kinds' flags from their light packages; once the
+    registry is loaded it reads them from the kinds: the two are the same flags."""
+    import importlib
+
+    import hpcvm.bench.run.choices as choices
+    from hpcvm.bench.suites.registry import REGISTRY
+
+    light = {n: importlib.import_module(f"hpcvm.bench.suites.{n}").FLAGS for n in BUILTIN_SUITES}
+    assert light == {name: kind.flags for name, kind in REGISTRY.items()}
+    assert choices.registered_flags() == light

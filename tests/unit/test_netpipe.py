@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.bench.core.metrics import MetricValue, ParseError
-from hpcvm.bench.suites.netpipe import (
+from hpcvm.bench.suites.netpipe.suite import (
     MAX_BYTES,
     METRICS,
     OUTPUT_FILE,

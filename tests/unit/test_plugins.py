@@ -38,6 +38,24 @@ def test_a_plugin_suite_and_report_format_work_end_to_end(tmp_path: Path) -> Non
     assert (out / "report" / "report.tsv").read_text() == "native\tanswer\t42.0\n"
 
 
+def test_a_plugin_suite_owns_its_option(tmp_path: Path) -> None:
+    """The demo suite's own --echo-number is in --help, reaches its suite (the number it
+    prints is the measured one), is refused for a run without the suite, and does not
+    exist without the plugin."""
+    plugins = "hpcvm_demo_suite,hpcvm_demo_format"
+    assert "--echo-number" in _hpcvm("bench", "--help", plugins=plugins, cwd=tmp_path).stdout
+    out = tmp_path / "r"
+    args = ("bench", "--env", "native", "--reps", "2", "--out", str(out))
+    bench = _hpcvm(*args, "--suite", "echo42", "--echo-number", "7", plugins=plugins, cwd=tmp_path)
+    assert bench.returncode == 0, bench.stderr
+    report = _hpcvm("report", str(out), "--format", "tsv", plugins=plugins, cwd=tmp_path)
+    assert (out / "report" / "report.tsv").read_text() == "native\tanswer\t7.0\n", report.stderr
+    other = _hpcvm(*args, "--suite", "noise", "--echo-number", "7", plugins=plugins, cwd=tmp_path)
+    assert other.returncode == 2 and "--echo-number is an option of --suite echo42" in other.stderr
+    bare = _hpcvm(*args, "--suite", "noise", "--echo-number", "7", plugins="", cwd=tmp_path)
+    assert bare.returncode == 2 and "--echo-number" in bare.stderr
+
+
 def test_unregistered_names_and_broken_plugins_are_refused(tmp_path: Path) -> None:
     no_plugin = _hpcvm("bench", "--env", "native", "--suite", "echo42", plugins="", cwd=tmp_path)
     assert no_plugin.returncode == 2 and "unknown suite 'echo42'" in no_plugin.stderr

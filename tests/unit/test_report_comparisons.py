@@ -18,8 +18,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from hpcvm.bench.suites.hpcc import METRICS as HPCC
-from hpcvm.bench.suites.netpipe import METRICS as NETPIPE
+from hpcvm.bench.suites.hpcc.suite import METRICS as HPCC
+from hpcvm.bench.suites.netpipe.suite import METRICS as NETPIPE
 from hpcvm.report.figures import overview_figure, pages_figure, render_figures
 from hpcvm.report.labels import env_colours, env_order, label
 from hpcvm.report.model import NATIVE, EnvInfo, ReportData, Row, RunInfo

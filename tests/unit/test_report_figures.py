@@ -20,7 +20,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.text import Annotation, Text
 from matplotlib.transforms import Bbox
 
-from hpcvm.bench.suites.hpcc import COMMUNICATION_METRICS, METRICS
+from hpcvm.bench.suites.hpcc.suite import COMMUNICATION_METRICS, METRICS
 from hpcvm.report.drawing import fit_tick_labels, new_figure
 from hpcvm.report.figures import absolute_figure, overhead_figure
 from hpcvm.report.labels import env_colours, label

@@ -23,7 +23,7 @@ from matplotlib.image import imread
 from matplotlib.patches import Rectangle
 
 from hpcvm.bench.results.results import summarize_run
-from hpcvm.bench.suites.noise import RAW_FILE, read_raw
+from hpcvm.bench.suites.noise.suite import RAW_FILE, read_raw
 from hpcvm.report.drawing import TCG_NOTE
 from hpcvm.report.figures import (
     absolute_figure,

@@ -26,8 +26,8 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.image import imread
 
-from hpcvm.bench.suites.bsp import BspSuite
-from hpcvm.bench.suites.noise import RAW_FILE, read_raw
+from hpcvm.bench.suites.bsp.suite import BspSuite
+from hpcvm.bench.suites.noise.suite import RAW_FILE, read_raw
 from hpcvm.cli.main import main
 from hpcvm.report.figures import TARGET_CORES, TARGET_PCT, scale_figure
 from hpcvm.report.html import render_html

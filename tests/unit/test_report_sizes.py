@@ -21,8 +21,8 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
-from hpcvm.bench.suites.hpcc import METRICS as HPCC_METRICS
-from hpcvm.bench.suites.netpipe import METRICS, SIZES
+from hpcvm.bench.suites.hpcc.suite import METRICS as HPCC_METRICS
+from hpcvm.bench.suites.netpipe.suite import METRICS, SIZES
 from hpcvm.report.drawing import DPI
 from hpcvm.report.figures import render_figures
 from hpcvm.report.labels import env_colours

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from hpcvm.bench.suites.noise import METRICS as NOISE_METRICS
+from hpcvm.bench.suites.noise.suite import METRICS as NOISE_METRICS
 from hpcvm.errors import BenchmarkError
 from hpcvm.stats.stopping import (
     fixed_width_stop,

@@ -9,20 +9,22 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 from click.core import ParameterSource
 
+from hpcvm.bench.core.flags import SuiteFlag
 from hpcvm.bench.envs.variants import syntax as variant_syntax
 from hpcvm.bench.results.outdir import path_option
 from hpcvm.bench.run.choices import (
     CONTAINER_RUNTIMES,
     DEFAULT_MAX_REPS,
     DEFAULT_VM_MEMORY,
+    registered_flags,
     registered_suite_names,
     valid_env_names,
 )
@@ -39,9 +41,6 @@ if TYPE_CHECKING:  # the implementation is imported when a command runs, not for
     from hpcvm.bench.results.failures import CellFailures
     from hpcvm.bench.run.config import BenchConfig
     from hpcvm.bench.run.session import EnvironmentMaker
-    from hpcvm.bench.suites.lammps import LammpsSize
-    from hpcvm.bench.suites.netpipe import NetpipeSize
-    from hpcvm.bench.suites.openfoam import OpenfoamSize
     from hpcvm.bench.suites.registry import SuiteOptions
     from hpcvm.stats.overhead import Method
     from hpcvm.store import SampleRecord
@@ -49,8 +48,9 @@ if TYPE_CHECKING:  # the implementation is imported when a command runs, not for
 # The default comparison (the README's first command): the reference study's two ends,
 # QEMU's defaults and the tuned guest, against the host itself.
 DEFAULT_ENVS = ("native", "vm:naive", "vm:hpc")
+F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_SUITES = ("hpcc", "noise")
-_SIZES = {"quick": ("small", 5000), "small": ("small", 20000), "medium": ("medium", 20000)}
+_SIZES = ("quick", "small", "medium")  # else a fraction of memory (bench/core/kind.py)
 
 
 @dataclass(frozen=True)
@@ -75,24 +75,14 @@ class BenchOptions:
     vm_backend: str
     native_cpus: str | None
     size: str
-    noise_quanta: int | None
-    noise_quantum_us: int
-    bsp_grain_us: int
-    bsp_steps: int
-    npb_dir: str | None
-    npb_kernels: str | None
-    cmd: str | None
-    metric: str | None
-    higher_is_better: bool | None
-    unit: str
-    metric_name: str
-    cmd_mpi: bool
     bind: Bind
     nodes: int
     batch: str
     network: str | None
     address: str | None
     container_runtime: str
+    # the suite kinds' own options (bench/core/flags.py), by key, as click gave them
+    suite_values: dict[str, Any] = field(default_factory=dict)
 
 
 def warn(message: str) -> None:
@@ -126,89 +116,71 @@ def parse_reps(text: str) -> int | None:
     return int(text)
 
 
-def _size(text: str) -> tuple[str | float, int]:
+def _check_size(text: str) -> None:
+    """--size is a word every kind reads, or a fraction of memory (hpcc, npb)."""
     if text in _SIZES:
-        return _SIZES[text]
+        return
     try:
-        return float(text), 20000
+        float(text)
     except ValueError:
         raise UsageError(
             f"unknown --size {text!r}: use {', '.join(_SIZES)} or a memory fraction like 0.05"
         ) from None
 
 
-def _suite_options(o: BenchOptions) -> SuiteOptions:
-    from hpcvm.bench.suites.registry import SuiteOptions
+def _suite_options(o: BenchOptions, suites: Sequence[str]) -> SuiteOptions:
+    """The chosen kinds' values (each as its kind records it) beside bind and size."""
+    from hpcvm.bench.suites.registry import SuiteOptions, settled
 
-    hpcc_size, quanta = _size(o.size)
-    for flag, value in (
-        ("--noise-quanta", o.noise_quanta),
-        ("--noise-quantum-us", o.noise_quantum_us),
-        ("--bsp-grain-us", o.bsp_grain_us),
-        ("--bsp-steps", o.bsp_steps),
-    ):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be a positive number, not {value}: e.g. {flag} 1000")
-    stray = _metric_flags(o) if o.cmd is None else []
-    if stray:
-        raise UsageError(
-            f"{stray[0]} describes the metric of --cmd, which this run does not select: "
-            f"add --cmd 'COMMAND ARGS' or drop {stray[0]}"
-        )
-    npb_dir = o.npb_dir
-    return SuiteOptions(
-        bind=o.bind,
-        hpcc_size=hpcc_size,
-        noise_quanta=quanta if o.noise_quanta is None else o.noise_quanta,
-        noise_quantum_us=o.noise_quantum_us,
-        bsp_grain_us=o.bsp_grain_us,
-        bsp_steps=o.bsp_steps,
-        npb_dir=Path(npb_dir).absolute() if npb_dir else None,
-        npb_kernels=tuple(k for k in (o.npb_kernels or "").split(",") if k),
-        npb_size=o.size if o.size in _SIZES else hpcc_size,
-        netpipe_size=cast("NetpipeSize", o.size) if o.size in _SIZES else "small",
-        openfoam_size=cast("OpenfoamSize", o.size) if o.size in _SIZES else "small",
-        lammps_size=cast("LammpsSize", o.size) if o.size in _SIZES else "small",
-        cmd=o.cmd,
-        metric=o.metric,
-        higher_is_better=o.higher_is_better,
-        unit=o.unit,
-        metric_name=o.metric_name,
-        cmd_cwd=Path.cwd() if o.cmd else None,
-        cmd_mpi=o.cmd_mpi,
-    )
+    _check_size(o.size)
+    flags = registered_flags()
+    for flag in (f for kind in flags.values() for f in kind):
+        value = o.suite_values.get(flag.key)
+        if flag.positive and value is not None and value < 1:
+            raise UsageError(
+                f"{flag.flag} must be a positive number, not {value}: e.g. {flag.flag} 1000"
+            )
+    keys = {f.key for name in suites for f in flags.get(name, ())}
+    values = {k: v for k, v in o.suite_values.items() if k in keys and v is not None}
+    return SuiteOptions(bind=o.bind, size=o.size, values=settled(suites, values, Path.cwd()))
 
 
-def _metric_flags(o: BenchOptions) -> list[str]:
-    """The options given that describe the --cmd metric (never silently ignored)."""
-    direction = "--higher-is-better" if o.higher_is_better else "--lower-is-better"
-    given = (
-        ("--metric", o.metric is not None),
-        (direction, o.higher_is_better is not None),
-        ("--unit", bool(o.unit)),
-        ("--metric-name", o.metric_name != "value"),
-    )
-    return [flag for flag, present in given if present]
+def _flag_given(flag: SuiteFlag, o: BenchOptions) -> bool:
+    """Whether the user gave ``flag``: a flag that selects its suite by a value that is
+    set, any other as set on the command line (its default cannot say so by its value);
+    of two switches sharing a key, the one whose value it holds."""
+    value = o.suite_values.get(flag.key)
+    if flag.is_switch and value != flag.switch:
+        return False
+    return bool(value) if flag.selects else _given(flag.key)
 
 
-# Options that belong to one suite: with no --suite they select it; with a --suite list
-# that lacks it they are refused (never silently ignored).
-_SUITE_OPTIONS = {
-    "npb_dir": ("--npb-dir", "npb"),
-    "npb_kernels": ("--npb-kernels", "npb"),
-    "cmd": ("--cmd", "cmd"),
-    "cmd_mpi": ("--cmd-mpi", "cmd"),
-}
+def _suites(o: BenchOptions) -> list[str]:
+    """The suites of the run: as named, else those the flags given select, else the
+    default; a flag of a suite the run does not select is refused."""
+    flags = [(kind, f) for kind, fs in registered_flags().items() for f in fs]
+    given = list(o.suite)
+    used = [(f.flag, kind) for kind, f in flags if f.selects and _flag_given(f, o)]
+    if not given:
+        chosen = list(dict.fromkeys(kind for _, kind in used)) or list(DEFAULT_SUITES)
+    else:
+        _refuse_unselected(used, given)
+        chosen = given
+    settings = [(f.flag, kind) for kind, f in flags if not f.selects and _flag_given(f, o)]
+    _refuse_unselected(settings, chosen)
+    return chosen
 
 
-# Settings of one suite that do not select it (the default suites may include it): given
-# on the command line for a run whose suites lack it, they are refused.
-_SUITE_SETTINGS = {
-    "noise_quanta": ("--noise-quanta", "noise"),
-    "noise_quantum_us": ("--noise-quantum-us", "noise"),
-    "bsp_grain_us": ("--bsp-grain-us", "bsp"),
-    "bsp_steps": ("--bsp-steps", "bsp"),
-}
+def _refuse_unselected(options: Iterable[tuple[str, str]], suites: Sequence[str]) -> None:
+    """Refuse an option of a suite the run does not select: never silently ignored."""
+    for flag, suite in options:
+        if suite not in suites:
+            raise UsageError(
+                f"{flag} is an option of --suite {suite}, which this run does not select: "
+                f"add --suite {suite} or drop {flag}"
+            )
+
+
 # Settings of the VMs: refused for a run with no vm:* environment.
 _VM_SETTINGS = {
     "vm_vcpus": "--vm-vcpus",
@@ -224,29 +196,6 @@ def _given(name: str) -> bool:
     ctx = click.get_current_context(silent=True)
     source = ctx.get_parameter_source(name) if ctx is not None else None
     return source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
-
-
-def _suites(o: BenchOptions) -> list[str]:
-    given = list(o.suite)
-    used = {key: spec for key, spec in _SUITE_OPTIONS.items() if getattr(o, key)}
-    if not given:
-        chosen = list(dict.fromkeys(suite for _, suite in used.values())) or list(DEFAULT_SUITES)
-    else:
-        _refuse_unselected(used.values(), given)
-        chosen = given
-    settings = [spec for key, spec in _SUITE_SETTINGS.items() if _given(key)]
-    _refuse_unselected(settings, chosen)
-    return chosen
-
-
-def _refuse_unselected(options: Iterable[tuple[str, str]], suites: Sequence[str]) -> None:
-    """Refuse an option of a suite the run does not select: never silently ignored."""
-    for flag, suite in options:
-        if suite not in suites:
-            raise UsageError(
-                f"{flag} is an option of --suite {suite}, which this run does not select: "
-                f"add --suite {suite} or drop {flag}"
-            )
 
 
 def _refuse_vm_settings(envs: Sequence[str]) -> None:
@@ -289,7 +238,7 @@ def _config(o: BenchOptions) -> BenchConfig:
         nodes=o.nodes,
         batch=o.batch,
         container_runtime=o.container_runtime,
-        suite_options=_suite_options(o),
+        suite_options=_suite_options(o, suites),
     ).check()
 
 
@@ -360,6 +309,41 @@ class _Bar:
         self.progress.update(self.task, description=label, total=total, completed=done)
 
 
+def _flag_option(flag: SuiteFlag) -> Callable[[F], F]:
+    """A suite kind's flag as a click option stored under its key."""
+    if flag.is_switch:
+        return click.option(
+            flag.flag, flag.key, flag_value=flag.switch, default=None, help=flag.help or None
+        )
+    return click.option(
+        flag.flag,
+        flag.key,
+        type=flag.kind,
+        default=flag.default,
+        show_default=flag.show_default,
+        help=flag.help or None,
+    )
+
+
+def suite_flag_options(command: F) -> F:
+    """Every registered suite kind's flags, in the registry's order (bench/core/flags.py):
+    the bench command names none of them."""
+    seen: set[str] = set()
+    for flags in reversed(registered_flags().values()):
+        for flag in reversed(flags):
+            if flag.flag not in seen:
+                seen.add(flag.flag)
+                command = _flag_option(flag)(command)
+    return command
+
+
+def _bench_options(kw: dict[str, Any]) -> BenchOptions:
+    """click's values, the suite kinds' own apart (by key)."""
+    keys = {f.key for flags in registered_flags().values() for f in flags}
+    suite_values = {k: kw.pop(k) for k in list(kw) if k in keys}
+    return BenchOptions(**kw, suite_values=suite_values)
+
+
 @click.command("bench")
 @click.option(
     "--env",
@@ -407,27 +391,7 @@ class _Bar:
 @click.option(
     "--size", default="small", show_default=True, help="quick, small, medium or a fraction."
 )
-@click.option("--noise-quanta", type=int, default=None, help="Noise: quanta per CPU.")
-@click.option("--noise-quantum-us", type=int, default=50, show_default=True)
-@click.option(
-    "--bsp-grain-us",
-    type=int,
-    default=100,
-    show_default=True,
-    help="bsp: work between allreduces (us), calibrated once per run natively.",
-)
-@click.option(
-    "--bsp-steps", type=int, default=2000, show_default=True, help="bsp: steps per sample."
-)
-@click.option("--npb-dir", default=None, help="NPB bin directory (for --suite npb).")
-@click.option("--npb-kernels", default=None, help="NPB kernels, e.g. cg,ep.")
-@click.option("--cmd", default=None, help="A command to benchmark (suite cmd).")
-@click.option("--metric", default=None, help="Regex with one group around the number.")
-@click.option("--lower-is-better", "higher_is_better", flag_value=False, default=None)
-@click.option("--higher-is-better", "higher_is_better", flag_value=True)
-@click.option("--unit", default="", help="Unit of the --cmd metric.")
-@click.option("--metric-name", default="value", show_default=True)
-@click.option("--cmd-mpi", is_flag=True, help="Run --cmd under mpirun with --np ranks.")
+@suite_flag_options
 @click.option("--bind", type=click.Choice(["core", "hwthread", "none"]), default="core")
 @click.option(
     "--nodes",
@@ -479,7 +443,7 @@ def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
     from hpcvm.bench.results.outdir import check_results_dir, removed_if_refused
     from hpcvm.bench.run.session import results_writer
 
-    options = BenchOptions(**kw)
+    options = _bench_options(kw)
     # refused before the lock is taken, a directory made or a VM booted: the path, then
     # the options (a resumed run's are read from its database, under the lock)
     check_results_dir(out, "--out")

@@ -21,7 +21,7 @@ from typing import Any
 
 from hpcvm.bench.core.metrics import ParseError
 from hpcvm.bench.results.failures import NO_REASON, cell_failures
-from hpcvm.bench.suites.noise import RAW_FILE, read_raw
+from hpcvm.bench.suites.noise.suite import RAW_FILE, read_raw
 from hpcvm.report.describe import host_summary, plan_summary
 from hpcvm.report.detours import detour_curve
 from hpcvm.report.labels import env_order

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hpcvm.bench.suites.bsp import GRAIN, SLOWDOWN, BspSuite
+from hpcvm.bench.suites.bsp.suite import GRAIN, SLOWDOWN, BspSuite
 from hpcvm.errors import BenchmarkError, UsageError
 from hpcvm.report.labels import env_order
 from hpcvm.report.model import NATIVE, Row, ScaleLatency, ScaleMeasured, ScaleReport

@@ -17,7 +17,7 @@ A detour *counts* as a noise event when it exceeds ``max(1 µs, 1% of the minimu
 Only ``detour_count`` uses the threshold. ``max_detour_ns``, ``p999_detour_ns`` (the
 nearest-rank 99.9th percentile: the ceil(0.999 n)-th smallest detour) and
 ``lost_fraction`` (sum of all detours / sum of all durations) use every quantum, with the
-very definitions csrc/noise.c prints, so hpcvm.bench.suites.noise's figures and these agree.
+very definitions csrc/noise.c prints, so hpcvm.bench.suites.noise.suite's figures and these agree.
 """
 
 from __future__ import annotations

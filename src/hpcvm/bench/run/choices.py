@@ -5,8 +5,10 @@ imports this module and none of those (pydantic models, the suite code, scipy).
 
 from __future__ import annotations
 
+import importlib
 import sys
 
+from hpcvm.bench.core.flags import SuiteFlag
 from hpcvm.bench.envs.variants import CONTAINER as CONTAINER  # re-exported: the names live there
 from hpcvm.bench.envs.variants import NATIVE as NATIVE
 from hpcvm.bench.envs.variants import VM_PREFIX as VM_PREFIX
@@ -34,3 +36,16 @@ def registered_suite_names() -> tuple[str, ...]:
     that adds a suite imports it to register), else the built-in ones."""
     suites = sys.modules.get(SUITES_MODULE)
     return tuple(suites.REGISTRY) if suites is not None else BUILTIN_SUITES
+
+
+def registered_flags() -> dict[str, tuple[SuiteFlag, ...]]:
+    """Every suite kind's options by kind, for the bench command: the registry's when it is
+    loaded (a plugin's kind may add some), else those of the built-in kinds, read from
+    their light packages (no suite code, no pydantic)."""
+    suites = sys.modules.get(SUITES_MODULE)
+    if suites is not None:
+        flags: dict[str, tuple[SuiteFlag, ...]] = suites.registered_flags()
+        return flags
+    return {
+        name: importlib.import_module(f"hpcvm.bench.suites.{name}").FLAGS for name in BUILTIN_SUITES
+    }

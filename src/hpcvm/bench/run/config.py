@@ -16,7 +16,7 @@ from hpcvm.bench.run.choices import DEFAULT_MAX_REPS as DEFAULT_MAX_REPS  # re-e
 from hpcvm.bench.run.choices import DEFAULT_MAX_TIME as DEFAULT_MAX_TIME
 from hpcvm.bench.run.choices import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from hpcvm.bench.run.choices import DEFAULT_VM_MEMORY as DEFAULT_VM_MEMORY
-from hpcvm.bench.suites.registry import SuiteOptions, suite_names
+from hpcvm.bench.suites.registry import SuiteOptions, derived_keys, suite_names
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
 from hpcvm.stats import DEFAULT_CONFIDENCE
@@ -83,8 +83,11 @@ class BenchConfig(Frozen):
 
     def identity(self) -> dict[str, Any]:
         """What a resumed run must share with the recorded one."""
-        # noise_iterations is derived (calibrated once per run), not chosen: a resumed
-        # run takes the recorded one
+        # a kind's calibrated values (noise's quantum of work) are derived, not chosen:
+        # a resumed run takes the recorded ones
+        options = self.suite_options.model_dump(mode="json")
+        derived = derived_keys()
+        options["values"] = {k: v for k, v in options["values"].items() if k not in derived}
         return self.model_dump(
             mode="json",
             include={
@@ -98,11 +101,7 @@ class BenchConfig(Frozen):
                 "native_cpus",
                 "container_runtime",
             },
-        ) | {
-            "suite_options": self.suite_options.model_dump(
-                mode="json", exclude={"noise_iterations"}
-            )
-        }
+        ) | {"suite_options": options}
 
     def record(self) -> dict[str, Any]:
         """Everything, for the database."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shlex
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,8 +32,7 @@ from hpcvm.bench.results.outdir import slug
 from hpcvm.bench.results.results import outlier_marks
 from hpcvm.bench.run.config import BenchConfig
 from hpcvm.bench.run.runner import Outcome, ProgressSink, Runner
-from hpcvm.bench.suites.noise import calibrate_iterations
-from hpcvm.bench.suites.registry import build_suites, validate_suites
+from hpcvm.bench.suites.registry import build_suites, calibrated, guest_dirs, validate_suites
 from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.lock import Holder, exclusive, read_holder
@@ -281,7 +279,7 @@ def prepare(
         plans[name] = plan
     check_placed_alike(plans)
     native = _confined(_native(config, previous, plans, host), previous)
-    config = _fixed_noise_work(config, previous, native)
+    config = _calibrated(config, previous, native)
     suites = build_suites(config.suites, config.suite_options)
     envs: dict[str, Environment] = {}
     extra = _guest_shares(config, suites, out_dir)
@@ -363,20 +361,14 @@ def inputs_dir(out_dir: Path, suite: Suite) -> Path:
 def _guest_shares(
     config: BenchConfig, suites: Sequence[Suite] = (), out_dir: Path | None = None
 ) -> tuple[str, ...]:
-    """Directories the suites run from that a guest would not otherwise see: the NPB
-    bin directory, a --cmd program's directory and the inputs prepared once per run
-    (``out_dir``/inputs), each outside the working directory and the system directories
+    """Directories the suites run from that a guest would not otherwise see: those their
+    kinds name (the NPB bin directory, a --cmd program's directory), the inputs prepared
+    once per run (``out_dir``/inputs), each outside the working directory and the system directories
     (shared read-only, at their host paths)."""
-    options = config.suite_options
     dirs: list[Path] = []
     if out_dir is not None and any(isinstance(s, PreparesInputs) for s in suites):
         dirs.append(out_dir / INPUTS)
-    if "npb" in config.suites and options.npb_dir is not None:
-        dirs.append(options.npb_dir)
-    if "cmd" in config.suites and options.cmd:
-        program = Path(shlex.split(options.cmd)[0])
-        if program.is_absolute():
-            dirs.append(program.parent)
+    dirs += guest_dirs(config.suites, config.suite_options)
     cwd = Path.cwd().resolve()
     out = []
     for d in dirs:
@@ -409,24 +401,17 @@ def _confined(native: NativePlacement, previous: RunRecord | None) -> NativePlac
     return native.model_copy(update={"confine": "affinity"})
 
 
-def _fixed_noise_work(
+def _calibrated(
     config: BenchConfig, previous: RunRecord | None, native: NativePlacement
 ) -> BenchConfig:
-    """The noise quantum's work, calibrated once on native's first PU (or as recorded
-    for a resumed run), so every environment times the same work."""
-    options = config.suite_options
-    if "noise" not in config.suites or options.noise_iterations is not None:
-        return config
+    """What the suites calibrate once per run (noise's quantum of work) on native's
+    first PU, or as recorded for a resumed run, so every environment times the same."""
+    recorded = None
     if previous is not None:
         recorded = BenchConfig.model_validate(previous.args["config"]).suite_options
-        iterations = recorded.noise_iterations
-    else:
-        first = native.cpus[0] if native.cpus else None
-        iterations = calibrate_iterations(options.noise_quantum_us, first)
-    if iterations is None:
-        return config
-    fixed = options.model_copy(update={"noise_iterations": iterations})
-    return config.model_copy(update={"suite_options": fixed})
+    first = native.cpus[0] if native.cpus else None
+    options = calibrated(config.suites, config.suite_options, recorded, first)
+    return config.model_copy(update={"suite_options": options})
 
 
 def _seed(config: BenchConfig) -> int:

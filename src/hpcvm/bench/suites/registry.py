@@ -1,4 +1,7 @@
-"""Registry: suite name (as typed after ``--suite``) -> the suite objects it stands for.
+"""Registry: suite name (as typed after ``--suite``) -> the suite kind it stands for
+(bench/core/kind.py), and through it the suite objects of a run. Each built-in kind is
+one package beside this module: its options in ``__init__`` (light, for ``--help``),
+the suite and its ``KIND`` in ``suite.py``, registered below in one line.
 
 Most names give one suite; ``npb`` gives one per kernel, in the class ``--size`` picks
 (quick S, small W, medium A) or the class named (``cg.B``). Everything a user can get
@@ -8,237 +11,49 @@ regex) is a UsageError here, before anything runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from hpcvm.bench.core.launch import Bind
-from hpcvm.bench.core.metrics import Metric
+from hpcvm.bench.core.flags import SuiteFlag
+from hpcvm.bench.core.kind import SuiteKind as SuiteKind  # re-exported: plugins register one
+from hpcvm.bench.core.kind import SuiteOptions as SuiteOptions
 from hpcvm.bench.core.suite import Suite
-from hpcvm.bench.suites.bsp import METRICS as BSP_METRICS
-from hpcvm.bench.suites.bsp import BspSuite
-from hpcvm.bench.suites.cmd import CmdSuite
-from hpcvm.bench.suites.hpcc import COMMUNICATION_METRICS, HpccSize, HpccSuite
-from hpcvm.bench.suites.hpcc import METRICS as HPCC_METRICS
-from hpcvm.bench.suites.lammps import METRICS as LAMMPS_METRICS
-from hpcvm.bench.suites.lammps import PACKAGES as LAMMPS_PACKAGES
-from hpcvm.bench.suites.lammps import LammpsSize, LammpsSuite
-from hpcvm.bench.suites.netpipe import METRICS as NETPIPE_METRICS
-from hpcvm.bench.suites.netpipe import NetpipeSize, NetpipeSuite
-from hpcvm.bench.suites.noise import METRICS as NOISE_METRICS
-from hpcvm.bench.suites.noise import NoiseSuite
-from hpcvm.bench.suites.npb import LABELS as NPB_LABELS
-from hpcvm.bench.suites.npb import METRICS as NPB_METRICS
-from hpcvm.bench.suites.npb import discover
-from hpcvm.bench.suites.openfoam import METRICS as OPENFOAM_METRICS
-from hpcvm.bench.suites.openfoam import PACKAGES as OPENFOAM_PACKAGES
-from hpcvm.bench.suites.openfoam import OpenfoamSize, OpenfoamSuite
+from hpcvm.bench.suites.bsp.suite import KIND as BSP
+from hpcvm.bench.suites.cmd.suite import KIND as CMD
+from hpcvm.bench.suites.hpcc.suite import KIND as HPCC
+from hpcvm.bench.suites.lammps.suite import KIND as LAMMPS
+from hpcvm.bench.suites.netpipe.suite import KIND as NETPIPE
+from hpcvm.bench.suites.noise.suite import KIND as NOISE
+from hpcvm.bench.suites.npb.suite import KIND as NPB
+from hpcvm.bench.suites.openfoam.suite import KIND as OPENFOAM
 from hpcvm.errors import UsageError
-from hpcvm.model import Frozen
 from hpcvm.registry import Registry
-
-
-class SuiteOptions(Frozen):
-    """Every suite's settings, as the ``bench`` command collects them from its options."""
-
-    bind: Bind = "core"
-    hpcc_size: HpccSize = "small"
-    noise_quanta: int = 20000
-    noise_quantum_us: int = 50
-    noise_iterations: int | None = None  # one quantum's work, fixed once per bench run
-    bsp_steps: int = 2000  # bench --bsp-steps and --bsp-grain-us
-    bsp_grain_us: int = 100
-    npb_dir: Path | None = None
-    npb_kernels: tuple[str, ...] = ()
-    npb_size: str | float = "small"  # --size as given: picks one NPB class per kernel
-    netpipe_size: NetpipeSize = "small"  # --size quick/small/medium: repetitions per size
-    openfoam_size: OpenfoamSize = "small"  # --size quick/small/medium: mesh and time steps
-    lammps_size: LammpsSize = "small"  # --size quick/small/medium: atoms
-    cmd: str | None = None
-    metric: str | None = None  # regex with one group
-    higher_is_better: bool | None = None  # None: the user has not said
-    unit: str = ""
-    metric_name: str = "value"
-    cmd_cwd: Path | None = None  # default: the current directory
-    cmd_mpi: bool = False
-
-
-def _hpcc(options: SuiteOptions) -> list[Suite]:
-    return [HpccSuite(options.hpcc_size, bind=options.bind)]
-
-
-def _noise(options: SuiteOptions) -> list[Suite]:
-    return [
-        NoiseSuite(
-            quanta=options.noise_quanta,
-            quantum_us=options.noise_quantum_us,
-            iterations=options.noise_iterations,
-        )
-    ]
-
-
-def _bsp(options: SuiteOptions) -> list[Suite]:
-    return [BspSuite(steps=options.bsp_steps, grain_us=options.bsp_grain_us, bind=options.bind)]
-
-
-def _netpipe(options: SuiteOptions) -> list[Suite]:
-    return [NetpipeSuite(options.netpipe_size, bind=options.bind)]
-
-
-def _openfoam(options: SuiteOptions) -> list[Suite]:
-    return [OpenfoamSuite(options.openfoam_size, bind=options.bind)]
-
-
-def _lammps(options: SuiteOptions) -> list[Suite]:
-    return [LammpsSuite(options.lammps_size, bind=options.bind)]
-
-
-def _npb(options: SuiteOptions) -> list[Suite]:
-    if options.npb_dir is None:
-        raise UsageError("--suite npb needs --npb-dir DIR (the bin directory of your NPB build)")
-    return list(
-        discover(options.npb_dir, options.npb_kernels, size=options.npb_size, bind=options.bind)
-    )
-
-
-def _cmd(options: SuiteOptions) -> list[Suite]:
-    if not options.cmd:
-        raise UsageError("--suite cmd needs --cmd 'COMMAND ARGS'")
-    if not options.metric:
-        raise UsageError("--cmd needs --metric REGEX with one group around the number")
-    if options.higher_is_better is None:
-        raise UsageError("--cmd needs --lower-is-better or --higher-is-better")
-    return [
-        CmdSuite(
-            options.cmd,
-            options.metric,
-            higher_is_better=options.higher_is_better,
-            unit=options.unit,
-            metric_name=options.metric_name,
-            cwd=options.cmd_cwd,
-            mpi=options.cmd_mpi,
-            bind=options.bind,
-        )
-    ]
-
-
-@dataclass(frozen=True)
-class SuiteKind:
-    """Everything hpcvm knows about one kind of suite, in one place: how to build it from
-    the bench options, what it is, the Debian packages it runs (install hints and the
-    versions recorded with a run), and the short labels of its metrics for figures.
-
-    ``owns`` tells which stored suite names are of this kind (npb stores ``npb:cg.S``);
-    ``label`` overrides the labels of ``metrics`` (NPB's depend on the kernel)."""
-
-    name: str
-    build: Callable[[SuiteOptions], list[Suite]]
-    description: str
-    metrics: tuple[Metric, ...] = ()
-    packages: tuple[str, ...] = ()
-    owns: Callable[[str], bool] | None = None
-    label: Callable[[str, str], str | None] | None = None
-    np_label: Callable[[str, str, int], str | None] | None = None  # "CG time, np 2"
-    spans_nodes: bool = True  # False: it measures one node (bench --nodes refuses it)
-
-    def stores(self, suite: str) -> bool:
-        return self.owns(suite) if self.owns is not None else suite == self.name
-
-    def short_name(self, suite: str, metric: str) -> str | None:
-        if self.label is not None:
-            return self.label(suite, metric)
-        return next((m.short for m in self.metrics if m.name == metric and m.short), None)
-
 
 REGISTRY: Registry[SuiteKind] = Registry("suite")
 
 
 def register(kind: SuiteKind) -> None:
-    """Add a suite kind (hpcvm's own below, or a plugin's: see hpcvm/plugins.py)."""
+    """Add a suite kind (hpcvm's own below, or a plugin's: see hpcvm/plugins.py). Its
+    flags must not take another kind's option or key: two owners of ``--x`` would
+    each read the other's value."""
+    taken = {f.flag: k.name for k in REGISTRY.values() for f in k.flags}
+    taken |= {f.key: k.name for k in REGISTRY.values() for f in k.flags}
+    for flag in kind.flags:
+        owner = taken.get(flag.flag) or taken.get(flag.key)
+        if owner is not None and owner != kind.name:
+            raise ValueError(f"suite {kind.name}: {flag.flag} ({flag.key}) is suite {owner}'s")
     REGISTRY.register(kind.name, kind)
 
 
-def _npb_label(suite: str, metric: str) -> str | None:
-    """What an NPB figure shows: "CG time", "CG Mop/s"."""
-    word = NPB_LABELS.get(metric)
-    if word is None:
-        return None
-    return f"{suite.removeprefix('npb:').split('.')[0].upper()} {word}"
-
-
-def _npb_np_label(suite: str, metric: str, np: int) -> str | None:
-    name = _npb_label(suite, metric)
-    return None if name is None else f"{name}, np {np}"
-
-
-for _kind in (
-    SuiteKind(
-        "hpcc",
-        _hpcc,
-        "HPC Challenge from the distribution, input sized from memory and np",
-        metrics=HPCC_METRICS + COMMUNICATION_METRICS,
-        packages=("hpcc", "openmpi-bin"),
-    ),
-    SuiteKind(
-        "noise",
-        _noise,
-        "hpcvm's fixed-work-quantum noise benchmark (csrc/noise.c) on every CPU",
-        metrics=NOISE_METRICS,
-        spans_nodes=False,
-    ),
-    SuiteKind(
-        "npb",
-        _npb,
-        "your NAS Parallel Benchmarks MPI binaries (--npb-dir), one class per kernel",
-        metrics=NPB_METRICS,
-        packages=("openmpi-bin",),
-        owns=lambda suite: suite.startswith("npb:"),
-        label=_npb_label,
-        np_label=_npb_np_label,
-    ),
-    SuiteKind(
-        "netpipe",
-        _netpipe,
-        "NetPIPE ping-pong between 2 MPI ranks: latency and bandwidth per message size "
-        "(--np does not apply)",
-        metrics=NETPIPE_METRICS,
-        packages=("netpipe-openmpi", "openmpi-bin"),
-    ),
-    SuiteKind("cmd", _cmd, "any command and a regex (--cmd, --metric)"),
-):
+# hpcvm's own suites, in the order --help lists them (bench/run/choices.py BUILTIN_SUITES)
+for _kind in (HPCC, NOISE, NPB, NETPIPE, CMD, OPENFOAM, LAMMPS, BSP):
     register(_kind)
 
-register(
-    SuiteKind(
-        "openfoam",
-        _openfoam,
-        "OpenFOAM's icoFoam on the cavity tutorial, decomposed over --np ranks, checked "
-        "against native's residuals",
-        metrics=OPENFOAM_METRICS,
-        packages=OPENFOAM_PACKAGES,
-    )
-)
-register(
-    SuiteKind(
-        "lammps",
-        _lammps,
-        "LAMMPS's Lennard-Jones benchmark, checked against native's final energy",
-        metrics=LAMMPS_METRICS,
-        packages=LAMMPS_PACKAGES,
-    )
-)
 
-
-register(
-    SuiteKind(
-        "bsp",
-        _bsp,
-        "hpcvm's bulk-synchronous microbenchmark (csrc/bsp.c): grains of work between "
-        "allreduces on --np ranks, each step timed (what report --scale checks against)",
-        metrics=BSP_METRICS,
-        packages=("openmpi-bin",),
-    )
-)
+def registered_flags() -> dict[str, tuple[SuiteFlag, ...]]:
+    """Every registered kind's options, by kind (the bench command's own are in cli/)."""
+    return {name: kind.flags for name, kind in REGISTRY.items()}
 
 
 def suite_names() -> tuple[str, ...]:
@@ -302,3 +117,41 @@ def validate_suites(suites: Sequence[Suite], np_values: Sequence[int]) -> None:
     """Every suite's own pre-flight check, in order (the first problem is reported)."""
     for suite in suites:
         suite.validate(np_values)
+
+
+def chosen(names: Sequence[str]) -> list[SuiteKind]:
+    """The registered kinds of a run's suites, once each, in order."""
+    return [REGISTRY[n] for n in dict.fromkeys(names) if n in REGISTRY]
+
+
+def settled(names: Sequence[str], values: dict[str, Any], cwd: Path) -> dict[str, Any]:
+    """The flag values as each chosen kind records them (bench/core/kind.py ``settle``)."""
+    for kind in chosen(names):
+        if kind.settle is not None:
+            values = kind.settle(values, cwd)
+    return values
+
+
+def guest_dirs(names: Sequence[str], options: SuiteOptions) -> list[Path]:
+    """Host directories the chosen kinds' suites run from (a guest must see them)."""
+    return [d for k in chosen(names) if k.guest_dirs is not None for d in k.guest_dirs(options)]
+
+
+def calibrated(
+    names: Sequence[str],
+    options: SuiteOptions,
+    recorded: SuiteOptions | None,
+    first_pu: int | None,
+) -> SuiteOptions:
+    """The options with what each chosen kind calibrates once per run (or, resumed,
+    takes as recorded)."""
+    for kind in chosen(names):
+        if kind.calibrate is not None:
+            options = kind.calibrate(options, recorded, first_pu)
+    return options
+
+
+def derived_keys() -> set[str]:
+    """Values a kind calibrates rather than the user chooses: not part of a run's
+    identity (a resumed run takes the recorded ones)."""
+    return {key for kind in REGISTRY.values() for key in kind.derived}

@@ -39,11 +39,13 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
+from hpcvm.bench.core.kind import SuiteKind, SuiteOptions, size_word
 from hpcvm.bench.core.launch import Bind, find_program, in_workdir, mpirun_argv
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError, tail
-from hpcvm.bench.core.suite import check_np_values
+from hpcvm.bench.core.suite import Suite, check_np_values
+from hpcvm.bench.suites.lammps import FLAGS
 from hpcvm.bench.suites.reference import (
     read_run_file,
     reference_mpirun,
@@ -300,3 +302,27 @@ class LammpsSuite:
 
     def resolution_warning(self, metric: str, np: int, values: Sequence[float]) -> str | None:
         return None
+
+
+class LammpsOptions(Frozen):
+    """lammps's reading of the run's options: ``--size`` as a word (a fraction: small)."""
+
+    bind: Bind = "core"
+    size: str = "small"
+    lammps_size: LammpsSize | None = None  # set outright (tests, a run recorded so)
+
+
+def _build(options: SuiteOptions) -> list[Suite]:
+    o = options.typed(LammpsOptions)
+    size = o.lammps_size if o.lammps_size is not None else cast(LammpsSize, size_word(o.size))
+    return [LammpsSuite(size, bind=o.bind)]
+
+
+KIND = SuiteKind(
+    "lammps",
+    _build,
+    "LAMMPS's Lennard-Jones benchmark, checked against native's final energy",
+    metrics=METRICS,
+    packages=PACKAGES,
+    flags=FLAGS,
+)

@@ -18,11 +18,15 @@ import shlex
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from hpcvm.bench.core.kind import SuiteKind, SuiteOptions
 from hpcvm.bench.core.launch import ENV, Bind, mpirun_argv
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError, parse_number, tail
-from hpcvm.bench.core.suite import check_np_values, require_exit_ok
+from hpcvm.bench.core.suite import Suite, check_np_values, require_exit_ok
+from hpcvm.bench.suites.cmd import FLAGS
 from hpcvm.errors import UsageError
+from hpcvm.model import Frozen
 
 
 def compile_metric_pattern(pattern: str) -> re.Pattern[str]:
@@ -135,3 +139,63 @@ class CmdSuite:
             f"--metric regex {self.pattern.pattern!r} matched nothing in the output: "
             f"{tail(stdout, 2) or tail(stderr, 2) or 'no output'}"
         )
+
+
+class CmdOptions(Frozen):
+    """cmd's options (FLAGS) and the directory the user ran hpcvm from."""
+
+    bind: Bind = "core"
+    cmd: str | None = None
+    metric: str | None = None  # regex with one group
+    higher_is_better: bool | None = None  # None: the user has not said
+    unit: str = ""
+    metric_name: str = "value"
+    cmd_cwd: Path | None = None  # default: the current directory
+    cmd_mpi: bool = False
+
+
+def _build(options: SuiteOptions) -> list[Suite]:
+    o = options.typed(CmdOptions)
+    if not o.cmd:
+        raise UsageError("--suite cmd needs --cmd 'COMMAND ARGS'")
+    if not o.metric:
+        raise UsageError("--cmd needs --metric REGEX with one group around the number")
+    if o.higher_is_better is None:
+        raise UsageError("--cmd needs --lower-is-better or --higher-is-better")
+    return [
+        CmdSuite(
+            o.cmd,
+            o.metric,
+            higher_is_better=o.higher_is_better,
+            unit=o.unit,
+            metric_name=o.metric_name,
+            cwd=o.cmd_cwd,
+            mpi=o.cmd_mpi,
+            bind=o.bind,
+        )
+    ]
+
+
+def _settle(values: dict[str, Any], cwd: Path) -> dict[str, Any]:
+    """A relative --cmd program means what it meant where the user was."""
+    return values | {"cmd_cwd": str(cwd)} if values.get("cmd") else values
+
+
+def _guest_dirs(options: SuiteOptions) -> list[Path]:
+    """An absolute --cmd program's directory (a relative one lies under the working
+    directory, which the guest sees)."""
+    cmd = options.typed(CmdOptions).cmd
+    if not cmd:
+        return []
+    program = Path(shlex.split(cmd)[0])
+    return [program.parent] if program.is_absolute() else []
+
+
+KIND = SuiteKind(
+    "cmd",
+    _build,
+    "any command and a regex (--cmd, --metric)",
+    flags=FLAGS,
+    guest_dirs=_guest_dirs,
+    settle=_settle,
+)

@@ -42,11 +42,14 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
+from hpcvm.bench.core.kind import SuiteKind, SuiteOptions, size_word
 from hpcvm.bench.core.launch import Bind, find_program, in_workdir, mpirun_argv
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError, tail
-from hpcvm.bench.suites.npb_resolution import resolution_warning
+from hpcvm.bench.core.resolution import resolution_warning
+from hpcvm.bench.core.suite import Suite
+from hpcvm.bench.suites.netpipe import FLAGS
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
 
@@ -329,3 +332,28 @@ class NetpipeSuite:
             return None
         advice = "use a larger --size (more repetitions per message size)"
         return resolution_warning(self.label(metric, np), values, step, "us", advice)
+
+
+class NetpipeOptions(Frozen):
+    """netpipe's reading of the run's options: ``--size`` as a word (a fraction: small)."""
+
+    bind: Bind = "core"
+    size: str = "small"
+    netpipe_size: NetpipeSize | None = None  # set outright (tests, a run recorded so)
+
+
+def _build(options: SuiteOptions) -> list[Suite]:
+    o = options.typed(NetpipeOptions)
+    size = o.netpipe_size if o.netpipe_size is not None else cast(NetpipeSize, size_word(o.size))
+    return [NetpipeSuite(size, bind=o.bind)]
+
+
+KIND = SuiteKind(
+    "netpipe",
+    _build,
+    "NetPIPE ping-pong between 2 MPI ranks: latency and bandwidth per message size "
+    "(--np does not apply)",
+    metrics=METRICS,
+    packages=("netpipe-openmpi", "openmpi-bin"),
+    flags=FLAGS,
+)

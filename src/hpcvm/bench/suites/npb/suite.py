@@ -7,11 +7,11 @@ where it is chosen at run time. One suite per kernel and class (``npb:cg.A``); f
 np it runs the 3.4 binary or the 3.3 binary built for that np.
 
 Which class runs: a plain kernel name (``cg``) runs the one class ``--size`` picks
-(quick S, small W, medium A: see :mod:`hpcvm.bench.suites.npb_kernels`), ``cg.B`` names one;
+(quick S, small W, medium A: see :mod:`hpcvm.bench.suites.npb.kernels`), ``cg.B`` names one;
 no kernel list runs every kernel found in the size's class. A binary's name is only a
 claim: the report says which kernel, class and process count really ran, and a
 mismatch is a failed sample, as is any run NPB did not verify (see
-:mod:`hpcvm.bench.suites.npb_report` for how a failure's reason is found).
+:mod:`hpcvm.bench.suites.npb.report` for how a failure's reason is found).
 
 Beyond the :class:`~hpcvm.bench.core.suite.Suite` protocol a suite here offers, as data for
 tables and reports: ``sample_facts`` (verification, class, process counts of one run,
@@ -26,11 +26,15 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from hpcvm.bench.core.kind import SIZES, SuiteKind, SuiteOptions
 from hpcvm.bench.core.launch import Bind, in_workdir, mpirun_argv
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError
-from hpcvm.bench.core.suite import check_np_values
-from hpcvm.bench.suites.npb_kernels import (
+from hpcvm.bench.core.resolution import resolution_warning
+from hpcvm.bench.core.suite import Suite, check_np_values
+from hpcvm.bench.suites.npb import FLAGS
+from hpcvm.bench.suites.npb.kernels import (
     CLASS_BY_SIZE,
     CLASSES,
     KERNELS,
@@ -39,7 +43,7 @@ from hpcvm.bench.suites.npb_kernels import (
     larger_class,
     parse_selector,
 )
-from hpcvm.bench.suites.npb_report import (
+from hpcvm.bench.suites.npb.report import (
     NpbReport,
     failure_reason,
     has_report,
@@ -47,8 +51,8 @@ from hpcvm.bench.suites.npb_report import (
     parse_report,
     verification,
 )
-from hpcvm.bench.suites.npb_resolution import resolution_warning
 from hpcvm.errors import UsageError
+from hpcvm.model import Frozen
 
 __all__ = [
     "METRICS",
@@ -346,3 +350,77 @@ def discover(
         NpbSuite(kernel, klass, found[(kernel, klass)], bind=bind)
         for kernel, klass in dict.fromkeys(wanted)
     ]
+
+
+class NpbOptions(Frozen):
+    """npb's options (FLAGS) and its reading of ``--size`` (a class per kernel)."""
+
+    bind: Bind = "core"
+    size: str = "small"
+    npb_dir: Path | None = None
+    npb_kernels: tuple[str, ...] = ()
+    npb_size: str | float | None = None  # set outright (tests, a run recorded so)
+
+
+def _size(size: str) -> str | float:
+    """``--size`` as given: a word picks a class per kernel, else a memory fraction."""
+    if size in SIZES:
+        return size
+    try:
+        return float(size)
+    except ValueError:
+        raise UsageError(
+            f"unknown --size {size!r}: use quick, small, medium or a memory fraction like 0.05"
+        ) from None
+
+
+def _build(options: SuiteOptions) -> list[Suite]:
+    o = options.typed(NpbOptions)
+    if o.npb_dir is None:
+        raise UsageError("--suite npb needs --npb-dir DIR (the bin directory of your NPB build)")
+    size = o.npb_size if o.npb_size is not None else _size(o.size)
+    return list(discover(o.npb_dir, o.npb_kernels, size=size, bind=o.bind))
+
+
+def _settle(values: dict[str, Any], cwd: Path) -> dict[str, Any]:
+    """The directory as an absolute path (read from where the user was), the kernels as
+    a list."""
+    settled = dict(values)
+    if values.get("npb_dir"):
+        settled["npb_dir"] = str(cwd / values["npb_dir"])
+    if isinstance(values.get("npb_kernels"), str):
+        settled["npb_kernels"] = [k for k in values["npb_kernels"].split(",") if k]
+    return settled
+
+
+def _guest_dirs(options: SuiteOptions) -> list[Path]:
+    npb_dir = options.typed(NpbOptions).npb_dir
+    return [] if npb_dir is None else [npb_dir]
+
+
+def _label(suite: str, metric: str) -> str | None:
+    """What an NPB figure shows: "CG time", "CG Mop/s"."""
+    word = LABELS.get(metric)
+    if word is None:
+        return None
+    return f"{suite.removeprefix('npb:').split('.')[0].upper()} {word}"
+
+
+def _np_label(suite: str, metric: str, np: int) -> str | None:
+    name = _label(suite, metric)
+    return None if name is None else f"{name}, np {np}"
+
+
+KIND = SuiteKind(
+    "npb",
+    _build,
+    "your NAS Parallel Benchmarks MPI binaries (--npb-dir), one class per kernel",
+    metrics=METRICS,
+    packages=("openmpi-bin",),
+    flags=FLAGS,
+    guest_dirs=_guest_dirs,
+    settle=_settle,
+    owns=lambda suite: suite.startswith("npb:"),
+    label=_label,
+    np_label=_np_label,
+)

@@ -27,11 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcvm.bench.core.kind import SuiteKind, SuiteOptions
 from hpcvm.bench.core.launch import Bind, data_binary, in_workdir, mpirun_argv
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError
-from hpcvm.bench.core.suite import check_np_values, require_exit_ok
-from hpcvm.bench.suites.noise import calibrate_iterations
+from hpcvm.bench.core.suite import Suite, check_np_values, require_exit_ok
+from hpcvm.bench.suites.bsp import FLAGS
+from hpcvm.bench.suites.noise.suite import calibrate_iterations
 from hpcvm.errors import BenchmarkError, UsageError
+from hpcvm.model import Frozen
 
 BINARY_NAME = "hpcvm-bsp"
 BINARY_ENV = "HPCVM_BSP_BIN"
@@ -186,3 +189,27 @@ class BspSuite:
         if not any(line.startswith(HEADER) for line in stdout.splitlines()):
             raise ParseError(f"{BINARY_NAME} printed no {HEADER!r} line")
         return bsp_metrics(*read_raw(workdir / RAW_FILE))
+
+
+class BspOptions(Frozen):
+    """bsp's options (FLAGS)."""
+
+    bind: Bind = "core"
+    bsp_steps: int = 2000
+    bsp_grain_us: int = 100
+
+
+def _build(options: SuiteOptions) -> list[Suite]:
+    o = options.typed(BspOptions)
+    return [BspSuite(steps=o.bsp_steps, grain_us=o.bsp_grain_us, bind=o.bind)]
+
+
+KIND = SuiteKind(
+    "bsp",
+    _build,
+    "hpcvm's bulk-synchronous microbenchmark (csrc/bsp.c): grains of work between "
+    "allreduces on --np ranks, each step timed (what report --scale checks against)",
+    metrics=METRICS,
+    packages=("openmpi-bin",),
+    flags=FLAGS,
+)

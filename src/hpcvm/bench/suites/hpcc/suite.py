@@ -23,9 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from hpcvm.bench.core.kind import SIZES, SuiteKind, SuiteOptions
 from hpcvm.bench.core.launch import Bind, find_program, in_workdir, mpirun_argv
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError, parse_number, tail
-from hpcvm.bench.core.suite import check_np_values, require_exit_ok
+from hpcvm.bench.core.suite import Suite, check_np_values, require_exit_ok
+from hpcvm.bench.suites.hpcc import FLAGS
 from hpcvm.errors import BenchmarkError, UsageError
 from hpcvm.model import Frozen
 from hpcvm.units import MIB, human_size
@@ -455,3 +457,41 @@ class HpccSuite:
         if not path.is_file():
             raise ParseError(f"hpcc wrote no {OUTPUT_FILE} in {workdir}: {tail(stderr) or '-'}")
         return parse_output(path.read_text(errors="replace"))
+
+
+class HpccOptions(Frozen):
+    """hpcc's reading of the run's options: ``--size`` as a memory share."""
+
+    bind: Bind = "core"
+    size: str = "small"
+    hpcc_size: HpccSize | None = None  # set outright (tests, a run recorded so)
+
+
+def hpcc_size(size: str) -> HpccSize:
+    """``--size`` as hpcc reads it: medium, small (quick too) or a fraction of memory."""
+    if size == "medium":
+        return "medium"
+    if size in SIZES:
+        return "small"
+    try:
+        return float(size)
+    except ValueError:
+        raise UsageError(
+            f"unknown --size {size!r}: use quick, small, medium or a memory fraction like 0.05"
+        ) from None
+
+
+def _build(options: SuiteOptions) -> list[Suite]:
+    o = options.typed(HpccOptions)
+    size = o.hpcc_size if o.hpcc_size is not None else hpcc_size(o.size)
+    return [HpccSuite(size, bind=o.bind)]
+
+
+KIND = SuiteKind(
+    "hpcc",
+    _build,
+    "HPC Challenge from the distribution, input sized from memory and np",
+    metrics=METRICS + COMMUNICATION_METRICS,
+    packages=("hpcc", "openmpi-bin"),
+    flags=FLAGS,
+)

@@ -22,9 +22,11 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpcvm.bench.core.kind import SuiteKind, SuiteOptions
 from hpcvm.bench.core.launch import data_binary, in_workdir
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError, parse_number, tail
-from hpcvm.bench.core.suite import require_exit_ok
+from hpcvm.bench.core.suite import Suite, require_exit_ok
+from hpcvm.bench.suites.noise import FLAGS
 from hpcvm.errors import BenchmarkError, UsageError
 from hpcvm.model import Frozen
 from hpcvm.units import format_cpu_list
@@ -275,3 +277,47 @@ def calibrate_iterations(quantum_us: int, cpu: int | None) -> int:
         return parse_report(proc.stdout).iterations
     except ParseError as exc:
         raise BenchmarkError(f"noise: calibrating the quantum failed: {exc}") from exc
+
+
+class NoiseOptions(Frozen):
+    """noise's options (FLAGS) and the work of one quantum, calibrated once per run."""
+
+    size: str = "small"
+    noise_quanta: int | None = None  # None: from --size
+    noise_quantum_us: int = 50
+    noise_iterations: int | None = None  # one quantum's work, fixed once per bench run
+
+
+def _build(options: SuiteOptions) -> list[Suite]:
+    o = options.typed(NoiseOptions)
+    quanta = o.noise_quanta
+    if quanta is None:
+        quanta = 5000 if o.size == "quick" else 20000
+    return [NoiseSuite(quanta=quanta, quantum_us=o.noise_quantum_us, iterations=o.noise_iterations)]
+
+
+def _calibrate(
+    options: SuiteOptions, recorded: SuiteOptions | None, first_pu: int | None
+) -> SuiteOptions:
+    """The quantum's work, calibrated once on native's first PU (or as recorded for a
+    resumed run), so every environment times the same work."""
+    o = options.typed(NoiseOptions)
+    if o.noise_iterations is not None:
+        return options
+    if recorded is not None:
+        iterations = recorded.typed(NoiseOptions).noise_iterations
+    else:
+        iterations = calibrate_iterations(o.noise_quantum_us, first_pu)
+    return options if iterations is None else options.with_values(noise_iterations=iterations)
+
+
+KIND = SuiteKind(
+    "noise",
+    _build,
+    "hpcvm's fixed-work-quantum noise benchmark (csrc/noise.c) on every CPU",
+    metrics=METRICS,
+    flags=FLAGS,
+    calibrate=_calibrate,
+    derived=("noise_iterations",),
+    spans_nodes=False,
+)
