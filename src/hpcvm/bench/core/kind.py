@@ -74,9 +74,14 @@ class SuiteOptions(Frozen):
         return self.model_copy(update={"values": self.values | values})
 
 
-def size_word(size: str) -> str:
-    """``--size`` for the kinds that take a word only: a fraction reads as small."""
-    return size if size in SIZES else "small"
+def word_size(options: SuiteOptions, key: str) -> str:
+    """The size of a kind that takes a word only (netpipe, openfoam, lammps): as set
+    under ``key`` (tests, a run recorded so), else ``--size``, a fraction read as small.
+    The suite refuses a word it does not know."""
+    given = options.given(key)
+    if given is not None:
+        return str(given)
+    return options.size if options.size in SIZES else "small"
 
 
 # (options, the recorded options of a resumed run or None, native's first PU or None)

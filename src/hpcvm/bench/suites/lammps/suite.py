@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, cast
 
-from hpcvm.bench.core.kind import SuiteKind, SuiteOptions, size_word
+from hpcvm.bench.core.kind import SuiteKind, SuiteOptions, word_size
 from hpcvm.bench.core.launch import Bind, find_program, in_workdir, mpirun_argv
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError, tail
 from hpcvm.bench.core.suite import Suite, check_np_values
@@ -304,18 +304,9 @@ class LammpsSuite:
         return None
 
 
-class LammpsOptions(Frozen):
-    """lammps's reading of the run's options: ``--size`` as a word (a fraction: small)."""
-
-    bind: Bind = "core"
-    size: str = "small"
-    lammps_size: LammpsSize | None = None  # set outright (tests, a run recorded so)
-
-
 def _build(options: SuiteOptions) -> list[Suite]:
-    o = options.typed(LammpsOptions)
-    size = o.lammps_size if o.lammps_size is not None else cast(LammpsSize, size_word(o.size))
-    return [LammpsSuite(size, bind=o.bind)]
+    size = cast(LammpsSize, word_size(options, "lammps_size"))
+    return [LammpsSuite(size, bind=options.bind)]
 
 
 KIND = SuiteKind(

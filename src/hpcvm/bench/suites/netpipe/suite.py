@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, cast
 
-from hpcvm.bench.core.kind import SuiteKind, SuiteOptions, size_word
+from hpcvm.bench.core.kind import SuiteKind, SuiteOptions, word_size
 from hpcvm.bench.core.launch import Bind, find_program, in_workdir, mpirun_argv
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError, tail
 from hpcvm.bench.core.resolution import resolution_warning
@@ -334,18 +334,9 @@ class NetpipeSuite:
         return resolution_warning(self.label(metric, np), values, step, "us", advice)
 
 
-class NetpipeOptions(Frozen):
-    """netpipe's reading of the run's options: ``--size`` as a word (a fraction: small)."""
-
-    bind: Bind = "core"
-    size: str = "small"
-    netpipe_size: NetpipeSize | None = None  # set outright (tests, a run recorded so)
-
-
 def _build(options: SuiteOptions) -> list[Suite]:
-    o = options.typed(NetpipeOptions)
-    size = o.netpipe_size if o.netpipe_size is not None else cast(NetpipeSize, size_word(o.size))
-    return [NetpipeSuite(size, bind=o.bind)]
+    size = cast(NetpipeSize, word_size(options, "netpipe_size"))
+    return [NetpipeSuite(size, bind=options.bind)]
 
 
 KIND = SuiteKind(

@@ -55,7 +55,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from hpcvm.bench.core.kind import SuiteKind, SuiteOptions, size_word
+from hpcvm.bench.core.kind import SuiteKind, SuiteOptions, word_size
 from hpcvm.bench.core.launch import Bind, find_program, in_workdir, mpirun_argv
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError, tail
 from hpcvm.bench.core.resolution import resolution_warning
@@ -518,18 +518,9 @@ def _residual_text(residuals: Sequence[Any]) -> str:
     return ", ".join(f"{r.field} {r.initial:g}" for r in residuals)
 
 
-class OpenfoamOptions(Frozen):
-    """openfoam's reading of the run's options: ``--size`` as a word (a fraction: small)."""
-
-    bind: Bind = "core"
-    size: str = "small"
-    openfoam_size: OpenfoamSize | None = None  # set outright (tests, a run recorded so)
-
-
 def _build(options: SuiteOptions) -> list[Suite]:
-    o = options.typed(OpenfoamOptions)
-    size = o.openfoam_size if o.openfoam_size is not None else cast(OpenfoamSize, size_word(o.size))
-    return [OpenfoamSuite(size, bind=o.bind)]
+    size = cast(OpenfoamSize, word_size(options, "openfoam_size"))
+    return [OpenfoamSuite(size, bind=options.bind)]
 
 
 KIND = SuiteKind(
