@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from qemu.qmp import QMPClient
 
-from hpcvm.bench.envs.variants import VmVariant, parse_env
+from hpcvm.bench.envs.kinds import parse_env
+from hpcvm.bench.envs.variants import VmVariant
 from hpcvm.bench.envs.vm import VmEnvironment, plan_vm, verify_variant
 from hpcvm.errors import VerificationFailed
 from hpcvm.runtime.backends.registry import get_backend

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from hpcvm.bench.envs.kinds import canonical_env_names, parse_env
 from hpcvm.bench.envs.variant_plans import check_placed_alike
-from hpcvm.bench.envs.variants import VmVariant, canonical_env_names, parse_env
+from hpcvm.bench.envs.variants import VmVariant
 from hpcvm.bench.envs.vm import plan_vm
 from hpcvm.bench.run.config import BenchConfig
 from hpcvm.errors import InfeasiblePlanError, UsageError

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from hpcvm.bench.envs.variants import VmVariant, parse_env
+from hpcvm.bench.envs.kinds import parse_env
+from hpcvm.bench.envs.variants import VmVariant
 from hpcvm.bootspec import BootSpec, Nic
 from hpcvm.errors import UsageError
 from hpcvm.guest.modules import GUEST_MODULES

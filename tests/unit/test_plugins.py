@@ -56,6 +56,36 @@ def test_a_plugin_suite_owns_its_option(tmp_path: Path) -> None:
     assert bare.returncode == 2 and "--echo-number" in bare.stderr
 
 
+def test_a_plugin_environment_kind_runs_beside_native_and_is_reported(tmp_path: Path) -> None:
+    """The demo kind ``noaslr`` (native under ``setarch -R``) is listed, runs its
+    samples where it says (the ADDR_NO_RANDOMIZE bit, 0x40000, is set in what it runs
+    and not natively), is stored, and the report shows it in the kind's own colour."""
+    plugins = "hpcvm_demo_env,hpcvm_demo_format"
+    assert "noaslr" in _hpcvm("bench", "--help", plugins=plugins, cwd=tmp_path).stdout
+    out = tmp_path / "r"
+    personality = "sh -c 'echo $((0x$(cat /proc/self/personality) + 1))'"
+    bench = _hpcvm(
+        "bench", "--env", "native", "--env", "noaslr", "--suite", "cmd", "--cmd", personality,
+        "--metric", r"^(\d+)", "--higher-is-better", "--reps", "2", "--out", str(out),
+        plugins=plugins, cwd=tmp_path,
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stderr
+    assert any(line.split()[:1] == ["noaslr"] for line in bench.stdout.splitlines())
+    report = _hpcvm("report", str(out), "--format", "tsv", plugins=plugins, cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    rows = dict(
+        line.split("\t")[0::2]
+        for line in (out / "report/report.tsv").read_text().split("\n")
+        if line
+    )
+    assert float(rows["native"]) - 1 == 0 and int(float(rows["noaslr"])) - 1 == 0x40000
+    html = _hpcvm("report", str(out), plugins=plugins, cwd=tmp_path)
+    assert html.returncode == 0, html.stderr
+    assert "#006d2c" in (out / "report" / "report.html").read_text()
+    bare = _hpcvm("bench", "--env", "noaslr", "--suite", "noise", plugins="", cwd=tmp_path)
+    assert bare.returncode == 2 and "unknown environment 'noaslr'" in bare.stderr
+
+
 def test_unregistered_names_and_broken_plugins_are_refused(tmp_path: Path) -> None:
     no_plugin = _hpcvm("bench", "--env", "native", "--suite", "echo42", plugins="", cwd=tmp_path)
     assert no_plugin.returncode == 2 and "unknown suite 'echo42'" in no_plugin.stderr

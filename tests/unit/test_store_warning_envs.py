@@ -98,7 +98,7 @@ def test_a_version_2_database_gains_the_owners_its_wording_gave(tmp_path: Path) 
         store.add_environment(run_id, VM)
     _make_version_2(tmp_path / "hpcvm.db")
     with Store.open(tmp_path) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 4
+        assert store.schema_version() == SCHEMA_VERSION == 5
         run = store.run(run_id)
     assert run.warnings == tuple(warnings)
     assert run.warning_envs == {

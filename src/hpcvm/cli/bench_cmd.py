@@ -40,8 +40,8 @@ if TYPE_CHECKING:  # the implementation is imported when a command runs, not for
     from hpcvm.bench.core.launch import Bind, Spread
     from hpcvm.bench.results.failures import CellFailures
     from hpcvm.bench.run.config import BenchConfig
-    from hpcvm.bench.run.session import EnvironmentMaker
     from hpcvm.bench.suites.registry import SuiteOptions
+    from hpcvm.cluster.benchnodes.environments import ClusterEnvironments
     from hpcvm.stats.overhead import Method
     from hpcvm.store import SampleRecord
 
@@ -211,8 +211,8 @@ def _refuse_vm_settings(envs: Sequence[str]) -> None:
 
 
 def _config(o: BenchOptions) -> BenchConfig:
+    from hpcvm.bench.envs.kinds import canonical_env_names
     from hpcvm.bench.envs.placement import parse_native_cpus
-    from hpcvm.bench.envs.variants import canonical_env_names
     from hpcvm.bench.run.config import BenchConfig
 
     suites = _suites(o)
@@ -469,7 +469,7 @@ def _bench(
         config = _stopping_overrides(recorded_config(out), o)
     makers, spread = _across_nodes(config, o)
     with across(spread):
-        prep = prepare(config, out, resume=resume, environments=makers)
+        prep = prepare(config, out, resume=resume, nodes=makers)
         if prep.emulated:
             warn(TCG_WARNING)
         for text in prep.warnings:
@@ -494,7 +494,7 @@ def _bench(
 
 def _across_nodes(
     config: BenchConfig, o: BenchOptions
-) -> tuple[EnvironmentMaker | None, Spread | None]:
+) -> tuple[ClusterEnvironments | None, Spread | None]:
     """With ``--nodes N`` (N > 1): environments spanning the N nodes of this allocation
     (``--batch``) and the mpirun line that spreads ranks over them (docs/cluster.md)."""
     if config.nodes == 1:

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hpcvm.bench.envs.variants import CONTAINER, parse_env
+from hpcvm.bench.envs.kinds import env_kind, parse_env
 from hpcvm.bench.suites.registry import np_label as suite_np_label
 from hpcvm.bench.suites.registry import short_name as suite_short_name
 from hpcvm.errors import UsageError
 from hpcvm.plan.names import PROFILE_NAMES
-from hpcvm.report.model import NATIVE
 
-NATIVE_COLOUR = "#4d4d4d"
-CONTAINER_COLOUR = "#17becf"
 PROFILE_COLOURS = {
     "vm:naive": "#d62728",
     "vm:pinned": "#ff7f0e",
@@ -46,15 +43,18 @@ def label(suite: str, metric: str, np: int | None) -> str:
 
 
 def _rank(name: str) -> tuple[int, int, str]:
-    """Native, the container, then each profile in the study's order followed by its
-    variants (by name); names no environment syntax reads last."""
+    """By kind (bench/envs/kinds.py: native, the container, the VMs, then a plugin's),
+    each profile in the study's order followed by its variants (by name); names no
+    registered kind reads last."""
     try:
         choice = parse_env(name)
     except UsageError:
-        return (3, 0, name)
-    if choice.kind != "vm" or choice.profile is None:
-        return (0 if choice.kind == NATIVE else 1, 0, name)
-    return (2, PROFILE_NAMES.index(choice.profile), "" if choice.variant.is_base else name)
+        return (4, 0, name)
+    kind = env_kind(choice.kind)
+    rank = kind.rank if kind is not None else 3
+    if choice.profile is None:
+        return (rank, 0, name)
+    return (rank, PROFILE_NAMES.index(choice.profile), "" if choice.variant.is_base else name)
 
 
 def env_order(names: Iterable[str]) -> list[str]:
@@ -64,16 +64,15 @@ def env_order(names: Iterable[str]) -> list[str]:
 
 
 def env_colours(names: Iterable[str]) -> dict[str, str]:
-    """The colour of every environment: fixed for native, the container and the five
-    profiles; other names (variants) take the remaining colours in the report's order
-    (cycling past six)."""
+    """The colour of every environment: fixed for native, the container (their kinds'
+    colours) and the five profiles; other names (variants) take the remaining colours in
+    the report's order (cycling past six)."""
     colours: dict[str, str] = {}
     others = 0
     for name in env_order(names):
-        if name == NATIVE:
-            colours[name] = NATIVE_COLOUR
-        elif name == CONTAINER:
-            colours[name] = CONTAINER_COLOUR
+        kind = env_kind(name)
+        if kind is not None and kind.colour is not None:
+            colours[name] = kind.colour
         elif name in PROFILE_COLOURS:
             colours[name] = PROFILE_COLOURS[name]
         else:

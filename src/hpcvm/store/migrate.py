@@ -1,11 +1,12 @@
 """What a database written by an older hpcvm gains when this one opens it.
 
 Schema 4 widens the environments table: a kind ``container``, and each environment's VM
-variant (``variant_json``). SQLite cannot change a CHECK constraint in place, so the
-table is rebuilt once (``rebuild_environments``), as SQLite's documentation prescribes:
-foreign keys off, a new table, the rows copied, the old one dropped, the new one
-renamed, the foreign keys checked, all in one transaction. Every row keeps its id, so
-the samples that refer to it stay attached.
+variant (``variant_json``); schema 5 takes any kind (a plugin's, bench/envs/kinds.py).
+SQLite cannot change a CHECK constraint in place, so the table is rebuilt once
+(``rebuild_environments``), as SQLite's documentation prescribes: foreign keys off, a
+new table, the rows copied, the old one dropped, the new one renamed, the foreign keys
+checked, all in one transaction. Every row keeps its id, so the samples that refer to it
+stay attached.
 
 Schema 3 records which environment a run warning is about (the ``warning_envs`` table).
 Before it, that was said only in the warning's wording: an environment's warning began
@@ -22,7 +23,7 @@ import json
 import sqlite3
 
 WARNING_ENVS_SINCE = 3  # the schema version that records warning owners as data
-WIDE_ENVIRONMENTS_SINCE = 4  # containers and variants in the environments table
+WIDE_ENVIRONMENTS_SINCE = 5  # containers, variants, then any kind in the environments table
 
 
 def rebuild_environments(db: sqlite3.Connection, definition: str, table: str) -> None:

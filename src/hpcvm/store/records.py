@@ -7,16 +7,18 @@ Records are plain data decoded from the database: JSON columns come back as dict
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from hpcvm.model import Frozen
 
 RunStatus = Literal["running", "finished", "interrupted", "failed", "abandoned"]
 # "abandoned" is never written: a run recorded as running whose writer no longer holds
 # the results directory's lock (killed with SIGKILL, a power loss) reads back as it.
-EnvKind = Literal["native", "container", "vm"]
+# an environment kind's name (native, container, vm, a plugin's: bench/envs/kinds.py); the
+# store keeps any, and a reader without the kind's plugin still shows its rows
+EnvKind = Annotated[str, StringConstraints(min_length=1, pattern=r"^[a-z][a-z0-9-]*$")]
 
 
 class RunRecord(Frozen):

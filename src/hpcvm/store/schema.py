@@ -31,18 +31,20 @@ sample it finished.
 from __future__ import annotations
 
 # 2: the flags table (outlying values, kept and marked); 3: the warning_envs table;
-# 4: environments of kind container, and each environment's VM variant
-SCHEMA_VERSION = 4
+# 4: environments of kind container, and each environment's VM variant; 5: environments
+# of any kind (a plugin's too: bench/envs/kinds.py)
+SCHEMA_VERSION = 5
 
 ENVIRONMENTS_TABLE = "environments"
 # The environments table's definition, apart: a database older than schema 4 gets it
-# by a rebuild (migrate.py), as SQLite cannot widen a CHECK in place.
+# (or, before 5, its wider kind) by a rebuild (migrate.py), as SQLite cannot widen a
+# CHECK in place.
 ENVIRONMENTS = """
 CREATE TABLE IF NOT EXISTS environments (
     id            INTEGER PRIMARY KEY,
     run_id        INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     name          TEXT    NOT NULL,
-    kind          TEXT    NOT NULL CHECK (kind IN ('native', 'container', 'vm')),
+    kind          TEXT    NOT NULL CHECK (kind <> ''),
     profile       TEXT,
     plan_json     TEXT,
     accel         TEXT    NOT NULL,

@@ -30,8 +30,6 @@ from hpcvm.bench.core.launch import decode_output as decode_output
 from hpcvm.bench.envs.variants import CONTAINER as CONTAINER  # re-exported: the names live there
 from hpcvm.bench.envs.variants import NATIVE as NATIVE
 from hpcvm.bench.envs.variants import VM_PREFIX as VM_PREFIX
-from hpcvm.bench.envs.variants import parse_env as parse_env
-from hpcvm.bench.envs.variants import valid_env_names as valid_env_names
 from hpcvm.model import Frozen
 from hpcvm.store.records import EnvKind, NewEnvironment
 

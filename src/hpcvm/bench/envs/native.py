@@ -72,7 +72,7 @@ class NativeEnvironment:
     def describe(self) -> NewEnvironment:
         return NewEnvironment(
             name=self.name,
-            kind="native",
+            kind=self.kind,
             accel="native",
             cpu_model=self._cpu_model,
             versions=host_versions(),

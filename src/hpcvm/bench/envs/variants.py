@@ -24,14 +24,16 @@ one variant are one environment. Every malformed name is one line naming the fix
 a variant may not do on this host (1G pages it lacks, a page size its profile does not
 use) the planner refuses, before anything starts (bench/envs/vm.py).
 
-Light on purpose: ``hpcvm bench --help`` imports this module (no pydantic).
+The kinds of environment (native, container, vm and a plugin's) and the one parser of
+every name are bench/envs/kinds.py's; this module reads the VM names. Light on purpose:
+``hpcvm bench --help`` imports it (no pydantic).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any
 
 from hpcvm.errors import UsageError
 from hpcvm.nic_models import NIC_MODELS
@@ -39,11 +41,10 @@ from hpcvm.plan.names import PAGE_SIZE_CHOICES, PROFILE_NAMES, THP_MODES, Profil
 from hpcvm.registry import Registry
 from hpcvm.units import format_size, parse_size
 
-NATIVE = "native"
+NATIVE = "native"  # the names of the built-in kinds (bench/envs/kinds.py registers them)
 CONTAINER = "container"
 VM_PREFIX = "vm:"
 SEP = "+"
-EnvKindName = Literal["native", "container", "vm"]
 
 
 @dataclass(frozen=True)
@@ -154,23 +155,23 @@ KEYS.register(
 
 @dataclass(frozen=True)
 class EnvChoice:
-    """One parsed environment name."""
+    """One parsed environment name: its kind, and for a VM its profile and variant."""
 
-    kind: EnvKindName
+    kind: str
     profile: ProfileName | None = None  # for a VM
     variant: VmVariant = BASE
 
     @property
     def name(self) -> str:
         """The canonical name: what tables, the database and ``--compare`` use."""
-        if self.kind != "vm":
+        if self.profile is None:
             return self.kind
         return SEP.join([f"{VM_PREFIX}{self.profile}", *self.variant.parts()])
 
     @property
     def base(self) -> str:
         """The environment this one varies (``vm:hpc`` for ``vm:hpc+e1000``)."""
-        return self.kind if self.kind != "vm" else f"{VM_PREFIX}{self.profile}"
+        return self.kind if self.profile is None else f"{VM_PREFIX}{self.profile}"
 
 
 def syntax() -> str:
@@ -183,27 +184,22 @@ def syntax() -> str:
     return "a VM profile may add +KEY=VALUE variants: " + ", ".join(keys)
 
 
-def valid_env_names() -> tuple[str, ...]:
-    return (NATIVE, CONTAINER, *(f"{VM_PREFIX}{p}" for p in PROFILE_NAMES))
-
-
-def parse_env(name: str) -> EnvChoice:
-    """The environment ``name`` names; UsageError (one line, with the fix) otherwise."""
-    if name == NATIVE:
-        return EnvChoice(kind="native")
-    if name == CONTAINER:
-        return EnvChoice(kind="container")
+def parse_vm(name: str) -> tuple[ProfileName, VmVariant] | None:
+    """The profile and variant of a VM environment name (``vm:hpc+e1000``); None for a
+    name that is not ``vm:PROFILE...``; UsageError for a malformed variant part."""
     head, *parts = name.split(SEP)
     profile = head.removeprefix(VM_PREFIX)
     if not head.startswith(VM_PREFIX) or profile not in PROFILE_NAMES:
-        raise UsageError(
-            f"unknown environment {name!r}: choose from {', '.join(valid_env_names())} ({syntax()})"
-        )
+        return None
     variant = VmVariant()
     for part in parts:
         variant = _with_part(name, variant, part)
-    chosen: ProfileName = next(p for p in PROFILE_NAMES if p == profile)
-    return EnvChoice(kind="vm", profile=chosen, variant=variant)
+    return next(p for p in PROFILE_NAMES if p == profile), variant
+
+
+def vm_names() -> tuple[str, ...]:
+    """The VM environments of the profiles, as help lists them."""
+    return tuple(f"{VM_PREFIX}{p}" for p in PROFILE_NAMES)
 
 
 def _with_part(name: str, variant: VmVariant, part: str) -> VmVariant:
@@ -231,17 +227,3 @@ def _with_part(name: str, variant: VmVariant, part: str) -> VmVariant:
         raise UsageError(f"environment {name!r} gives {key.name} twice: give it once")
     update: dict[str, Any] = {key.field: value}
     return replace(variant, **update)
-
-
-def canonical_env_names(names: tuple[str, ...]) -> tuple[str, ...]:
-    """Each name in its canonical spelling; UsageError for a malformed one or for one
-    environment named twice (two spellings of one variant included)."""
-    out: dict[str, str] = {}
-    for typed in names:
-        canonical = parse_env(typed).name
-        if canonical in out:
-            same = f" ({out[canonical]!r} and {typed!r} are one environment)"
-            said = same if out[canonical] != typed else ""
-            raise UsageError(f"environment {canonical} is listed twice{said}: give each --env once")
-        out[canonical] = typed
-    return tuple(out)

@@ -9,12 +9,12 @@ import importlib
 import sys
 
 from hpcvm.bench.core.flags import SuiteFlag
-from hpcvm.bench.envs.variants import CONTAINER as CONTAINER  # re-exported: the names live there
-from hpcvm.bench.envs.variants import NATIVE as NATIVE
+from hpcvm.bench.envs.kinds import CONTAINER as CONTAINER  # re-exported: the names live there
+from hpcvm.bench.envs.kinds import NATIVE as NATIVE
+from hpcvm.bench.envs.kinds import parse_env as parse_env
+from hpcvm.bench.envs.kinds import valid_env_names as valid_env_names
 from hpcvm.bench.envs.variants import VM_PREFIX as VM_PREFIX
 from hpcvm.bench.envs.variants import EnvChoice as EnvChoice
-from hpcvm.bench.envs.variants import parse_env as parse_env
-from hpcvm.bench.envs.variants import valid_env_names as valid_env_names
 from hpcvm.runtime.oci.runtimes import AUTO, RUNTIMES
 from hpcvm.units import GIB
 

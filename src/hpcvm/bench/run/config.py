@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from hpcvm.bench.envs.variants import canonical_env_names, parse_env
+from hpcvm.bench.envs.kinds import canonical_env_names, parse_env
 from hpcvm.bench.run.choices import DEFAULT_MAX_REPS as DEFAULT_MAX_REPS  # re-exported
 from hpcvm.bench.run.choices import DEFAULT_MAX_TIME as DEFAULT_MAX_TIME
 from hpcvm.bench.run.choices import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT

@@ -17,16 +17,14 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from hpcvm import procs
 from hpcvm.bench.core.suite import DescribesSamples, PreparesInputs, Suite
 from hpcvm.bench.envs import cpuset
-from hpcvm.bench.envs.environments import VM_PREFIX, Environment, parse_env
-from hpcvm.bench.envs.native import NativeEnvironment
-from hpcvm.bench.envs.placement import Confinement, NativePlacement, native_placement
+from hpcvm.bench.envs.environments import VM_PREFIX, Environment
+from hpcvm.bench.envs.kinds import EnvRequest, make_environment, parse_env
+from hpcvm.bench.envs.placement import NativePlacement, native_placement
 from hpcvm.bench.envs.variant_plans import check_placed_alike
-from hpcvm.bench.envs.variants import VmVariant
 from hpcvm.bench.envs.vm import VmEnvironment, plan_vm
 from hpcvm.bench.results.outdir import slug
 from hpcvm.bench.results.results import outlier_marks
@@ -168,99 +166,19 @@ def _resume_target(config: BenchConfig, out_dir: Path, resume: bool) -> RunRecor
     return run
 
 
-class EnvironmentMaker(Protocol):
-    """Makes the environments of a run: this host's, or (hpcvm.cluster) ones that span
-    the nodes of a Slurm job. Same arguments either way, so placement stays the bench's."""
-
-    def native(
-        self,
-        host: HostTopology,
-        *,
-        cpus: Sequence[int] | None,
-        mems: Sequence[int],
-        confine: Confinement = "cpuset",
-    ) -> Environment: ...
-
-    def container(
-        self,
-        host: HostTopology,
-        *,
-        cpus: Sequence[int] | None,
-        mems: Sequence[int],
-        shares: tuple[str, ...],
-        out_dir: Path,
-        runtime: str,
-    ) -> Environment: ...
-
-    def vm(
-        self,
-        plan: VMPlan,
-        *,
-        vm_name: str,
-        backend: str,
-        shares: tuple[str, ...],
-        name: str,
-        variant: VmVariant,
-    ) -> Environment: ...
-
-
-class OneNode:
-    """This host's environments: a cpuset-confined native, a container confined alike
-    and one VM per profile or variant."""
-
-    def native(
-        self,
-        host: HostTopology,
-        *,
-        cpus: Sequence[int] | None,
-        mems: Sequence[int],
-        confine: Confinement = "cpuset",
-    ) -> Environment:
-        return NativeEnvironment(host, cpus=cpus, mems=mems, confine=confine)
-
-    def container(
-        self,
-        host: HostTopology,
-        *,
-        cpus: Sequence[int] | None,
-        mems: Sequence[int],
-        shares: tuple[str, ...],
-        out_dir: Path,
-        runtime: str,
-    ) -> Environment:
-        from hpcvm.bench.envs.container import ContainerEnvironment
-
-        return ContainerEnvironment(
-            host, cpus=cpus, mems=mems, shares=shares, out_dir=out_dir, runtime=runtime
-        )
-
-    def vm(
-        self,
-        plan: VMPlan,
-        *,
-        vm_name: str,
-        backend: str,
-        shares: tuple[str, ...],
-        name: str,
-        variant: VmVariant,
-    ) -> Environment:
-        return VmEnvironment(
-            plan, vm_name=vm_name, backend=backend, shares=shares, name=name, variant=variant
-        )
-
-
 def prepare(
     config: BenchConfig,
     out_dir: Path,
     *,
     resume: bool = False,
     host: HostTopology | None = None,
-    environments: EnvironmentMaker | None = None,
+    nodes: object | None = None,
 ) -> Prepared:
     """Check the request against this host; build (not start) environments and suites.
 
-    ``environments``: what makes them; None: this host's (hpcvm.cluster supplies ones
-    that span a Slurm job's nodes, ``bench --nodes``)."""
+    ``nodes``: None for this host's environments; the nodes of a ``bench --nodes`` run
+    (cluster/benchnodes/environments.py) for ones that span them. Each environment's
+    kind makes it (bench/envs/kinds.py)."""
     from hpcvm.host import discover
 
     config.check()
@@ -283,30 +201,21 @@ def prepare(
     suites = build_suites(config.suites, config.suite_options)
     envs: dict[str, Environment] = {}
     extra = _guest_shares(config, suites, out_dir)
-    make = environments or OneNode()
     for name, choice in choices.items():
-        if choice.kind == "vm":
-            envs[name] = make.vm(
-                plans[name],
-                vm_name=f"bench{os.getpid()}-{slug(name.removeprefix(VM_PREFIX))}",
-                backend=config.vm_backend,
-                shares=extra,
-                name=name,
-                variant=choice.variant,
-            )
-        elif choice.kind == "container":
-            envs[name] = make.container(
-                host,
-                cpus=native.cpus,
-                mems=native.mems,
-                shares=extra,
-                out_dir=out_dir,
-                runtime=config.container_runtime,
-            )
-        else:
-            envs[name] = make.native(
-                host, cpus=native.cpus, mems=native.mems, confine=native.confine
-            )
+        request = EnvRequest(
+            choice=choice,
+            host=host,
+            cpus=native.cpus,
+            mems=native.mems,
+            confine=native.confine,
+            shares=extra,
+            out_dir=out_dir,
+            container_runtime=config.container_runtime,
+            backend=config.vm_backend,
+            plan=plans.get(name),
+            vm_name=f"bench{os.getpid()}-{slug(name.removeprefix(VM_PREFIX))}",
+        )
+        envs[name] = make_environment(request, nodes)
     _check_np(config, suites, envs)
     return Prepared(
         config=config,

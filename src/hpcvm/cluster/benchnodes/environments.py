@@ -21,12 +21,20 @@ import ipaddress
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from hpcvm.bench.core.launch import mpirun_program, with_cpu_set
-from hpcvm.bench.envs.environments import VM_PREFIX, RunOutput
+from hpcvm.bench.envs.environments import VM_PREFIX, Environment, RunOutput
 from hpcvm.bench.envs.guest_sampler import GuestSampler
+from hpcvm.bench.envs.kinds import (
+    CONTAINER,
+    NATIVE,
+    VM,
+    AcrossNodes,
+    EnvRequest,
+    register_across_nodes,
+)
 from hpcvm.bench.envs.native import NativeEnvironment
-from hpcvm.bench.envs.placement import Confinement
 from hpcvm.bench.envs.variants import BASE, VmVariant
 from hpcvm.bench.envs.vm import describe_vm, verify_variant, with_variant
 from hpcvm.bench.run.config import BenchConfig
@@ -247,66 +255,70 @@ class ClusterEnvironments:
         self.say = say
         self._clusters = 0
 
-    def native(
-        self,
-        host: HostTopology,
-        *,
-        cpus: Sequence[int] | None,
-        mems: Sequence[int],
-        confine: Confinement = "cpuset",
-    ) -> ClusterNativeEnvironment:
-        # each node finds its own mems (native_places); its ranks are held by the job's
-        # cgroup and mpirun's --cpu-list, whichever way the batch node may confine
-        del mems, confine
-        return ClusterNativeEnvironment(
-            host, config=self.config, allocation=self.allocation, cpus=cpus, say=self.say
-        )
-
-    def container(
-        self,
-        host: HostTopology,
-        *,
-        cpus: Sequence[int] | None,
-        mems: Sequence[int],
-        shares: tuple[str, ...],
-        out_dir: Path,
-        runtime: str,
-    ) -> ClusterContainerEnvironment:
-        del cpus, mems  # each node finds its own (native_places), as native does
-        return ClusterContainerEnvironment(
-            host,
-            config=self.config,
-            allocation=self.allocation,
-            shares=shares,
-            out_dir=out_dir,
-            runtime=runtime,
-            say=self.say,
-        )
-
-    def vm(
-        self,
-        plan: VMPlan,
-        *,
-        vm_name: str,
-        backend: str,
-        shares: tuple[str, ...],
-        name: str,
-        variant: VmVariant,
-    ) -> ClusterVmEnvironment:
+    def next_first_address(self) -> str:
+        """The first address of the next VM cluster: after the previous cluster's."""
         first = self.first_address
-        if first != AUTO:  # each cluster's addresses after the previous cluster's
+        if first != AUTO:
             first = str(nth_address(first, self._clusters * self.nodes))
             check_addresses(first, self.nodes)
         self._clusters += 1
-        return ClusterVmEnvironment(
-            plan,
-            cluster=vm_name,
-            network=with_nic_model(self.network, variant.nic),
-            first_address=first,
-            allocation=self.allocation,
-            backend=backend,
-            shares=shares,
-            say=self.say,
-            name=name,
-            variant=variant,
-        )
+        return first
+
+
+def _native(request: EnvRequest, nodes: ClusterEnvironments) -> ClusterNativeEnvironment:
+    # each node finds its own mems (native_places); its ranks are held by the job's
+    # cgroup and mpirun's --cpu-list, whichever way the batch node may confine
+    return ClusterNativeEnvironment(
+        request.host,
+        config=nodes.config,
+        allocation=nodes.allocation,
+        cpus=request.cpus,
+        say=nodes.say,
+    )
+
+
+def _container(request: EnvRequest, nodes: ClusterEnvironments) -> ClusterContainerEnvironment:
+    # each node finds its own PUs and mems (native_places), as native does
+    return ClusterContainerEnvironment(
+        request.host,
+        config=nodes.config,
+        allocation=nodes.allocation,
+        shares=request.shares,
+        out_dir=request.out_dir,
+        runtime=request.container_runtime,
+        say=nodes.say,
+    )
+
+
+def _vm(request: EnvRequest, nodes: ClusterEnvironments) -> ClusterVmEnvironment:
+    if request.plan is None:
+        raise ValueError(f"{request.name}: a VM environment is made from its plan")
+    return ClusterVmEnvironment(
+        request.plan,
+        cluster=request.vm_name,
+        network=with_nic_model(nodes.network, request.choice.variant.nic),
+        first_address=nodes.next_first_address(),
+        allocation=nodes.allocation,
+        backend=request.backend,
+        shares=request.shares,
+        say=nodes.say,
+        name=request.name,
+        variant=request.choice.variant,
+    )
+
+
+def _across(factory: Callable[[EnvRequest, ClusterEnvironments], Environment]) -> AcrossNodes:
+    """A factory of this module as the kinds' registry holds it: the nodes it is given
+    are always a ClusterEnvironments (session.prepare passes what bench_cmd made)."""
+
+    def across(request: EnvRequest, nodes: Any) -> Environment:
+        if not isinstance(nodes, ClusterEnvironments):
+            raise TypeError(f"{request.name}: nodes of bench --nodes expected, not {nodes!r}")
+        return factory(request, nodes)
+
+    return across
+
+
+register_across_nodes(NATIVE, _across(_native))
+register_across_nodes(CONTAINER, _across(_container))
+register_across_nodes(VM, _across(_vm))
