@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from ipaddress import IPv4Interface
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from hpcvm import procs
 from hpcvm.cluster.batch.registry import get_batch
@@ -233,9 +233,9 @@ def _send(request: MigrateRequest, node: str) -> NodeResult:
         )  # fmt: skip
         write_moving(machine.name, moving)
 
-    def phase(now: str) -> None:
+    def phase(now: Phase) -> None:
         """Where the move is, in the VM's ``moving`` marker (cluster/tasks/moved.py)."""
-        mark(cast(Phase, now))
+        mark(now)
         _hold(now)
 
     mark("sending")

@@ -29,20 +29,19 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
 
 from hpcvm import procs
 from hpcvm.cluster.job.state_files import KILLED
 from hpcvm.model import Frozen
 from hpcvm.runtime.hostside import paths
 from hpcvm.runtime.machine.model import Backend, Machine
+from hpcvm.runtime.migration.move import Phase as Phase  # the phases are the send's
 
 MARKER = "migrated"  # in the old VM's run dir: its QEMU ended because the VM moved
 MOVING = "moving"  # in the VM's run dir while a migration's source step runs
 SETTLED = "moving.settled"  # a dead step's marker, once its node's task settled it
 START_SLACK = 1.0  # seconds: process start times are read at 1/HZ, written as floats
 
-Phase = Literal["sending", "paused", "go", "told"]
 Say = Callable[[str], None]
 
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hpcvm.bootspec import BootSpec
 from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
@@ -60,6 +60,9 @@ from hpcvm.runtime.vm import lifecycle
 from hpcvm.runtime.vm.boot import BootMedia
 
 Warn = Callable[[str], None]
+# Where a send stands, as ``send`` reports it (its docstring); the cluster's source step
+# writes it in the VM's ``moving`` marker (cluster/tasks/moved.py).
+Phase = Literal["sending", "paused", "go", "told"]
 SETUP_TIMEOUT = 600.0  # seconds for the target to plan and start its QEMU (huge pages)
 RECEIVE_TIMEOUT = 3600.0  # seconds for a whole incoming migration (a dirtying guest)
 UNKNOWN_PREFIX = "move unknown:"
@@ -120,7 +123,7 @@ def send(
     machine: Machine,
     conn: socket.socket,
     connect: Connect,
-    phase: Callable[[str], None] = lambda _: None,
+    phase: Callable[[Phase], None] = lambda _: None,
 ) -> Sent:
     """Offer ``machine`` over ``conn`` (authenticated), migrate it once the target
     accepts, then send its disk overlay over a second connection (``connect()``), tell
