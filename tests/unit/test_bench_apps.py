@@ -25,16 +25,13 @@ from hpcvm.bench.suites.lammps.suite import (
     error_line,
     parse_output,
 )
+from hpcvm.bench.suites.openfoam.log import Residual, Step, fatal_error, parse_log
 from hpcvm.bench.suites.openfoam.suite import (
     RESIDUAL_RTOL,
     SIZES,
     WALL_PER_STEP,
     OpenfoamSuite,
-    Residual,
-    Step,
     answer_mismatch,
-    fatal_error,
-    parse_log,
     step_metrics,
 )
 from hpcvm.bench.suites.reference import reference_mpirun, relative_difference, run_step
