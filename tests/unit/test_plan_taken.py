@@ -155,7 +155,7 @@ def test_a_restored_guest_keeps_its_layout_and_says_it_shares(snapshot: Snapshot
     count would change if every node's first PU were avoided."""
     from hpcvm.bootspec import BootSpec
     from hpcvm.runtime.checkpoint.model import abi_differences, guest_abi
-    from hpcvm.runtime.vm.lifecycle import plan_same_guest
+    from hpcvm.runtime.machine.planning import plan_same_guest
 
     host, _ = _host_and_cores(snapshot)
     nodes = sorted({pu.node for pu in host.usable_pus() if pu.node is not None})

@@ -46,7 +46,7 @@ def test_auto_falls_back_to_tcg_when_the_probe_fails(tmp_path: Path) -> None:
     from hpcvm.host import discover
     from hpcvm.host.model import KvmInfo
     from hpcvm.plan.model import PlanRequest
-    from hpcvm.runtime.vm.lifecycle import make_plan
+    from hpcvm.runtime.machine.planning import make_plan
 
     real = discover()
     kvm_host = real.model_copy(

@@ -12,29 +12,30 @@ the VM down completely before the error propagates: a failed ``up`` leaves nothi
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import math
 import os
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcvm import timeline
 from hpcvm.bootspec import Nic, nic_kernel_arg
-from hpcvm.errors import HpcvmError, InfeasiblePlanError, RuntimeFailure, UsageError
+from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
-from hpcvm.plan.model import MemoryRegion, PlanRequest, TakenPus, VMPlan
+from hpcvm.plan.model import MemoryRegion, PlanRequest, VMPlan
 from hpcvm.runtime.backends.registry import get_backend
-from hpcvm.runtime.hostside import accel, hugetlbfs, paths, pinning
+from hpcvm.runtime.hostside import hugetlbfs, paths, pinning
 from hpcvm.runtime.hostside import shares as sharing
 from hpcvm.runtime.hostside.confine import QemuUser
 from hpcvm.runtime.machine import state
 from hpcvm.runtime.machine.model import Backend, ExecResult, Machine
 from hpcvm.runtime.machine.options import UpOptions, VmOptions
+from hpcvm.runtime.machine.planning import Warn, make_plan, placement_lock
+from hpcvm.runtime.machine.planning import plan_same_guest as plan_same_guest  # re-exported
 from hpcvm.runtime.machine.timeouts import DOWN_TIMEOUT as DOWN_TIMEOUT  # re-exported
 from hpcvm.runtime.machine.timeouts import ENV_READY_TIMEOUT as ENV_READY_TIMEOUT
 from hpcvm.runtime.machine.timeouts import EXEC_TIMEOUT_EXIT as EXEC_TIMEOUT_EXIT
@@ -52,7 +53,6 @@ from hpcvm.runtime.vm.boot import (
 from hpcvm.runtime.vm.inventory import clean_stale
 from hpcvm.runtime.vm.stopping import teardown
 from hpcvm.signals import signals_deferred
-from hpcvm.units import format_cpu_list
 
 if TYPE_CHECKING:
     from hpcvm.runtime.channels.agent import GuestAgent
@@ -61,97 +61,8 @@ DISK_ADDRESS_WARNING = "a disk image configures its own network: --address is no
 ADDRESS_IN_USE_FILE = "/run/hpcvm/address-in-use"  # written by the guest (guest/scripts.py)
 NETWORK_DONE_FILE = "/run/hpcvm/network-done"  # the guest's rc, once its NICs are set up
 
-Warn = Callable[[str], None]
-
 
 # -- up -----------------------------------------------------------------------------------
-
-
-def make_plan(
-    request: PlanRequest,
-    *,
-    host: HostTopology | None = None,
-    kernel: str | None = None,
-    warn: Warn | None = None,
-    taken: Sequence[TakenPus] | None = None,
-) -> VMPlan:
-    """Plan ``request`` for this host (discovered live unless given), beside the
-    user's live VMs: their PUs (``taken``, read from their records unless given) are
-    kept off the new vCPUs while other PUs are free, and the plan warns when it must
-    share them (plan/taken.py).
-
-    With ``--accel auto`` on a host whose KVM looks usable, a probe guest must also boot
-    on it (accel.probe_kvm); otherwise the plan is redone for TCG with a warning.
-    """
-    from hpcvm.host import discover
-    from hpcvm.plan import plan as planned
-    from hpcvm.runtime.machine.taken import live_taken
-
-    host = host if host is not None else discover()
-    held = live_taken() if taken is None else tuple(taken)
-
-    def make(host: HostTopology, request: PlanRequest) -> VMPlan:
-        return planned(host, request, held)
-
-    try:
-        result = make(host, request)
-    except InfeasiblePlanError as exc:
-        hinted = _with_housekeeping_hint(exc, request)
-        if hinted is exc:
-            raise
-        raise hinted from exc
-    if result.accel == "kvm" and request.accel == "auto" and kernel is not None:
-        probe = accel.probe_kvm(kernel)
-        if not probe.ok:
-            if warn:
-                warn(f"KVM probe failed ({probe.detail}); falling back to TCG")
-            result = make(host, request.model_copy(update={"accel": "tcg"}))
-    return result
-
-
-def plan_same_guest(
-    request: PlanRequest,
-    differences: Callable[[VMPlan], list[str]],
-    *,
-    host: HostTopology | None = None,
-    warn: Warn | None = None,
-    taken: Sequence[TakenPus] | None = None,
-) -> tuple[VMPlan, list[str]]:
-    """Re-plan the host side of a guest that exists already (a restore, a migration's
-    receiving side): beside the live VMs (``taken``, read from their records unless
-    given) where that keeps the guest the same, else on the PUs the guest's own layout
-    needs, shared or not (the running guest cannot change its topology). Returns the
-    plan and its ``differences`` from the guest."""
-    from hpcvm.runtime.machine.taken import live_taken
-
-    held = live_taken() if taken is None else tuple(taken)
-    plan = make_plan(request, host=host, warn=warn, taken=held)
-    found = differences(plan)
-    if not found or not held:
-        return plan, found
-    alone = make_plan(request, host=host, warn=warn, taken=())
-    if differences(alone):
-        return plan, found
-    shared = {pu for vm in held for pu in (*vm.vcpu_pus, *vm.qemu_pus)} & set(alone.vcpu_pus())
-    if shared and warn is not None:
-        warn(
-            f"VM {request.name} keeps its guest layout on PUs {format_cpu_list(shared)}, "
-            "which your running VMs hold too: off them it would not be the same guest"
-        )
-    return alone, []
-
-
-def _with_housekeeping_hint(exc: InfeasiblePlanError, request: PlanRequest) -> Exception:
-    """On a small host the housekeeping core is what leaves too few PUs for the vCPUs:
-    say that ``--housekeeping 0`` is the other way out, if the planner did not."""
-    if exc.cause != "housekeeping" or request.housekeeping == 0:
-        return exc
-    return InfeasiblePlanError(
-        f"{exc.message}; or keep {request.vcpus} vCPUs with --housekeeping 0 (QEMU's own "
-        "threads then share the vCPUs' cores)",
-        cause=exc.cause,
-        option=exc.option,
-    )
 
 
 def up(
@@ -181,7 +92,7 @@ def up(
     nics = nics_for(options, name, warn)
     with contextlib.ExitStack() as placing:
         if isinstance(target, PlanRequest):
-            placing.enter_context(_placement_lock())
+            placing.enter_context(placement_lock())
             request = _with_vfs(target.model_copy(update={"name": name}), nics)
             plan = make_plan(request, host=host, kernel=media.kernel, warn=warn)
             timeline.mark("up: planned")
@@ -281,20 +192,6 @@ def _refuse_if_in_use(name: str) -> None:
         f"a VM named {name!r} already exists ({entry.state}{pid}): choose another --name "
         f"or stop it with `hpcvm down {name}`"
     )
-
-
-@contextlib.contextmanager
-def _placement_lock() -> Iterator[None]:
-    """One ``up`` at a time from reading the live VMs' PUs to writing its own record
-    (which the next one reads: runtime/machine/taken.py), so two ``up`` started together do not
-    both take the same free PU. An flock on the runtime directory itself: no file is
-    left, and the kernel drops it with the process."""
-    fd = os.open(paths.ensure_root(), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
