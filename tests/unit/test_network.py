@@ -402,16 +402,16 @@ def test_vf_pf_outside_this_namespace_is_refused(tmp_path: Path) -> None:
 
 def test_vf_joins_the_plan_request_as_passthrough(tmp_path: Path) -> None:
     from hpcvm.plan.model import PlanRequest
-    from hpcvm.runtime.vm import lifecycle
+    from hpcvm.runtime.net import vm_nics
 
     nic = Nic(kind="vf", source="0000:01:00.2", model="vfio", mac=mac_for("j"), ifname="lo",
               mtu=1500)  # fmt: skip
     request = PlanRequest(profile="hpc", vcpus=1, memory_bytes=256 << 20)
-    assert lifecycle._with_vfs(request, (nic,)).passthrough == ("0000:01:00.2",)
+    assert vm_nics.with_vfs(request, (nic,)).passthrough == ("0000:01:00.2",)
     typed = request.model_copy(update={"passthrough": ("01:00.2",)})
-    assert lifecycle._with_vfs(typed, (nic,)).passthrough == ("01:00.2",)  # not twice
+    assert vm_nics.with_vfs(typed, (nic,)).passthrough == ("01:00.2",)  # not twice
     with pytest.raises(UsageError, match=r"does not pass through the VF 0000:01:00\.2"):
-        lifecycle._plan_has_vfs(plans.naive(), (nic,))
+        vm_nics.plan_has_vfs(plans.naive(), (nic,))
 
 
 def test_libvirt_attaches_bridge_taps_itself_not_vf_macs() -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcvm import timeline
-from hpcvm.bootspec import Nic, nic_kernel_arg
+from hpcvm.bootspec import Nic
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import MemoryRegion, PlanRequest, VMPlan
@@ -41,7 +41,8 @@ from hpcvm.runtime.machine.timeouts import ENV_READY_TIMEOUT as ENV_READY_TIMEOU
 from hpcvm.runtime.machine.timeouts import EXEC_TIMEOUT_EXIT as EXEC_TIMEOUT_EXIT
 from hpcvm.runtime.machine.timeouts import PROMPT_POLL
 from hpcvm.runtime.machine.timeouts import READY_TIMEOUT as READY_TIMEOUT
-from hpcvm.runtime.net import network
+from hpcvm.runtime.net import network, vm_nics
+from hpcvm.runtime.net.vm_nics import DISK_ADDRESS_WARNING as DISK_ADDRESS_WARNING
 from hpcvm.runtime.vm.boot import (
     BootMedia,
     confined,
@@ -57,7 +58,6 @@ from hpcvm.signals import signals_deferred
 if TYPE_CHECKING:
     from hpcvm.runtime.channels.agent import GuestAgent
 
-DISK_ADDRESS_WARNING = "a disk image configures its own network: --address is not set in the guest"
 ADDRESS_IN_USE_FILE = "/run/hpcvm/address-in-use"  # written by the guest (guest/scripts.py)
 NETWORK_DONE_FILE = "/run/hpcvm/network-done"  # the guest's rc, once its NICs are set up
 
@@ -93,11 +93,11 @@ def up(
     with contextlib.ExitStack() as placing:
         if isinstance(target, PlanRequest):
             placing.enter_context(placement_lock())
-            request = _with_vfs(target.model_copy(update={"name": name}), nics)
+            request = vm_nics.with_vfs(target.model_copy(update={"name": name}), nics)
             plan = make_plan(request, host=host, kernel=media.kernel, warn=warn)
             timeline.mark("up: planned")
         else:
-            plan = _plan_has_vfs(target, nics)
+            plan = vm_nics.plan_has_vfs(target, nics)
         backend = get_backend(options.backend, options.connect_uri)
         user = backend.qemu_user()
         media = with_shares(
@@ -108,7 +108,7 @@ def up(
             opened_by_root=backend.opens_shares_as_root and user.switch,
             warn=warn,
         )
-        media = _with_nics(media, nics, warn)
+        media = replace(media, boot=vm_nics.on_boot(media.boot, nics, warn))
         for region in plan.memory:
             if region.backend == "file" and region.mem_path:
                 hugetlbfs.ensure_mount(region.mem_path, region.page_size_bytes)
@@ -138,45 +138,6 @@ def nics_for(options: VmOptions, name: str, warn: Warn | None = None) -> tuple[N
         warn=warn,
         mac=options.mac if isinstance(options, UpOptions) else None,
     )
-
-
-def _with_vfs(request: PlanRequest, nics: tuple[Nic, ...]) -> PlanRequest:
-    """A VF NIC is a passthrough device: the planner checks its IOMMU group and NUMA
-    node like any other (plan/passthrough.py)."""
-    from hpcvm.plan.passthrough import normalise_bdf
-
-    asked = {normalise_bdf(bdf) for bdf in request.passthrough}
-    vfs = [bdf for bdf in network.passthrough_of(nics) if bdf not in asked]
-    if not vfs:
-        return request
-    return request.model_copy(update={"passthrough": (*request.passthrough, *vfs)})
-
-
-def _plan_has_vfs(plan: VMPlan, nics: tuple[Nic, ...]) -> VMPlan:
-    passed = {dev.bdf for dev in plan.passthrough}
-    missing = [bdf for bdf in network.passthrough_of(nics) if bdf not in passed]
-    if missing:
-        raise UsageError(
-            f"the plan does not pass through the VF {', '.join(missing)} that --network "
-            "names: plan it with --passthrough too"
-        )
-    return plan
-
-
-def _with_nics(media: BootMedia, nics: tuple[Nic, ...], warn: Warn | None) -> BootMedia:
-    """The NICs on the boot spec and, for a guest that reads hpcvm's command line (the
-    built-in one, a user's kernel), one ``hpcvm.net=`` word each: the guest configures
-    them itself, no DHCP server needed. A disk image boots its own command line, so its
-    own network configuration applies; say so when an address was asked for."""
-    if not nics:
-        return media
-    boot = media.boot.model_copy(update={"nics": nics})
-    if boot.cmdline is not None and boot.share_table:
-        words = " ".join(nic_kernel_arg(nic) for nic in nics)
-        boot = boot.model_copy(update={"cmdline": f"{boot.cmdline} {words}"})
-    elif warn is not None and any(nic.address for nic in nics):
-        warn(DISK_ADDRESS_WARNING)
-    return replace(media, boot=boot)
 
 
 def _refuse_if_in_use(name: str) -> None:
