@@ -26,9 +26,9 @@ from hpcvm import timeline
 from hpcvm.bootspec import Nic
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
 from hpcvm.host.model import HostTopology
-from hpcvm.plan.model import MemoryRegion, PlanRequest, VMPlan
+from hpcvm.plan.model import PlanRequest, VMPlan
 from hpcvm.runtime.backends.registry import get_backend
-from hpcvm.runtime.hostside import hugetlbfs, paths, pinning
+from hpcvm.runtime.hostside import memory_files, paths, pinning
 from hpcvm.runtime.hostside import shares as sharing
 from hpcvm.runtime.hostside.confine import QemuUser
 from hpcvm.runtime.machine import state
@@ -109,9 +109,7 @@ def up(
             warn=warn,
         )
         media = replace(media, boot=vm_nics.on_boot(media.boot, nics, warn))
-        for region in plan.memory:
-            if region.backend == "file" and region.mem_path:
-                hugetlbfs.ensure_mount(region.mem_path, region.page_size_bytes)
+        memory_files.ensure_mounts(plan)
         ready_timeout = _ready_timeout(options, plan, media)
         with _claimed_run_dir(name) as run_dir:
             machine = _new_machine(name, run_dir, plan, media, backend, options, user)
@@ -196,12 +194,12 @@ def _new_machine(
     user: QemuUser,
 ) -> Machine:
     """The record before QEMU starts: sockets and logs in the run dir, for the QEMU
-    backend a private hugetlbfs directory per mount (see hostside/hugetlbfs.py), QEMU's user and
-    sandbox, and for an hpc plan its guest kernel arguments."""
+    backend a private hugetlbfs directory per mount (hostside/memory_files.py), QEMU's user
+    and sandbox, and for an hpc plan its guest kernel arguments."""
     media_boot = in_run_dir(media, run_dir, name)  # first: it may fail, leaving only run_dir
     vm_dirs: list[str] = []
     if backend.private_hugetlbfs:
-        plan, vm_dirs = _private_hugetlbfs(plan, name)
+        plan, vm_dirs = memory_files.private_dirs(plan, name)
     boot = media_boot.model_copy(
         update={
             "agent_socket": str(run_dir / paths.AGENT_SOCKET),
@@ -231,25 +229,6 @@ def _new_machine(
     )
     state.save_machine(machine)
     return machine
-
-
-def _private_hugetlbfs(plan: VMPlan, name: str) -> tuple[VMPlan, list[str]]:
-    made: dict[str, str] = {}
-    regions: list[MemoryRegion] = []
-    try:
-        for region in plan.memory:
-            if region.backend == "file" and region.mem_path:
-                if region.mem_path not in made:
-                    made[region.mem_path] = str(
-                        hugetlbfs.make_vm_dir(region.mem_path, name, paths.runtime_root())
-                    )
-                region = region.model_copy(update={"mem_path": made[region.mem_path]})
-            regions.append(region)
-    except BaseException:
-        for directory in made.values():
-            hugetlbfs.remove_vm_dir(Path(directory))
-        raise
-    return plan.model_copy(update={"memory": tuple(regions)}), list(made.values())
 
 
 def _ready_timeout(options: UpOptions, plan: VMPlan, media: BootMedia) -> float:
