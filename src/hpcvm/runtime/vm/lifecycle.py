@@ -15,9 +15,8 @@ import contextlib
 import math
 import os
 import socket
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,7 +50,7 @@ from hpcvm.runtime.vm.boot import (
     with_guest_kernel_args,
     with_shares,
 )
-from hpcvm.runtime.vm.inventory import clean_stale
+from hpcvm.runtime.vm.run_dir import claimed_run_dir, refuse_if_in_use
 from hpcvm.runtime.vm.stopping import teardown
 from hpcvm.signals import signals_deferred
 
@@ -84,7 +83,7 @@ def up(
     timeline.mark("up: entered")
     name = paths.check_name(options.name)
     requests = sharing.parse_shares(options.shares)
-    _refuse_if_in_use(name)
+    refuse_if_in_use(name)
     if media is None:
         media = resolve_boot_media(
             kernel=options.kernel, initrd=options.initrd, image=options.image
@@ -111,7 +110,7 @@ def up(
         media = replace(media, boot=vm_nics.on_boot(media.boot, nics, warn))
         memory_files.ensure_mounts(plan)
         ready_timeout = _ready_timeout(options, plan, media)
-        with _claimed_run_dir(name) as run_dir:
+        with claimed_run_dir(name) as run_dir:
             machine = _new_machine(name, run_dir, plan, media, backend, options, user)
             placing.close()  # its record is written: the next up plans beside this VM
             try:
@@ -136,52 +135,6 @@ def nics_for(options: VmOptions, name: str, warn: Warn | None = None) -> tuple[N
         warn=warn,
         mac=options.mac if isinstance(options, UpOptions) else None,
     )
-
-
-def _refuse_if_in_use(name: str) -> None:
-    directory = paths.run_dir(name)
-    if not directory.exists():
-        return
-    entry = state.entry_for(directory)
-    if entry.state == "stale":
-        clean_stale(entry)
-        return
-    pid = f", pid {entry.machine.pid}" if entry.machine and entry.machine.pid else ""
-    raise UsageError(
-        f"a VM named {name!r} already exists ({entry.state}{pid}): choose another --name "
-        f"or stop it with `hpcvm down {name}`"
-    )
-
-
-@contextlib.contextmanager
-def _claimed_run_dir(name: str) -> Iterator[Path]:
-    """Create the VM's directory atomically and hold its up-lock while starting.
-
-    The directory is built under a hidden temporary name with the lock already held and
-    then renamed into place, so no other process ever sees it unlocked and half-made.
-    """
-    root = paths.ensure_root()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))  # mode 0700
-    final = root / name
-    try:
-        with state.starting_lock(tmp):
-            try:
-                os.rename(tmp, final)
-            except OSError as exc:
-                raise UsageError(
-                    f"a VM named {name!r} is being created by another process: choose "
-                    "another --name"
-                ) from exc
-            try:
-                yield final
-            except BaseException:
-                # Failures before QEMU exists (teardown handles the later ones).
-                if state.read_machine(final) is None:
-                    state.remove_run_dir(final)
-                raise
-    finally:
-        if tmp.exists():
-            state.remove_run_dir(tmp)
 
 
 def _new_machine(
