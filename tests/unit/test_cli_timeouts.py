@@ -56,7 +56,8 @@ def test_ready_timeout_from_the_environment_is_checked_too(
     monkeypatch: pytest.MonkeyPatch, bad: str
 ) -> None:
     from hpcvm.errors import UsageError
-    from hpcvm.runtime.vm.lifecycle import ENV_READY_TIMEOUT, env_ready_timeout
+    from hpcvm.runtime.machine.timeouts import ENV_READY_TIMEOUT
+    from hpcvm.runtime.vm.readiness import env_ready_timeout
 
     monkeypatch.setenv(ENV_READY_TIMEOUT, bad)
     with pytest.raises(UsageError, match=ENV_READY_TIMEOUT):

@@ -1,4 +1,5 @@
-"""up / exec / down: the runtime's orchestration, used by the CLI and by ``bench``.
+"""up: one VM's start, used by the CLI, by ``bench``, a restore and a migration's
+receiving side; this module ties its steps together and writes the VM's record.
 
 ``up`` refuses everything it can before anything starts (name in use, missing boot
 media, a missing bridge or a bad address, an infeasible plan), then starts QEMU paused,
@@ -7,23 +8,27 @@ resumes it, waits for the guest agent and checks from inside that the guest's NI
 configured. Whatever goes wrong after QEMU exists
 — QEMU dying, the agent never answering, a pinning that did not take, Ctrl-C — tears
 the VM down completely before the error propagates: a failed ``up`` leaves nothing.
+
+The steps are owned elsewhere: the plan beside the live VMs and the lock that keeps it
+true (runtime/machine/planning.py), the NICs in the plan and on the boot spec
+(runtime/net/vm_nics.py), the run directory (runtime/vm/run_dir.py), the huge page
+files (runtime/hostside/memory_files.py), and when the guest is ready
+(runtime/vm/readiness.py, with the guest's marker files: runtime/channels/guest_markers.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hpcvm import timeline
 from hpcvm.bootspec import Nic
-from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
+from hpcvm.errors import HpcvmError, RuntimeFailure
 from hpcvm.host.model import HostTopology
 from hpcvm.plan.model import PlanRequest, VMPlan
 from hpcvm.runtime.backends.registry import get_backend
@@ -31,17 +36,17 @@ from hpcvm.runtime.hostside import memory_files, paths, pinning
 from hpcvm.runtime.hostside import shares as sharing
 from hpcvm.runtime.hostside.confine import QemuUser
 from hpcvm.runtime.machine import state
-from hpcvm.runtime.machine.model import Backend, ExecResult, Machine
+from hpcvm.runtime.machine.model import Backend, Machine
 from hpcvm.runtime.machine.options import UpOptions, VmOptions
 from hpcvm.runtime.machine.planning import Warn, make_plan, placement_lock
 from hpcvm.runtime.machine.planning import plan_same_guest as plan_same_guest  # re-exported
 from hpcvm.runtime.machine.timeouts import DOWN_TIMEOUT as DOWN_TIMEOUT  # re-exported
 from hpcvm.runtime.machine.timeouts import ENV_READY_TIMEOUT as ENV_READY_TIMEOUT
 from hpcvm.runtime.machine.timeouts import EXEC_TIMEOUT_EXIT as EXEC_TIMEOUT_EXIT
-from hpcvm.runtime.machine.timeouts import PROMPT_POLL
 from hpcvm.runtime.machine.timeouts import READY_TIMEOUT as READY_TIMEOUT
 from hpcvm.runtime.net import network, vm_nics
 from hpcvm.runtime.net.vm_nics import DISK_ADDRESS_WARNING as DISK_ADDRESS_WARNING
+from hpcvm.runtime.vm import readiness
 from hpcvm.runtime.vm.boot import (
     BootMedia,
     confined,
@@ -53,15 +58,6 @@ from hpcvm.runtime.vm.boot import (
 from hpcvm.runtime.vm.run_dir import claimed_run_dir, refuse_if_in_use
 from hpcvm.runtime.vm.stopping import teardown
 from hpcvm.signals import signals_deferred
-
-if TYPE_CHECKING:
-    from hpcvm.runtime.channels.agent import GuestAgent
-
-ADDRESS_IN_USE_FILE = "/run/hpcvm/address-in-use"  # written by the guest (guest/scripts.py)
-NETWORK_DONE_FILE = "/run/hpcvm/network-done"  # the guest's rc, once its NICs are set up
-
-
-# -- up -----------------------------------------------------------------------------------
 
 
 def up(
@@ -109,7 +105,7 @@ def up(
         )
         media = replace(media, boot=vm_nics.on_boot(media.boot, nics, warn))
         memory_files.ensure_mounts(plan)
-        ready_timeout = _ready_timeout(options, plan, media)
+        ready_timeout = readiness.ready_timeout(options, plan, media)
         with claimed_run_dir(name) as run_dir:
             machine = _new_machine(name, run_dir, plan, media, backend, options, user)
             placing.close()  # its record is written: the next up plans beside this VM
@@ -184,31 +180,6 @@ def _new_machine(
     return machine
 
 
-def _ready_timeout(options: UpOptions, plan: VMPlan, media: BootMedia) -> float:
-    if options.ready_timeout is not None:
-        return options.ready_timeout
-    from_env = env_ready_timeout()
-    if from_env is not None:
-        return from_env
-    return (media.ready_timeouts or READY_TIMEOUT)[plan.accel]
-
-
-def env_ready_timeout() -> float | None:
-    """``$HPCVM_READY_TIMEOUT`` in seconds, None when unset; a value that is not a
-    finite number above zero is refused before anything starts (a deadline already past
-    would start QEMU only to tear it down)."""
-    env = os.environ.get(ENV_READY_TIMEOUT)
-    if not env:
-        return None
-    try:
-        seconds = float(env)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise UsageError(f"{ENV_READY_TIMEOUT}={env!r} is not a positive number of seconds")
-    return seconds
-
-
 def _start(
     machine: Machine,
     backend: Backend,
@@ -231,106 +202,11 @@ def _start(
         load_state(started)
     if started.boot.paused:
         backend.resume(started)
-    _wait_for_agent(started, backend, time.monotonic() + ready_timeout, ready_timeout)
+    readiness.wait_for_agent(started, backend, time.monotonic() + ready_timeout, ready_timeout)
     timeline.mark("up: agent answered")
-    _check_guest_nics(started)
+    readiness.check_guest_nics(started)
     timeline.mark("up: guest NICs checked")
     return started
-
-
-def _check_guest_nics(machine: Machine) -> None:
-    """When the guest configured its NICs itself (``hpcvm.net=``), check from inside
-    that it did: a VM that is up without its network would fail only later, in the
-    middle of an MPI job on several hosts. One agent call, only for VMs with NICs."""
-    from hpcvm.runtime.verify.nics import check_nics
-    from hpcvm.runtime.vm.guest_exec import connected
-
-    if not machine.boot.nics or not machine.boot.share_table:
-        return
-    with connected(machine, timeout=60.0) as agent:
-        _wait_network_done(agent)
-        timeline.mark("up: guest network done")
-        prompt = _Prompt(agent)
-        failed = [c for c in check_nics(machine.boot.nics, prompt) if not c.ok]
-        taken = _addresses_in_use(agent) if failed else []
-    if taken:
-        raise RuntimeFailure(
-            f"address {', '.join(taken)} is in use on the segment already (the guest's "
-            "duplicate address detection got an answer): choose another --address",
-            cause=network.ADDRESS_IN_USE,
-        )
-    if failed:
-        what = "; ".join(f"{c.name}: expected {c.expected}, got {c.actual}" for c in failed)
-        raise RuntimeFailure(
-            f"the guest did not configure its network ({what}); see the console log "
-            f"{_kept_console(machine)}"
-        )
-
-
-class _Prompt:
-    """The agent's exec, its end asked for every ``PROMPT_POLL`` s: ``up`` waits for it
-    (an ``ip`` run of 0.3-0.5 s under TCG was found up to 0.1 s late at the default)."""
-
-    def __init__(self, agent: GuestAgent) -> None:
-        self.agent = agent
-
-    def exec(self, argv: list[str], timeout: float | None = None) -> ExecResult:
-        return self.agent.exec(argv, timeout, poll_max=PROMPT_POLL)
-
-
-def _wait_network_done(agent: GuestAgent, limit: float = 30.0) -> None:
-    """Wait until the guest's rc has set its NICs up (probe included, in the background
-    of its boot); after ``limit`` s the NIC check says what is missing."""
-    until = time.monotonic() + limit
-    while time.monotonic() < until and _guest_file(agent, NETWORK_DONE_FILE) is None:
-        time.sleep(0.02)
-
-
-def _addresses_in_use(agent: GuestAgent) -> list[str]:
-    """The addresses the guest found taken at boot (guest/scripts.py), if any."""
-    text = _guest_file(agent, ADDRESS_IN_USE_FILE)
-    return [] if text is None else text.decode(errors="replace").split()
-
-
-def _guest_file(agent: GuestAgent, path: str) -> bytes | None:
-    """A marker file the guest's rc writes, or None while it does not exist."""
-    from hpcvm.runtime.channels.agent import AgentCommandError
-
-    try:
-        return agent.read_file(path)
-    except AgentCommandError:
-        return None
-
-
-def _kept_console(machine: Machine) -> Path:
-    """The console log as a failed ``up`` keeps it: ``up`` tears the VM down before its
-    error is printed, so the message names where the log will be (teardown's
-    ``keep_logs``), not the run directory that is about to go."""
-    return paths.kept_log(machine.name, paths.CONSOLE_LOG)
-
-
-def _wait_for_agent(machine: Machine, backend: Backend, deadline: float, budget: float) -> None:
-    from hpcvm.runtime.channels.agent import GuestAgent
-
-    assert machine.boot.agent_socket is not None
-    agent = GuestAgent(
-        machine.boot.agent_socket, timeout=budget, console_log=machine.boot.serial_log
-    )
-    try:
-        agent.wait_ready(deadline, lambda: backend.alive(machine))
-    except HpcvmError as exc:
-        if not backend.alive(machine):
-            raise RuntimeFailure(_death(machine, backend), cause="qemu") from exc
-        raise RuntimeFailure(
-            f"the guest agent did not answer within {budget:.0f} s; see the console log "
-            f"{_kept_console(machine)}"
-        ) from exc
-    finally:
-        agent.close()
-
-
-def _death(machine: Machine, backend: Backend) -> str:
-    return backend.death_message(machine)
 
 
 def _as_failure(exc: BaseException, machine: Machine, backend: Backend) -> BaseException:
@@ -340,7 +216,7 @@ def _as_failure(exc: BaseException, machine: Machine, backend: Backend) -> BaseE
     if isinstance(exc, HpcvmError) and exc.cause == "qemu":
         return exc  # already QEMU's own account of what happened
     if backend.exit_code(machine) is not None:
-        return RuntimeFailure(_death(machine, backend))
+        return RuntimeFailure(backend.death_message(machine))
     if isinstance(exc, HpcvmError):
         return exc
     return RuntimeFailure(f"starting VM {machine.name} failed: {type(exc).__name__}: {exc}")
