@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpcvm.errors import RuntimeFailure
+from hpcvm.runtime.backends import qemu_process
+from hpcvm.runtime.backends.qemu_process import wait_gone as wait_gone  # re-exported
 from hpcvm.runtime.channels import qmp
 from hpcvm.runtime.hostside import paths, staging
 from hpcvm.runtime.hostside.confine import QemuUser, qemu_user
@@ -197,44 +198,30 @@ class QemuBackend:
     # -- stop -------------------------------------------------------------------------
 
     def stop(self, machine: Machine, *, timeout: float) -> None:
-        """QMP quit, then SIGKILL after ``timeout``; then remove the sockets."""
-        if self.alive(machine):
-            with contextlib.suppress(RuntimeFailure):
-                qmp.execute(_qmp_socket(machine), "quit", timeout=min(5.0, timeout))
-            if not wait_gone(machine, timeout, self.alive):
-                self.kill(machine)
-        self._forget(machine)
-        for sock in (machine.boot.qmp_socket, machine.boot.agent_socket, machine.boot.done_socket):
-            if sock:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(sock)
+        """QMP quit, then SIGKILL after ``timeout``; then remove the sockets
+        (runtime/backends/qemu_process.py, which ``hpcvm down`` uses on a record read
+        without the models)."""
+        boot = machine.boot
+        qemu_process.stop(
+            machine.pid,
+            (boot.qmp_socket, boot.agent_socket, boot.done_socket),
+            timeout=timeout,
+            alive=lambda: self.alive(machine),
+            quit=lambda seconds: qmp.execute(_qmp_socket(machine), "quit", timeout=seconds),
+            forget=lambda: self._forget(machine),
+        )
 
     def kill(self, machine: Machine) -> None:
         """SIGKILL QEMU (only if the pid is still this VM's QEMU) and wait for it."""
-        if machine.pid is not None and self.alive(machine):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(machine.pid, signal.SIGKILL)
-            if not wait_gone(machine, 30.0, self.alive):
-                raise RuntimeFailure(
-                    f"QEMU pid {machine.pid} survived SIGKILL for 30 s", cause="qemu"
-                )
-        self._forget(machine)
+        qemu_process.kill(
+            machine.pid, alive=lambda: self.alive(machine), forget=lambda: self._forget(machine)
+        )
 
     def _forget(self, machine: Machine) -> None:
         proc = self._children.pop(machine.pid or -1, None)
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5.0)
-
-
-def wait_gone(machine: Machine, timeout: float, alive: Callable[[Machine], bool]) -> bool:
-    """Poll until ``alive(machine)`` is false; True when it went within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while alive(machine):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(_POLL)
-    return True
 
 
 def _qmp_socket(machine: Machine) -> Path:
