@@ -116,17 +116,17 @@ def up_cmd(name: str, **kw: Any) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def ps_cmd(as_json: bool) -> int:
     """List VMs; remove the records of VMs whose QEMU is gone (stale)."""
-    from rich.table import Table
-
     from hpcvm.runtime.vm import inventory
 
-    rows = inventory.list_vms()
+    rows = inventory.list_vms()  # no models for hpcvm's own QEMU VMs (runtime/vm/inventory.py)
     if as_json:
         click.echo(json.dumps([row.__dict__ for row in rows], indent=2))
         return 0
     if not rows:
-        console.print("no VMs", highlight=False)
+        click.echo("no VMs")  # what rich printed: plain words, no markup
         return 0
+    from rich.table import Table  # only for the table: --json needs none of rich
+
     table = Table(box=None, header_style="bold")
     columns = ["name", "backend", "state", "pid", "uptime", "profile", "vcpus", "memory"]
     with_address = any(r.addresses for r in rows)
@@ -210,16 +210,19 @@ def down_cmd(name: str | None, all_: bool, orphans: bool, timeout: float) -> int
 
     if [name is not None, all_, orphans].count(True) != 1:
         raise click.UsageError("give a VM name, --all or --orphans")
+    # Lines through click, not rich (what rich printed: a VM name is plain words well
+    # under its 80 columns): down imports neither rich nor, for hpcvm's own QEMU VMs,
+    # the models (runtime/vm/stopping.py).
     if name is not None:
         stopping.down(name, timeout)
-        console.print(f"{name}: down", highlight=False)
+        click.echo(f"{name}: down")
         return 0
-    machines = inventory.orphaned_machines() if orphans else inventory.running_machines()
-    if orphans and not machines:
-        console.print("no orphaned VMs", highlight=False)
-    for machine in machines:
-        stopping.stop(machine, timeout)
-        console.print(f"{machine.name}: down", highlight=False)
+    vms = inventory.running_vms(orphaned=orphans)
+    if orphans and not vms:
+        click.echo("no orphaned VMs")
+    for vm in vms:
+        stopping.stop(vm, timeout)
+        click.echo(f"{vm.name}: down")
     inventory.list_vms()  # cleans what is stale
     return 0
 

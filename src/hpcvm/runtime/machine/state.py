@@ -13,6 +13,12 @@ so (``owned_by_this_process``). When the owner dies without taking the VM down (
 killed with SIGKILL) the VM is "orphaned" (``Entry.orphaned``); the start time keeps a
 reused pid from passing for the owner. A VM of plain ``up`` has no owner: it is meant
 to outlive the ``up``.
+
+The module imports no pydantic: only ``read_machine`` (and what calls it) loads the
+``Machine`` model. Telling a live VM from a stale one, its owner, listing the runtime
+root and removing a run directory serve a record read with ``json`` alone as well
+(runtime/machine/record.py ``VmRecord``: ``EntryOf`` is generic in the record), so that
+``ps`` and ``down`` load the models only for a VM that needs them (issue 37).
 """
 
 from __future__ import annotations
@@ -27,15 +33,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 from hpcvm.errors import UsageError
 from hpcvm.lock import is_held
 from hpcvm.procs import pid_alive, process_start_time
 from hpcvm.runtime.hostside import hugetlbfs, paths
-from hpcvm.runtime.machine.model import Machine
+
+if TYPE_CHECKING:  # loaded by read_machine only (module doc)
+    from hpcvm.runtime.machine.model import Machine
 
 EntryState = Literal["running", "paused", "starting", "stale"]
 
@@ -66,13 +72,28 @@ class Owner:
         return started is not None and abs(started - self.started) <= _OWNER_START_SLACK
 
 
+class Started(Protocol):
+    """What telling a live VM from a stale record reads of it: a full ``Machine`` or a
+    ``VmRecord`` (runtime/machine/record.py)."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def started_at(self) -> float: ...
+
+
+R = TypeVar("R", bound=Started)
+
+
 @dataclass(frozen=True)
-class Entry:
-    """One subdirectory of the runtime root, as ``ps`` sees it."""
+class EntryOf(Generic[R]):
+    """One subdirectory of the runtime root, as ``ps`` sees it, with its record read
+    as a ``Machine`` (``Entry``) or as a ``VmRecord``."""
 
     name: str
     run_dir: Path
-    machine: Machine | None  # None when machine.json is missing or unreadable
+    machine: R | None  # None when machine.json is missing or unreadable
     state: EntryState
     reason: str = ""  # why it is stale
     owner: Owner | None = None  # the process it lives with; None: it lives on its own
@@ -81,6 +102,9 @@ class Entry:
     def orphaned(self) -> bool:
         """Its QEMU runs but the process that owned it is gone."""
         return self.state == "running" and self.owner is not None and not self.owner.alive()
+
+
+Entry: TypeAlias = "EntryOf[Machine]"
 
 
 # The owner ``save_machine`` records for a VM made in this context (owned_by_this_process).
@@ -148,11 +172,16 @@ def save_machine(machine: Machine) -> None:
 
 
 def read_machine(run_dir: Path) -> Machine | None:
-    """The record in ``run_dir``, or None when it is missing or unreadable."""
+    """The record in ``run_dir``, or None when it is missing or unreadable (the models
+    load only for a record there is)."""
     try:
         text = (run_dir / paths.MACHINE_FILE).read_text()
     except OSError:
         return None
+    from pydantic import ValidationError
+
+    from hpcvm.runtime.machine.model import Machine
+
     try:
         return Machine.model_validate_json(text)
     except ValidationError:
@@ -182,7 +211,7 @@ def is_qemu_process(pid: int) -> bool:
     return comm.startswith("qemu")
 
 
-def machine_process_alive(machine: Machine) -> tuple[bool, str]:
+def machine_process_alive(machine: Started) -> tuple[bool, str]:
     """Whether the record's QEMU still runs; if not, why (for ``ps``)."""
     pid = machine.pid
     if pid is None:
@@ -221,24 +250,34 @@ def is_starting(run_dir: Path) -> bool:
 
 def entry_for(run_dir: Path) -> Entry:
     """Classify one VM directory (running or stale; paused is the backend's to say)."""
-    machine = read_machine(run_dir)
+    return classify(run_dir, read_machine(run_dir))
+
+
+def classify(run_dir: Path, machine: R | None) -> EntryOf[R]:
+    """``entry_for`` of a record already read (``machine``: None when there is none
+    or it is unreadable), as a ``Machine`` or as a ``VmRecord``."""
     if is_starting(run_dir):
-        return Entry(run_dir.name, run_dir, machine, "starting")
+        return EntryOf(run_dir.name, run_dir, machine, "starting")
     if machine is None:
-        return Entry(run_dir.name, run_dir, None, "stale", "no readable machine.json")
+        return EntryOf(run_dir.name, run_dir, None, "stale", "no readable machine.json")
     alive, reason = machine_process_alive(machine)
     if alive:
-        return Entry(run_dir.name, run_dir, machine, "running", owner=read_owner(run_dir))
-    return Entry(run_dir.name, run_dir, machine, "stale", reason)
+        return EntryOf(run_dir.name, run_dir, machine, "running", owner=read_owner(run_dir))
+    return EntryOf(run_dir.name, run_dir, machine, "stale", reason)
 
 
 def list_entries() -> list[Entry]:
     """Every VM directory under the runtime root, sorted by name."""
+    return [entry_for(d) for d in vm_dirs()]
+
+
+def vm_dirs() -> list[Path]:
+    """The VM directories under the runtime root, sorted by name."""
     root = paths.runtime_root()
     if not root.is_dir():
         return []
     # Hidden directories are ``up``'s half-made ones (see lifecycle._claimed_run_dir).
-    return [entry_for(d) for d in sorted(root.iterdir()) if d.is_dir() and d.name[0] != "."]
+    return [d for d in sorted(root.iterdir()) if d.is_dir() and d.name[0] != "."]
 
 
 def remove_run_dir(run_dir: Path, hugetlbfs_dirs: tuple[str, ...] = ()) -> None:
@@ -279,5 +318,5 @@ def clean_stale(entry: Entry) -> None:
     remove_run_dir(entry.run_dir, dirs)
 
 
-def uptime(machine: Machine, now: float | None = None) -> float:
+def uptime(machine: Started, now: float | None = None) -> float:
     return max(0.0, (now if now is not None else time.time()) - machine.started_at)
