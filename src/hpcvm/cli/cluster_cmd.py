@@ -487,16 +487,18 @@ def _ps_all(as_json: bool) -> int:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_cmd(name: str, timeout: float | None, detach: bool, argv: tuple[str, ...]) -> int:
     """Run a command in the first VM; mpirun there starts ranks on every VM of the job."""
-    from hpcvm.cluster.commands import control
-
     if detach:
+        from hpcvm.cluster.commands import control
+
         if timeout is not None:
             raise UsageError("--timeout is for cluster wait when the command is detached")
         started = control.exec_detached(name, argv, os.getcwd())
         sys.stdout.write(f"{started.pid}\n")
         _say(f"{name}: started as {started.pid}; hpcvm cluster wait {name} {started.pid}")
         return 0
-    result = control.exec_first(name, argv, os.getcwd(), timeout)
+    from hpcvm.cluster.commands.first_vm import exec_first  # no models (its module doc)
+
+    result = exec_first(name, argv, os.getcwd(), timeout)
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     return result.exit_code

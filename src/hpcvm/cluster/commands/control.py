@@ -1,5 +1,6 @@
-"""``cluster up``, ``ps``, ``exec`` and ``down``: the orchestration, on the job's batch
-node.
+"""``cluster up``, ``ps``, ``exec --detach``, ``wait`` and ``down``: the orchestration,
+on the job's batch node (``cluster exec`` of a command waited for is
+commands/first_vm.py's).
 
 ``up`` asks the batch system (batch/base.py) for the allocation and starts the holder step
 through the holder (commands/holder.py) in its own session, so that it outlives the ``hpcvm``
@@ -26,6 +27,7 @@ from hpcvm import timeline
 from hpcvm.cluster.batch.base import Allocation, BatchSystem
 from hpcvm.cluster.batch.registry import get_batch
 from hpcvm.cluster.batch.spawn import internal_argv
+from hpcvm.cluster.commands.first_vm import check_first, first_argv
 from hpcvm.cluster.job import checkpoint_model, guest_mpi, state
 from hpcvm.cluster.job.checkpoint_model import DetachedExec
 from hpcvm.cluster.job.spec import (
@@ -465,33 +467,12 @@ def first_vm(name: str) -> tuple[ClusterRecord, NodeEvent]:
     (where mpirun runs: ``exec``, bench's runs)."""
     record, latest, alive = status(name)
     first = next((e for e in latest if e.index == 0), None)
-    if not alive or first is None or first.event != "ready":
-        raise RuntimeFailure(f"cluster {name} is not up (see hpcvm cluster ps {name})")
-    if first.node != get_batch(record.batch).this_node(os.environ):
-        raise UsageError(
-            f"run hpcvm cluster exec on {first.node}, the job's first node (its VM runs "
-            "mpirun), as a batch script does"
-        )
-    return record, first
+    return record, check_first(name, record.batch, alive, first)
 
 
 def _first_argv(machine: Machine, argv: Sequence[str], workdir: str) -> list[str]:
-    """``argv`` as the first VM runs it: in the job's directory where the guest shares
-    it (the built-in guest), as is in a disk-image guest (which has its own files)."""
-    if machine.boot.disk_image is not None:
-        return ["/usr/bin/env", *argv]
-    return ["/usr/bin/env", "-C", workdir, *argv]
-
-
-def exec_first(name: str, argv: Sequence[str], workdir: str, timeout: float | None) -> ExecResult:
-    """Run ``argv`` in the first node's VM, with the MPI environment that spreads its
-    ranks over every VM of the job."""
-    from hpcvm.runtime.vm.guest_exec import exec_in
-
-    record, first = first_vm(name)
-    machine = vm_of(name, first)
-    env = guest_mpi.mpi_environment(IPv4Network(record.network))
-    return exec_in(machine, _first_argv(machine, argv, workdir), timeout, env=env)
+    """``argv`` as the first VM runs it (commands/first_vm.py ``first_argv``)."""
+    return first_argv(machine.boot.disk_image, argv, workdir)
 
 
 def exec_detached(name: str, argv: Sequence[str], workdir: str) -> DetachedExec:

@@ -34,10 +34,13 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcvm.errors import RuntimeFailure
-from hpcvm.runtime.machine.model import Machine
 from hpcvm.runtime.machine.timeouts import PROMPT_POLL
+
+if TYPE_CHECKING:  # cluster exec reads mpi_environment without the models (job/view.py)
+    from hpcvm.runtime.machine.model import Machine
 
 GUEST_DIR = "/run/hpcvm-cluster"  # the guest's tmpfs: gone with the VM
 AUTHORIZED_KEYS = f"{GUEST_DIR}/authorized_keys"

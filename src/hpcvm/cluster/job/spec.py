@@ -12,21 +12,18 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Iterable
-from typing import Literal
 
 from pydantic import Field, ValidationError
 
+from hpcvm.cluster.job.view import EVENT_PREFIX as EVENT_PREFIX  # re-exported
+from hpcvm.cluster.job.view import EventKind as EventKind
+from hpcvm.cluster.job.view import latest_per_node as latest_per_node
 from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
 from hpcvm.runtime.machine.options import VmRequest
 from hpcvm.runtime.net.network import parse_address
 
 SPEC_ENV = "HPCVM_CLUSTER_SPEC"
-EVENT_PREFIX = "hpcvm-cluster-event "
-
-# A spare node's task reports ``spare`` (listening for a migrating VM at ``address``,
-# HOST:PORT); a node whose VM moved away reports ``migrated``, then ``spare``
-EventKind = Literal["loaded", "ready", "failed", "died", "down", "spare", "migrated"]
 DEFAULT_BATCH = "slurm"
 
 
@@ -139,20 +136,6 @@ def parse_events(lines: Iterable[str]) -> list[NodeEvent]:
         except (ValueError, ValidationError):
             continue
     return events
-
-
-def latest_per_node(events: Iterable[NodeEvent]) -> dict[int, NodeEvent]:
-    """Each VM's last word, by its index in the job. A VM that migrated is the target
-    node's from its ``ready`` on: what its old node says after that (``migrated``) and
-    what a spare says about itself are not the VM's."""
-    out: dict[int, NodeEvent] = {}
-    for event in events:
-        if event.event in ("spare", "migrated"):
-            continue
-        known = out.get(event.index)
-        if known is None or known.node == event.node or event.event == "ready":
-            out[event.index] = event
-    return dict(sorted(out.items()))
 
 
 def spare_nodes(events: Iterable[NodeEvent]) -> dict[str, NodeEvent]:

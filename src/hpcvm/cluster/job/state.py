@@ -27,7 +27,6 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
 from hpcvm.cluster.job.checkpoint_model import KEY_FILE, DetachedExec, PeriodicCheckpoints
 from hpcvm.cluster.job.guest_mpi import keygen
@@ -40,18 +39,22 @@ from hpcvm.cluster.job.state_files import (
     ended_path,
     remove_dir,
 )
-from hpcvm.errors import BusyError, NodeLost, UsageError
+
+# defined where cluster exec reads them without pydantic (job/view.py); re-exported
+from hpcvm.cluster.job.view import CLUSTERS_DIR as CLUSTERS_DIR
+from hpcvm.cluster.job.view import RECORD_FILE as RECORD_FILE
+from hpcvm.cluster.job.view import OnDrain as OnDrain
+from hpcvm.cluster.job.view import cluster_dir as cluster_dir
+from hpcvm.cluster.job.view import ended_note as ended_note
+from hpcvm.cluster.job.view import record_path
+from hpcvm.errors import BusyError, UsageError
 from hpcvm.lock import Holder, exclusive, is_held, read_holder
 from hpcvm.model import Frozen
 from hpcvm.procs import pid_alive
 from hpcvm.runtime.hostside import paths
 
-CLUSTERS_DIR = ".clusters"  # under the runtime root; dot: `hpcvm ps` skips it
-RECORD_FILE = "cluster.json"
 SPEC_FILE = "spec.json"
 LOCK_SUFFIX = ".lock"
-# what the keeper does when one of the job's nodes drains (cluster/commands/keeper.py)
-OnDrain = Literal["none", "migrate", "checkpoint"]
 KEEPER_LABEL = "hpcvm keeper of cluster"  # a periodic checkpoint, a move off a drained node
 KEEPER_PATIENCE = 3600.0  # seconds another writer waits for the keeper's work
 
@@ -88,10 +91,6 @@ def clusters_dir() -> Path:
         f"it holds your jobs' keys and locks; remove it (`rm -r {directory}`) and run again",
     )
     return directory
-
-
-def cluster_dir(name: str) -> Path:
-    return paths.runtime_root() / CLUSTERS_DIR / paths.check_name(name)
 
 
 def log_path(name: str) -> Path:
@@ -161,27 +160,9 @@ def has_record(name: str) -> bool:
 
 
 def read_record(name: str) -> ClusterRecord:
-    path = cluster_dir(name) / RECORD_FILE
-    if not path.is_file():
-        ended = ended_note(name)
-        if ended is not None:
-            raise NodeLost(
-                f"cluster {name} ended while its job ran: {ended}; its VMs are gone (a "
-                f"requeued job restores its newest checkpoint, if it took any)"
-            )
-        raise UsageError(
-            f"no cluster named {name!r} on this node: start it with hpcvm cluster up --name "
-            f"{name} (ps, exec and down run where up ran, the job's batch node)"
-        )
-    return ClusterRecord.model_validate_json(path.read_text())
-
-
-def ended_note(name: str) -> str | None:
-    """Why cluster ``name``'s step ended on its own, as its holder noted (state_files)."""
-    try:
-        return ended_path(cluster_dir(name)).read_text().strip() or None
-    except OSError:
-        return None
+    """Cluster ``name``'s record; NodeLost when its step ended on its own, a UsageError
+    when there is no such cluster (job/view.py ``record_path``)."""
+    return ClusterRecord.model_validate_json(record_path(name).read_text())
 
 
 def forget_ended(name: str) -> None:
