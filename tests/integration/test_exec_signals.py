@@ -6,10 +6,14 @@ VM whose owning hpcvm process (`hpcvm run`, bench's VM environment) is killed wi
 SIGKILL is "orphaned" in `hpcvm ps`, which `hpcvm down --orphans` takes down (its QEMU
 gone from /proc), while a VM of plain `hpcvm up` is not an orphan.
 
+And `exec`, `ps`, `down` and `cluster exec` import neither pydantic nor the planner nor
+QMP's asyncio client on the way (issue 37).
+
 One VM (plain `up`) serves every test of the module; the orphan tests boot one owned
-VM each. The guest command writes its pid into a shared directory, so the test
-signals hpcvm only once the command runs in the guest (QEMU's agent socket serves one
-client at a time: no second exec can ask while the first waits).
+VM each, the test of `down` one to take down. The guest command writes its pid into a
+shared directory, so the test signals hpcvm only once the command runs in the guest
+(QEMU's agent socket serves one client at a time: no second exec can ask while the
+first waits).
 """
 
 from __future__ import annotations
@@ -209,6 +213,92 @@ def test_exec_imports_neither_the_models_nor_the_planner(vm: Vm) -> None:
     assert not [m for m in modules if m.startswith(("hpcvm.plan.", "hpcvm.host."))
                 and m not in ("hpcvm.plan.names", "hpcvm.host.privilege")], modules  # fmt: skip
     assert "hpcvm.runtime.channels.agent" in modules  # it did reach the guest through the agent
+
+
+def _imports(vm: Vm, *argv: str, cwd: str | None = None) -> tuple[int, str, list[str]]:
+    """``hpcvm ARGV`` run by EXEC_PROBE: its exit code, its output, what it imported."""
+    done = subprocess.run(
+        [sys.executable, "-c", EXEC_PROBE, *argv], stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=300, env=vm.env(), cwd=cwd, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    *out, last = done.stdout.splitlines()
+    said = json.loads(last)
+    return said["code"], "\n".join(out), said["modules"]
+
+
+def _loaded(modules: list[str], heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    """``heavy`` packages, and the planner's and the host reader's modules, imported."""
+    found = sorted(m for m in modules if m.split(".")[0] in heavy)
+    return found + [m for m in modules if m.startswith(("hpcvm.plan.", "hpcvm.host."))
+                    and m not in ("hpcvm.plan.names", "hpcvm.host.privilege")]  # fmt: skip
+
+
+def test_ps_imports_neither_the_models_nor_qmps_asyncio(vm: Vm) -> None:
+    """Listing VMs of hpcvm's QEMU backend reads their records without pydantic and asks
+    their QEMU over QMP's plain socket (issue 37); rich only draws the table."""
+    code, out, modules = _imports(vm, "ps", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert code == 0 and rows[vm.name]["state"] == "running", out
+    assert Path(f"/proc/{rows[vm.name]['pid']}/cmdline").read_bytes().startswith(b"qemu")
+    assert _loaded(modules) == []
+    assert "hpcvm.runtime.channels.qmp_line" in modules  # it did ask QEMU
+    code, out, modules = _imports(vm, "ps")
+    assert code == 0 and vm.name in out and "running" in out, out
+    assert _loaded(modules, tuple(h for h in HEAVY if h != "rich")) == []
+
+
+def test_down_imports_neither_the_models_nor_qmps_asyncio(vm: Vm) -> None:
+    """A VM of hpcvm's QEMU backend without NICs is stopped from its record read without
+    pydantic: its guest asked to power off through the agent, QEMU gone, its files
+    removed (issue 37)."""
+    name = f"dn{os.getpid()}"
+    up = vm.hpcvm("up", "--name", name, *SHAPE, timeout=600)
+    assert up.returncode == 0, up.stderr
+    try:
+        qemu = int(str(vm.ps()[name]["pid"]))
+        code, out, modules = _imports(vm, "down", name)
+        assert (code, out) == (0, f"{name}: down")
+        assert not _qemu_runs(qemu) and not (vm.runtime / name).exists()
+        assert _loaded(modules) == []
+        assert "hpcvm.runtime.channels.agent" in modules  # the guest was asked to power off
+    finally:
+        vm.hpcvm("down", name)
+
+
+def test_cluster_exec_imports_neither_the_models_nor_the_planner(
+    vm: Vm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cluster exec` reads the job's record and events and the first VM's record
+    without pydantic and runs the command through that VM's agent (issue 37). The job
+    is this module's VM as the first VM of a one-node `local` job, its state written
+    by hpcvm's own models, a sleeping process standing in for its holder step; no
+    batch system needed."""
+    from hpcvm.cluster.job import state as job_state
+    from hpcvm.cluster.job.spec import NodeEvent
+
+    monkeypatch.setenv("HPCVM_RUNTIME_DIR", str(vm.runtime))
+    name = f"job{os.getpid()}"
+    with subprocess.Popen(["sleep", "600"]) as holder:
+        try:
+            job_state.clusters_dir()
+            job_state.cluster_dir(name).mkdir(mode=0o700)
+            job_state.write_record(job_state.ClusterRecord(
+                name=name, batch="local", job_id="1", nodes=("local1",),
+                holder_pid=holder.pid, network="10.77.0.0/24", vcpus=1,
+            ))  # fmt: skip
+            ready = NodeEvent(event="ready", node="local1", index=0, vm=vm.name)
+            (job_state.cluster_dir(name) / "holder.log").write_text(ready.line() + "\n")
+            probe = 'echo "$PWD $OMPI_MCA_btl_tcp_if_include"'
+            code, out, modules = _imports(
+                vm, "cluster", "exec", name, "--", "/bin/sh", "-c", probe, cwd="/"
+            )
+            assert (code, out) == (0, "/ 10.77.0.0/24")
+            assert _loaded(modules) == []
+            assert "hpcvm.runtime.channels.agent" in modules
+        finally:
+            holder.kill()
+            job_state.remove(name)
 
 
 # bench's VM environment as `hpcvm bench` starts it (bench/envs/vm.py), in a process that
