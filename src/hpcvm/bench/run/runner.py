@@ -41,13 +41,13 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
 
 from hpcvm.bench.core.suite import Suite, WarmsUpSmaller
 from hpcvm.bench.envs.environments import NATIVE, Environment
 from hpcvm.bench.results.failures import CellKey, repeats_same_failure
 from hpcvm.bench.run.cells import Cell, Tally, cells_for
 from hpcvm.bench.run.config import BenchConfig
+from hpcvm.bench.run.progress import Progress, ProgressSink
 from hpcvm.bench.run.sampling import SampleSpot, take_sample
 from hpcvm.errors import HpcvmError
 from hpcvm.model import Frozen
@@ -56,16 +56,8 @@ from hpcvm.stats import StopDecision, fixed_width_stop, interleaved_order
 from hpcvm.stats.stopping import projected_seconds
 from hpcvm.store import NewSample, SampleKey, SampleRecord, Store
 
-
-class ProgressSink(Protocol):
-    """Told before each sample starts; ``total`` is an estimate under ``auto``."""
-
-    def update(self, done: int, total: int, label: str) -> None: ...
-
-
-class _Quiet:
-    def update(self, done: int, total: int, label: str) -> None:
-        return None
+# ProgressSink lives in progress.py; named here too for session.py, which hands one in.
+__all__ = ["Outcome", "ProgressSink", "Runner"]
 
 
 class Outcome(Frozen):
@@ -105,7 +97,6 @@ class Runner:
         self.extreme = {s.name: {m.name for m in s.metrics if m.extreme} for s in suites}
         self.out_dir = out_dir.absolute()
         self.sizing_memory = sizing_memory
-        self.progress: ProgressSink = progress or _Quiet()
         self.clock = clock
         self._active: str | None = None
         self._warmed: set[str] = set()
@@ -121,6 +112,15 @@ class Runner:
         self._waiting: set[CellKey] = set()  # giving way to cells cheaper to finish
         self._nobody_waits = False  # this block, every open cell would give way
         self._all_failed: set[CellKey] = set()
+        self._progress = Progress(
+            progress,
+            config=config,
+            tally=self._tally,
+            cells=self.cells,
+            envs=list(self.envs),
+            open_keys=self._open_keys,
+            warmed_up=self._warmed.__contains__,
+        )
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -290,19 +290,6 @@ class Runner:
         return SampleKey(env=env, suite=cell.suite.name, np=cell.np, repetition=rep, warmup=warmup)
 
     # -- stopping -----------------------------------------------------------------------
-
-    def _total_estimate(self, blocks: int) -> int:
-        per_block = len(self.cells) * len(self.envs)
-        return per_block * (blocks + 1)
-
-    def _auto_estimate(self, done: int) -> int:
-        """Under auto: what is done, plus a sample of every open cell (its minimum when
-        it has not reached it) and the warm-ups still to come; it grows as cells go on."""
-        left = sum(
-            max(self.config.min_reps - self._tally.count(k, False), 1) for k in self._open_keys()
-        )
-        warmups = sum(len(self.cells) for env in self.envs if env not in self._warmed)
-        return done + left + warmups
 
     def _judge(self, key: CellKey) -> None:
         """Under auto, after each of a cell's samples: stop the cell when its rule says
@@ -492,13 +479,7 @@ class Runner:
         """Run, record and log one sample (``block``: its repetition number); return the
         seconds it took."""
         raise_if_interrupted()  # a Ctrl-C swallowed during the last sample stops here
-        done = len(self._done)
-        if self.config.reps is None:
-            total = max(self._auto_estimate(done), done + 1)
-        else:
-            total = max(self._total_estimate(self.config.reps), done + 1)
-        kind = "warm-up" if warmup else f"rep {block + 1}"
-        self.progress.update(done, total, f"{env_name} {cell.label} ({kind})")
+        self._progress.starting(len(self._done), env_name, cell, block, warmup)
         clock = self.clock()
         sample = take_sample(
             self.envs[env_name],
