@@ -44,17 +44,19 @@ from pathlib import Path
 
 from hpcvm.bench.core.suite import Suite, WarmsUpSmaller
 from hpcvm.bench.envs.environments import NATIVE, Environment
-from hpcvm.bench.results.failures import CellKey, repeats_same_failure
+from hpcvm.bench.results.failures import CellKey
 from hpcvm.bench.run.cells import Cell, Tally, cells_for
 from hpcvm.bench.run.config import BenchConfig
+from hpcvm.bench.run.given_up import GivenUp
 from hpcvm.bench.run.progress import Progress, ProgressSink
+from hpcvm.bench.run.recording import Record
 from hpcvm.bench.run.sampling import SampleSpot, take_sample
-from hpcvm.errors import HpcvmError
+from hpcvm.bench.run.switching import Switch
 from hpcvm.model import Frozen
 from hpcvm.signals import raise_if_interrupted
 from hpcvm.stats import StopDecision, fixed_width_stop, interleaved_order
 from hpcvm.stats.stopping import projected_seconds
-from hpcvm.store import NewSample, SampleKey, SampleRecord, Store
+from hpcvm.store import Store
 
 # ProgressSink lives in progress.py; named here too for session.py, which hands one in.
 __all__ = ["Outcome", "ProgressSink", "Runner"]
@@ -98,16 +100,13 @@ class Runner:
         self.out_dir = out_dir.absolute()
         self.sizing_memory = sizing_memory
         self.clock = clock
-        self._active: str | None = None
         self._warmed: set[str] = set()
-        self._done = store.completed(run_id)
-        self._ran = 0
         self.notify = notify or (lambda _text: None)
-        self._given_up: set[CellKey] = self._stored_given_up()
         shares = {s.name: s.warmup_cost_share for s in suites if isinstance(s, WarmsUpSmaller)}
         self._tally = Tally(self.primary, set(self.envs), shares)
-        for stored in store.samples(run_id):
-            self._tally.add(stored)
+        self._record = Record(store, run_id, self._tally)
+        self._given_up = GivenUp(self._record, set(self.envs), self.notify)
+        self._switch = Switch(self.envs, self._record.warn)
         self._stopped: dict[CellKey, StopDecision] = {}
         self._waiting: set[CellKey] = set()  # giving way to cells cheaper to finish
         self._nobody_waits = False  # this block, every open cell would give way
@@ -143,7 +142,7 @@ class Runner:
             pending = [c for c in self.cells if self._open(name, c, block)]
             if not pending:
                 continue
-            self._switch_to(name)
+            self._switch.to(name)
             self._warm_up(name, pending, block, position)
             for cell in pending:
                 self._turn(name, cell, block, position, pace)
@@ -154,7 +153,7 @@ class Runner:
             return
         for cell in pending:
             rep = self._rep(name, cell, block, True)
-            if self._key(name, cell, rep, True) not in self._done:
+            if not self._record.taken(name, cell, rep, True):
                 self._sample(name, cell, rep, position, warmup=True)
         self._warmed.add(name)
 
@@ -166,7 +165,7 @@ class Runner:
         for position, name in enumerate(interleaved_order(list(self.envs), block, self.seed)):
             pending = [c for c in self.cells if self._live(name, c)]
             if pending:
-                self._switch_to(name)
+                self._switch.to(name)
                 self._warm_up(name, pending, block, position)
 
     def _turn(self, name: str, cell: Cell, block: int, position: int, pace: float) -> None:
@@ -189,7 +188,7 @@ class Runner:
         if not self._live(env, cell):
             return False
         if self.config.reps is not None:
-            return self._key(env, cell, block, False) not in self._done
+            return not self._record.taken(env, cell, block, False)
         key = (env, cell.suite.name, cell.np)
         return key not in self._stopped and key not in self._waiting
 
@@ -229,65 +228,9 @@ class Runner:
             self._waiting.clear()
             self._nobody_waits = True  # until the next block: all of them run, and fill
 
-    # -- failures -----------------------------------------------------------------------
-
     def _live(self, env: str, cell: Cell) -> bool:
         """False once the cell's warm-up and first repetition failed the same way."""
-        return (env, cell.suite.name, cell.np) not in self._given_up
-
-    def _cell_samples(self, key: CellKey) -> list[SampleRecord]:
-        return [
-            s
-            for s in self.store.samples(self.run_id)
-            if (s.env, s.suite, s.np) == key and s.env in self.envs
-        ]
-
-    def _stored_given_up(self) -> set[CellKey]:
-        """Cells a previous process gave up (a resumed run does not retry them); the
-        stored samples are read once and grouped by cell."""
-        by_cell: dict[CellKey, list[SampleRecord]] = {}
-        for s in self.store.samples(self.run_id):
-            if s.env in self.envs:
-                by_cell.setdefault((s.env, s.suite, s.np), []).append(s)
-        return {k for k, taken in by_cell.items() if repeats_same_failure(taken) is not None}
-
-    def _failed(self, sample: NewSample, label: str) -> None:
-        """Say at once that a sample failed and why; give the cell up when its first two
-        samples failed the same way (say so, and keep it in the run's warnings)."""
-        kind = "warm-up" if sample.warmup else f"rep {sample.repetition + 1}"
-        self.notify(f"failed: {sample.env} {label} ({kind}): {sample.error}")
-        key = (sample.env, sample.suite, sample.np)
-        reason = repeats_same_failure(self._cell_samples(key))
-        if reason is None or key in self._given_up:
-            return
-        self._given_up.add(key)
-        text = (
-            f"{sample.env}: {label}: not repeated, its warm-up and first repetition failed "
-            f"the same way: {reason}"
-        )
-        self.store.add_warning(self.run_id, text, env=sample.env)
-        self.notify(text)
-
-    def _switch_to(self, name: str) -> None:
-        """Pause every other environment, then resume this one (never two running)."""
-        if self._active == name:
-            return
-        for other, env in self.envs.items():
-            if other != name:
-                self._guarded(other, env.deactivate, "pause")
-        self._guarded(name, self.envs[name].activate, "resume")
-        self._active = name
-
-    def _guarded(self, name: str, action: object, what: str) -> None:
-        """A VM that cannot be paused or resumed (it died) is a warning; its samples
-        then fail one by one with the reason, and the run goes on."""
-        try:
-            action()  # type: ignore[operator]
-        except HpcvmError as exc:
-            self.store.add_warning(self.run_id, f"{name}: {what} failed: {exc}", env=name)
-
-    def _key(self, env: str, cell: Cell, rep: int, warmup: bool) -> SampleKey:
-        return SampleKey(env=env, suite=cell.suite.name, np=cell.np, repetition=rep, warmup=warmup)
+        return self._given_up.live((env, cell.suite.name, cell.np))
 
     # -- stopping -----------------------------------------------------------------------
 
@@ -311,7 +254,7 @@ class Runner:
             confidence=cfg.confidence,
             n_min=cfg.min_reps,
             n_max=cfg.max_reps,
-            elapsed=self.store.run(self.run_id).elapsed_s,
+            elapsed=self._record.elapsed(),
             max_time=cfg.max_time,
             reps=n,
             extreme=self.extreme.get(key[1], set()),
@@ -355,7 +298,7 @@ class Runner:
         )
         if n < cfg.min_reps or not cost or not values:
             return False  # the minimum first; a cell with no value is _judge's to stop
-        if self.store.run(self.run_id).elapsed_s + cost <= cfg.max_time:
+        if self._record.elapsed() + cost <= cfg.max_time:
             return False
         self._stopped[key] = fixed_width_stop(
             values,
@@ -419,11 +362,11 @@ class Runner:
                     stop_reason="fixed",
                     detail=f"fixed --reps {cfg.reps}",
                     blocks=reps,
-                    samples_run=self._ran,
+                    samples_run=self._record.ran,
                 )
             return None
         keys = [(e, c.suite.name, c.np) for e in self.envs for c in self.cells]
-        if any(k not in self._stopped and k not in self._given_up for k in keys):
+        if any(k not in self._stopped and self._given_up.live(k) for k in keys):
             return None
         judged = [k for k in keys if k in self._stopped and k not in self._all_failed]
         blocks = self._tally.most_reps()
@@ -432,7 +375,7 @@ class Runner:
                 stop_reason="all-failed",
                 detail=f"no successful sample after {blocks} repetitions",
                 blocks=blocks,
-                samples_run=self._ran,
+                samples_run=self._record.ran,
             )
         reasons = {self._stopped[k].reason for k in judged}
         reason = next(r for r in ("max-time", "max-reps", "target") if r in reasons)
@@ -440,7 +383,7 @@ class Runner:
             stop_reason=reason,
             detail=self._detail(judged),
             blocks=blocks,
-            samples_run=self._ran,
+            samples_run=self._record.ran,
         )
 
     def _detail(self, judged: list[CellKey]) -> str:
@@ -479,20 +422,17 @@ class Runner:
         """Run, record and log one sample (``block``: its repetition number); return the
         seconds it took."""
         raise_if_interrupted()  # a Ctrl-C swallowed during the last sample stops here
-        self._progress.starting(len(self._done), env_name, cell, block, warmup)
-        clock = self.clock()
+        self._progress.starting(len(self._record.done), env_name, cell, block, warmup)
+        started = self.clock()
         sample = take_sample(
             self.envs[env_name],
             SampleSpot(env_name, cell, block, warmup, position, self.out_dir),
             timeout=self.config.timeout,
             sizing_memory=self.sizing_memory,
         )
-        self.store.add_sample(self.run_id, sample)
-        seconds = self.clock() - clock
-        self.store.add_elapsed(self.run_id, seconds)
-        self._done.add(sample.key)
-        self._tally.add(sample, seconds)
-        self._ran += 1
+        self._record.write(sample)
+        seconds = self.clock() - started  # the sample's row written: it costs its write too
+        self._record.count(sample, seconds)
         if sample.error is not None:
-            self._failed(sample, cell.label)
+            self._given_up.failed(sample, cell.label)
         return seconds
