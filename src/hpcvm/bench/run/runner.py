@@ -37,13 +37,12 @@ on from there).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from hpcvm.bench.core.suite import Suite, WarmsUpSmaller
-from hpcvm.bench.envs.environments import NATIVE, Environment
+from hpcvm.bench.envs.environments import Environment
 from hpcvm.bench.results.failures import CellKey
 from hpcvm.bench.run.cells import Cell, Tally, cells_for
 from hpcvm.bench.run.config import BenchConfig
@@ -51,11 +50,11 @@ from hpcvm.bench.run.given_up import GivenUp
 from hpcvm.bench.run.progress import Progress, ProgressSink
 from hpcvm.bench.run.recording import Record
 from hpcvm.bench.run.sampling import SampleSpot, take_sample
+from hpcvm.bench.run.stopping import Stopping
 from hpcvm.bench.run.switching import Switch
 from hpcvm.model import Frozen
 from hpcvm.signals import raise_if_interrupted
-from hpcvm.stats import StopDecision, fixed_width_stop, interleaved_order
-from hpcvm.stats.stopping import projected_seconds
+from hpcvm.stats import interleaved_order
 from hpcvm.store import Store
 
 # ProgressSink lives in progress.py; named here too for session.py, which hands one in.
@@ -107,17 +106,21 @@ class Runner:
         self._record = Record(store, run_id, self._tally)
         self._given_up = GivenUp(self._record, set(self.envs), self.notify)
         self._switch = Switch(self.envs, self._record.warn)
-        self._stopped: dict[CellKey, StopDecision] = {}
-        self._waiting: set[CellKey] = set()  # giving way to cells cheaper to finish
-        self._nobody_waits = False  # this block, every open cell would give way
-        self._all_failed: set[CellKey] = set()
+        self._stopping = Stopping(
+            config=config,
+            extreme=self.extreme,
+            tally=self._tally,
+            keys=[(env, c.suite.name, c.np) for env in self.envs for c in self.cells],
+            live=self._given_up.live,
+            elapsed=self._record.elapsed,
+        )
         self._progress = Progress(
             progress,
             config=config,
             tally=self._tally,
             cells=self.cells,
             envs=list(self.envs),
-            open_keys=self._open_keys,
+            open_keys=self._stopping.open_keys,
             warmed_up=self._warmed.__contains__,
         )
 
@@ -129,14 +132,19 @@ class Runner:
             self._warm_up_all(block)
         while True:
             self._block(block)
-            outcome = self._decide(block + 1)
-            if outcome is not None:
-                return outcome
+            stop = self._stopping.decide(block + 1)
+            if stop is not None:
+                return Outcome(
+                    stop_reason=stop.reason,
+                    detail=stop.detail,
+                    blocks=stop.blocks,
+                    samples_run=self._record.ran,
+                )
             block += 1
 
     def _block(self, block: int) -> None:
         order = interleaved_order(list(self.envs), block, self.seed)
-        self._refresh()
+        self._stopping.refresh()
         pace = self._pace()
         for position, name in enumerate(order):
             pending = [c for c in self.cells if self._open(name, c, block)]
@@ -178,7 +186,7 @@ class Runner:
             spent += self._sample(name, cell, self._rep(name, cell, block, False), position)
             if self.config.reps is not None:
                 return
-            self._judge(key)
+            self._stopping.judge(key)
             if spent + self._tally.cost(key) > pace:
                 return
 
@@ -189,8 +197,7 @@ class Runner:
             return False
         if self.config.reps is not None:
             return not self._record.taken(env, cell, block, False)
-        key = (env, cell.suite.name, cell.np)
-        return key not in self._stopped and key not in self._waiting
+        return self._stopping.goes_on((env, cell.suite.name, cell.np))
 
     def _rep(self, env: str, cell: Cell, block: int, warmup: bool) -> int:
         """The repetition number of the cell's next sample: the block under a fixed
@@ -204,205 +211,16 @@ class Runner:
         what every open cell may spend per turn under auto."""
         if self.config.reps is not None:
             return 0.0
-        running = [k for k in self._open_keys() if k not in self._waiting]
-        return max((self._tally.cost(k) for k in running), default=0.0)
-
-    def _refresh(self) -> None:
-        """Under auto, before each block: judge every open cell again (the time cap may
-        have been reached, the cells it gave way to may have finished); when no cell
-        that could still meet its target is left to give way to, none gives way, so
-        the time left is still spent."""
-        if self.config.reps is not None:
-            return
-        self._nobody_waits = False
-        for key in self._open_keys():
-            self._judge(key)
-        # Giving way to a cell that is only taking its minimum gains nothing: those
-        # samples are due anyway. Wait only while some cell can still meet its target.
-        ahead = [
-            k
-            for k in self._open_keys()
-            if k not in self._waiting and self._tally.count(k, False) >= self.config.min_reps
-        ]
-        if not ahead:
-            self._waiting.clear()
-            self._nobody_waits = True  # until the next block: all of them run, and fill
+        return max((self._tally.cost(k) for k in self._stopping.running()), default=0.0)
 
     def _live(self, env: str, cell: Cell) -> bool:
         """False once the cell's warm-up and first repetition failed the same way."""
         return self._given_up.live((env, cell.suite.name, cell.np))
 
-    # -- stopping -----------------------------------------------------------------------
-
-    def _judge(self, key: CellKey) -> None:
-        """Under auto, after each of a cell's samples: stop the cell when its rule says
-        so (a cell with no successful sample after the minimum stops as all-failed), or
-        let it wait while cells cheaper to finish need the time left."""
-        cfg = self.config
-        n = self._tally.count(key, False)
-        values = self._tally.values(key)
-        if not values:
-            if n >= cfg.min_reps:
-                self._stopped[key] = StopDecision(
-                    stop=True, reason="max-reps", n=n, worst_metric="", worst_relative_half_width=0
-                )
-                self._all_failed.add(key)
-            return
-        decision = fixed_width_stop(
-            values,
-            target=cfg.target,
-            confidence=cfg.confidence,
-            n_min=cfg.min_reps,
-            n_max=cfg.max_reps,
-            elapsed=self._record.elapsed(),
-            max_time=cfg.max_time,
-            reps=n,
-            extreme=self.extreme.get(key[1], set()),
-            seconds_per_rep=self._tally.cost(key) or None,
-            reserved=self._reserved(key),
-        )
-        self._waiting.discard(key)
-        # A native cell gives way only to native cells (_reserved): with none to wait
-        # for, it spends the time even when its target lies beyond the cap.
-        give_way = decision.give_way and (key[0] != NATIVE or self._reserved(key) > 0)
-        if decision.stop:
-            self._stopped[key] = decision
-        elif (give_way or self._baseline_first(key)) and not self._nobody_waits:
-            self._waiting.add(key)
-
-    def _baseline_first(self, key: CellKey) -> bool:
-        """Under a time cap, a VM cell past its minimum waits while a native cell is
-        still open: native's interval is in every overhead (the ratio's interval is as
-        wide as the wider of the two), so the time before the cap goes to native first;
-        the VM cells fill what is left."""
-        if self.config.max_time is None or key[0] == NATIVE:
-            return False
-        if self._tally.count(key, False) < self.config.min_reps:
-            return False
-        return any(k[0] == NATIVE and k not in self._waiting for k in self._open_keys())
-
     def _stopped_before_cap(self, key: CellKey) -> bool:
-        """Under auto with a time cap: a repetition beyond the cell's minimum that would
-        end past the cap (at what the cell's samples cost so far) is not started, and the
-        cell stops there, as the cap would have stopped it after that sample. The cap
-        then bounds the measuring instead of being overrun by up to a sample of every
-        open cell (a TCG guest's hpcc sample is half a minute); the minimum is taken
-        whatever the cap, so every cell still has its interval."""
-        cfg = self.config
-        if cfg.reps is not None or cfg.max_time is None:
-            return False
-        n, cost, values = (
-            self._tally.count(key, False),
-            self._tally.cost(key),
-            self._tally.values(key),
-        )
-        if n < cfg.min_reps or not cost or not values:
-            return False  # the minimum first; a cell with no value is _judge's to stop
-        if self._record.elapsed() + cost <= cfg.max_time:
-            return False
-        self._stopped[key] = fixed_width_stop(
-            values,
-            target=cfg.target,
-            confidence=cfg.confidence,
-            n_min=cfg.min_reps,
-            n_max=cfg.max_reps,
-            elapsed=cfg.max_time,  # as the cap will be after one more sample
-            max_time=cfg.max_time,
-            reps=n,
-            extreme=self.extreme.get(key[1], set()),
-        )
-        self._waiting.discard(key)
-        return True
-
-    def _projected(self, key: CellKey) -> float:
-        """Seconds the cell still needs for its target (or its repetition cap)."""
-        cost = self._tally.cost(key)
-        if not cost or not self._tally.values(key):
-            return math.inf
-        return projected_seconds(
-            self._tally.values(key),
-            target=self.config.target,
-            confidence=self.config.confidence,
-            n=self._tally.count(key, False),
-            n_max=self.config.max_reps,
-            seconds_per_rep=cost,
-            extreme=self.extreme.get(key[1], set()),
-        )
-
-    def _reserved(self, key: CellKey) -> float:
-        """Time set aside for other open cells: under the time cap, native cells first
-        (a VM cell reserves what every open native cell needs, a native cell nothing for
-        VM cells), then, within each side, the cells that need less time to finish."""
-        if self.config.max_time is None:
-            return 0.0
-        own = self._projected(key)
-        native = key[0] == NATIVE
-        reserved = 0.0
-        for other in self._open_keys():
-            if other == key or (native and other[0] != NATIVE):
-                continue
-            need = self._projected(other)
-            if need < own or (other[0] == NATIVE and not native):
-                reserved += need
-        return reserved
-
-    def _open_keys(self) -> list[CellKey]:
-        return [
-            (env, c.suite.name, c.np)
-            for env in self.envs
-            for c in self.cells
-            if self._live(env, c) and (env, c.suite.name, c.np) not in self._stopped
-        ]
-
-    def _decide(self, reps: int) -> Outcome | None:
-        cfg = self.config
-        if cfg.reps is not None:
-            if reps >= cfg.reps:
-                return Outcome(
-                    stop_reason="fixed",
-                    detail=f"fixed --reps {cfg.reps}",
-                    blocks=reps,
-                    samples_run=self._record.ran,
-                )
-            return None
-        keys = [(e, c.suite.name, c.np) for e in self.envs for c in self.cells]
-        if any(k not in self._stopped and self._given_up.live(k) for k in keys):
-            return None
-        judged = [k for k in keys if k in self._stopped and k not in self._all_failed]
-        blocks = self._tally.most_reps()
-        if not judged:
-            return Outcome(
-                stop_reason="all-failed",
-                detail=f"no successful sample after {blocks} repetitions",
-                blocks=blocks,
-                samples_run=self._record.ran,
-            )
-        reasons = {self._stopped[k].reason for k in judged}
-        reason = next(r for r in ("max-time", "max-reps", "target") if r in reasons)
-        return Outcome(
-            stop_reason=reason,
-            detail=self._detail(judged),
-            blocks=blocks,
-            samples_run=self._record.ran,
-        )
-
-    def _detail(self, judged: list[CellKey]) -> str:
-        """Per cell: what stopped it, after how many repetitions, its widest interval;
-        then the extreme statistics no cell judged."""
-        target = self.config.target * 100
-        parts = []
-        for env, suite, np_ in judged:
-            d = self._stopped[(env, suite, np_)]
-            where = f"{env} {suite}" + ("" if np_ is None else f" np={np_}")
-            parts.append(
-                f"{where}: {d.reason} after {d.n} "
-                f"(widest {d.worst_metric} ±{d.worst_relative_half_width * 100:.3g}%)"
-            )
-        text = f"target ±{target:g}% per cell; " + "; ".join(parts)
-        left = sorted({m for k in judged for m in self._stopped[k].left_out})
-        if left:
-            text += f"; not judged (extreme statistics): {', '.join(left)}"
-        return text
+        """The stopping policy's word on starting one more sample of the cell (a seam
+        benchmarks/main_job_replay.py replaces to replay the loop as it was)."""
+        return self._stopping.stopped_before_cap(key)
 
     def values_by_metric(self) -> dict[str, list[float]]:
         """Values of every suite's main metrics per (env, suite, np) from the store, in
