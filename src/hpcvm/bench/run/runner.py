@@ -1,5 +1,17 @@
-"""The measurement loop: warm-ups, interleaved repetition blocks, stopping, one sample at
-a time into the store.
+"""The measurement loop: warm-ups, interleaved repetition blocks, one sample at a time,
+until the stopping policy ends the run. The loop ties together what the modules beside
+it own, each apart for its own reason:
+
+- ``schedule.py``: the order of the environments in each block, repetition numbers,
+  which environments are warmed up, how long a cell's turn lasts;
+- ``stopping.py``: when a cell has enough (a fixed ``--reps``, or ``auto``'s rule per
+  cell, its caps and the time cap) and what ended the run;
+- ``recording.py``: every sample into the store at once, what is done, the tally;
+- ``given_up.py``: failed samples said at once, a cell that fails the same way twice
+  given up;
+- ``switching.py``: every other environment paused while one runs;
+- ``progress.py``: what the person watching is told before each sample;
+- ``sampling.py``: one sample itself.
 
 Order (METHOD.md): in repetition block k the environments run in the order
 ``stats.interleaved_order(envs, k, seed)``; each environment, when its turn comes, is
@@ -8,31 +20,9 @@ one warm-up sample of each cell of an environment before measuring it (a suite w
 samples may run it on less data: hpcc's is an eighth of the matrix), recorded with the
 warm-up flag and never summarised (a resumed run boots fresh VMs, so it warms up
 again): under a fixed ``--reps`` at its first visit, under ``auto`` all of them first,
-in the first block's order, so that block already knows what each cell costs.
-
-A fixed ``--reps N`` runs one sample of every cell per block and stops after block N.
-``auto`` decides per cell (environment x suite x np): after each of its samples,
-``stats.fixed_width_stop`` judges that cell's metrics (extreme statistics left out) and
-the cell stops on its own target, its repetition cap, or the run's time cap (a
-repetition beyond its minimum that would end past the cap is not started). A cell
-whose target (or cap) cannot fit in the time left beside what the cells cheaper to
-finish still need waits for them (``give_way``), then spends what remains. Under a time
-cap, a VM cell past its minimum also waits while a native cell is open: the native
-interval is in every overhead, so native's repetitions come first.
-
-Cheap cells take several samples in their environment's turn, as many as fit in the
-time the slowest open cell takes for one, so that a native cell of two seconds gets
-its thirty repetitions inside the same blocks as a guest cell of thirty seconds gets
-its three. That is how interleaving stays fair: every block still visits every
-environment with an open cell in a fresh random order, and each environment's samples
-spread over the same stretch of time, instead of the cheap cells piling up after the
-expensive ones stopped (where a drift of the machine would bias them). Repetitions are
-numbered per cell.
-
-Every sample, failed or not, is written at once with its log; a sample already in the
-store (a resumed run) is skipped, so a resume recomputes the same schedule from the
-seed and runs only what is missing (``auto`` counts each cell's stored samples and goes
-on from there).
+in the first block's order, so that block already knows what each cell costs. Under a
+fixed ``--reps`` a cell's turn is one sample; under ``auto`` a cell takes samples in its
+turn until it stops or the turn's time (the schedule's pace) is spent.
 """
 
 from __future__ import annotations
@@ -50,11 +40,11 @@ from hpcvm.bench.run.given_up import GivenUp
 from hpcvm.bench.run.progress import Progress, ProgressSink
 from hpcvm.bench.run.recording import Record
 from hpcvm.bench.run.sampling import SampleSpot, take_sample
+from hpcvm.bench.run.schedule import Schedule, cell_key
 from hpcvm.bench.run.stopping import Stopping
 from hpcvm.bench.run.switching import Switch
 from hpcvm.model import Frozen
 from hpcvm.signals import raise_if_interrupted
-from hpcvm.stats import interleaved_order
 from hpcvm.store import Store
 
 # ProgressSink lives in progress.py; named here too for session.py, which hands one in.
@@ -94,23 +84,25 @@ class Runner:
         self.config = config
         self.envs = dict(envs)
         self.cells = cells_for(suites, config.np)
-        self.primary = {s.name: {m.name for m in s.metrics} for s in suites}
-        self.extreme = {s.name: {m.name for m in s.metrics if m.extreme} for s in suites}
         self.out_dir = out_dir.absolute()
         self.sizing_memory = sizing_memory
         self.clock = clock
-        self._warmed: set[str] = set()
         self.notify = notify or (lambda _text: None)
+        primary = {s.name: {m.name for m in s.metrics} for s in suites}
+        extreme = {s.name: {m.name for m in s.metrics if m.extreme} for s in suites}
         shares = {s.name: s.warmup_cost_share for s in suites if isinstance(s, WarmsUpSmaller)}
-        self._tally = Tally(self.primary, set(self.envs), shares)
+        self._tally = Tally(primary, set(self.envs), shares)
         self._record = Record(store, run_id, self._tally)
         self._given_up = GivenUp(self._record, set(self.envs), self.notify)
         self._switch = Switch(self.envs, self._record.warn)
+        self._schedule = Schedule(
+            config=config, seed=seed, envs=list(self.envs), cells=self.cells, tally=self._tally
+        )
         self._stopping = Stopping(
             config=config,
-            extreme=self.extreme,
+            extreme=extreme,
             tally=self._tally,
-            keys=[(env, c.suite.name, c.np) for env in self.envs for c in self.cells],
+            keys=self._schedule.keys,
             live=self._given_up.live,
             elapsed=self._record.elapsed,
         )
@@ -121,13 +113,11 @@ class Runner:
             cells=self.cells,
             envs=list(self.envs),
             open_keys=self._stopping.open_keys,
-            warmed_up=self._warmed.__contains__,
+            warmed_up=self._schedule.warmed_up,
         )
 
-    # -- the loop -----------------------------------------------------------------------
-
     def run(self) -> Outcome:
-        block = 0 if self.config.reps is not None else self._tally.most_reps()
+        block = self._schedule.first_block()
         if self.config.reps is None:
             self._warm_up_all(block)
         while True:
@@ -142,10 +132,20 @@ class Runner:
                 )
             block += 1
 
+    def values_by_metric(self) -> dict[str, list[float]]:
+        """Values of every suite's main metrics per (env, suite, np) from the store, in
+        the order taken (per-CPU details are left out)."""
+        values: dict[str, list[float]] = {}
+        for (env, suite, np_), by_metric in self._tally.all_values().items():
+            np_text = "-" if np_ is None else str(np_)
+            for metric, taken in by_metric.items():
+                values[f"{env} {suite} np={np_text} {metric}"] = list(taken)
+        return values
+
     def _block(self, block: int) -> None:
-        order = interleaved_order(list(self.envs), block, self.seed)
+        order = self._schedule.order(block)
         self._stopping.refresh()
-        pace = self._pace()
+        pace = self._schedule.pace(self._stopping.running())
         for position, name in enumerate(order):
             pending = [c for c in self.cells if self._open(name, c, block)]
             if not pending:
@@ -157,21 +157,21 @@ class Runner:
 
     def _warm_up(self, name: str, pending: list[Cell], block: int, position: int) -> None:
         """The environment's warm-up samples, the first time this process visits it."""
-        if name in self._warmed:
+        if self._schedule.warmed_up(name):
             return
         for cell in pending:
-            rep = self._rep(name, cell, block, True)
+            rep = self._schedule.rep(cell_key(name, cell), block, True)
             if not self._record.taken(name, cell, rep, True):
                 self._sample(name, cell, rep, position, warmup=True)
-        self._warmed.add(name)
+        self._schedule.mark_warmed_up(name)
 
     def _warm_up_all(self, block: int) -> None:
         """Under auto, every environment's warm-ups before the first block (in that
         block's order), so that the first block already knows what a sample of each
         cell costs and the cheap cells fill it: with the time cap reached early (a slow
         or busy machine), the first block may be all they get."""
-        for position, name in enumerate(interleaved_order(list(self.envs), block, self.seed)):
-            pending = [c for c in self.cells if self._live(name, c)]
+        for position, name in enumerate(self._schedule.order(block)):
+            pending = [c for c in self.cells if self._given_up.live(cell_key(name, c))]
             if pending:
                 self._switch.to(name)
                 self._warm_up(name, pending, block, position)
@@ -180,71 +180,42 @@ class Runner:
         """One cell's part of an environment's turn: one sample under a fixed --reps;
         under auto, samples until the cell stops or another would not fit in ``pace``
         seconds (so the slowest cell takes one, however its warm-up went)."""
-        key = (name, cell.suite.name, cell.np)
+        key = cell_key(name, cell)
         spent = 0.0
         while self._open(name, cell, block) and not self._stopped_before_cap(key):
-            spent += self._sample(name, cell, self._rep(name, cell, block, False), position)
-            if self.config.reps is not None:
+            spent += self._sample(name, cell, self._schedule.rep(key, block, False), position)
+            if self._schedule.one_sample_per_turn:
                 return
             self._stopping.judge(key)
-            if spent + self._tally.cost(key) > pace:
+            if self._schedule.turn_over(key, spent, pace):
                 return
 
     def _open(self, env: str, cell: Cell, block: int) -> bool:
         """Whether the cell still runs: not given up; under a fixed --reps, its sample of
         this block not yet taken; under auto, not stopped by its own rule."""
-        if not self._live(env, cell):
+        key = cell_key(env, cell)
+        if not self._given_up.live(key):
             return False
         if self.config.reps is not None:
             return not self._record.taken(env, cell, block, False)
-        return self._stopping.goes_on((env, cell.suite.name, cell.np))
-
-    def _rep(self, env: str, cell: Cell, block: int, warmup: bool) -> int:
-        """The repetition number of the cell's next sample: the block under a fixed
-        --reps, the cell's own count under auto (cheap cells take several per block)."""
-        if self.config.reps is not None:
-            return block
-        return self._tally.count((env, cell.suite.name, cell.np), warmup)
-
-    def _pace(self) -> float:
-        """Seconds one sample of the slowest open cell takes (0 before any is timed):
-        what every open cell may spend per turn under auto."""
-        if self.config.reps is not None:
-            return 0.0
-        return max((self._tally.cost(k) for k in self._stopping.running()), default=0.0)
-
-    def _live(self, env: str, cell: Cell) -> bool:
-        """False once the cell's warm-up and first repetition failed the same way."""
-        return self._given_up.live((env, cell.suite.name, cell.np))
+        return self._stopping.goes_on(key)
 
     def _stopped_before_cap(self, key: CellKey) -> bool:
         """The stopping policy's word on starting one more sample of the cell (a seam
         benchmarks/main_job_replay.py replaces to replay the loop as it was)."""
         return self._stopping.stopped_before_cap(key)
 
-    def values_by_metric(self) -> dict[str, list[float]]:
-        """Values of every suite's main metrics per (env, suite, np) from the store, in
-        the order taken (per-CPU details are left out)."""
-        values: dict[str, list[float]] = {}
-        for (env, suite, np_), by_metric in self._tally.all_values().items():
-            np_text = "-" if np_ is None else str(np_)
-            for metric, taken in by_metric.items():
-                values[f"{env} {suite} np={np_text} {metric}"] = list(taken)
-        return values
-
-    # -- one sample ---------------------------------------------------------------------
-
     def _sample(
-        self, env_name: str, cell: Cell, block: int, position: int, *, warmup: bool = False
+        self, env_name: str, cell: Cell, rep: int, position: int, *, warmup: bool = False
     ) -> float:
-        """Run, record and log one sample (``block``: its repetition number); return the
+        """Run, record and log one sample (``rep``: its repetition number); return the
         seconds it took."""
         raise_if_interrupted()  # a Ctrl-C swallowed during the last sample stops here
-        self._progress.starting(len(self._record.done), env_name, cell, block, warmup)
+        self._progress.starting(len(self._record.done), env_name, cell, rep, warmup)
         started = self.clock()
         sample = take_sample(
             self.envs[env_name],
-            SampleSpot(env_name, cell, block, warmup, position, self.out_dir),
+            SampleSpot(env_name, cell, rep, warmup, position, self.out_dir),
             timeout=self.config.timeout,
             sizing_memory=self.sizing_memory,
         )
