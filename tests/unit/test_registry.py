@@ -10,7 +10,7 @@ from hpcvm.registry import Registry
 from hpcvm.render.targets import TARGETS
 from hpcvm.report.formats import FORMATS
 from hpcvm.runtime.backends.qemu_backend import QemuBackend
-from hpcvm.runtime.backends.registry import BACKENDS, get_backend
+from hpcvm.runtime.backends.registry import BACKENDS, get_backend, own_process
 from hpcvm.tune.registry import REGISTRY as SETTINGS
 from hpcvm.tune.registry import get_setting
 
@@ -33,6 +33,16 @@ def test_hpcvms_own_entries() -> None:
     assert list(FORMATS) == ["html", "md", "json"]
     assert list(BACKENDS) == ["qemu", "libvirt"]
     assert isinstance(BACKENDS, Registry) and isinstance(SETTINGS, Registry)
+
+
+def test_only_hpcvm_s_qemu_backend_is_its_own_process() -> None:
+    """The light commands trust /proc and QMP for hpcvm's own QEMU only: its backend
+    object agrees (it asks its own process), libvirt's daemon owns its QEMU."""
+    from hpcvm.runtime.backends.qemu_backend import QemuBackend
+
+    assert [name for name in BACKENDS if own_process(name)] == ["qemu"]
+    assert isinstance(get_backend("qemu"), QemuBackend)
+    assert not own_process("no-such-backend")
 
 
 def test_backends_and_tuning_settings_refuse_like_every_registry() -> None:

@@ -33,8 +33,28 @@ def _libvirt(connect_uri: str | None) -> Backend:
 
 
 BACKENDS: Registry[BackendFactory] = Registry("backend")
-BACKENDS.register("qemu", _qemu)
-BACKENDS.register("libvirt", _libvirt)
+# Backends whose VM is the QEMU process hpcvm started itself, named in its record: /proc
+# says whether it runs and its QMP socket stops it, so the commands that must stay light
+# (exec, ps, down: runtime/vm/guest_exec.py, inventory.py, stopping.py) need neither the
+# backend nor the models for it. Any other (libvirt's daemon owns its QEMU, a plugin's)
+# is asked through its backend object, on the full record.
+_OWN_PROCESS: set[str] = set()
+
+
+def register_backend(name: str, factory: BackendFactory, *, own_process: bool = False) -> None:
+    """Add a backend (hpcvm's own below, or a plugin's: see hpcvm/plugins.py)."""
+    BACKENDS.register(name, factory)
+    if own_process:
+        _OWN_PROCESS.add(name)
+
+
+def own_process(name: str) -> bool:
+    """Whether backend ``name``'s VM is the QEMU process hpcvm started (above)."""
+    return name in _OWN_PROCESS
+
+
+register_backend("qemu", _qemu, own_process=True)
+register_backend("libvirt", _libvirt)
 
 
 def get_backend(name: str, connect_uri: str | None = None) -> Backend:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
+from hpcvm.runtime.backends.registry import own_process
 from hpcvm.runtime.machine.exec_result import ExecResult
 from hpcvm.runtime.machine.handle import VmHandle, handle_of
 from hpcvm.runtime.machine.timeouts import EXEC_TIMEOUT_EXIT
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 # (runtime/machine/handle.py): everything here serves both.
 VM = TypeVar("VM", "Machine", VmHandle)
 
-# The backend whose VMs' liveness /proc answers (runtime/backends/qemu_backend.py).
-QEMU_BACKEND = "qemu"
 AGENT_TIMEOUT = 30.0  # seconds for the agent's own answers (not the command's run)
 
 
@@ -106,12 +105,13 @@ def exec_on(
 
 
 def _default_alive(machine: Machine | VmHandle) -> bool:
-    """The backend's own answer. For a handle of hpcvm's QEMU backend, none:
-    ``qemu_runs`` asks the process itself, which is what that backend would (so exec
-    loads no models); any other backend (libvirt, a plugin's) is asked on the full
+    """The backend's own answer. For a handle of a backend whose VM is the QEMU process
+    hpcvm started (runtime/backends/registry.py ``own_process``: hpcvm's QEMU backend),
+    none: ``qemu_runs`` asks the process itself, which is what that backend would (so
+    exec loads no models); any other backend (libvirt, a plugin's) is asked on the full
     record, as before."""
     if isinstance(machine, VmHandle):
-        if machine.backend == QEMU_BACKEND:
+        if own_process(machine.backend):
             return False
         full = machine.machine()
         if full is None:

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcvm.errors import HpcvmError
+from hpcvm.runtime.backends.registry import own_process
 from hpcvm.runtime.machine import state
 from hpcvm.runtime.machine.record import VmRecord, read_record, record_of
-from hpcvm.runtime.vm.stopping import QEMU_BACKEND, stops_light
+from hpcvm.runtime.vm.stopping import stops_light
 
 if TYPE_CHECKING:  # the models load only where a VM needs them (module doc)
     from hpcvm.runtime.machine.model import Machine
@@ -69,7 +70,7 @@ def _own_qemu(run_dir: Path) -> state.EntryOf[VmRecord] | None:
     """``run_dir``'s entry from its record read without pydantic, for a VM of hpcvm's
     own QEMU backend; None for any other (module doc)."""
     record = read_record(run_dir)
-    if record is None or record.backend != QEMU_BACKEND:
+    if record is None or not own_process(record.backend):
         return None
     return state.classify(run_dir, record)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from hpcvm.errors import HpcvmError, RuntimeFailure, UsageError
 from hpcvm.runtime.backends import qemu_process
-from hpcvm.runtime.backends.registry import get_backend
+from hpcvm.runtime.backends.registry import get_backend, own_process
 from hpcvm.runtime.hostside import paths
 from hpcvm.runtime.machine import state
 from hpcvm.runtime.machine.record import VmRecord, read_record
@@ -34,12 +34,10 @@ from hpcvm.signals import signals_deferred
 if TYPE_CHECKING:  # the models load only where a VM needs them (module doc)
     from hpcvm.runtime.machine.model import Backend, Machine
 
-QEMU_BACKEND = "qemu"  # hpcvm's own (runtime/backends/qemu_backend.py)
-
 
 def stops_light(record: VmRecord) -> bool:
     """Whether ``record``'s VM is stopped without its full record (module doc)."""
-    return record.backend == QEMU_BACKEND and not record.nics
+    return own_process(record.backend) and not record.nics
 
 
 def down(name: str, timeout: float = DOWN_TIMEOUT) -> None:
