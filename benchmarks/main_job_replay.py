@@ -36,6 +36,7 @@ from hpcvm.bench.core.metrics import Metric, MetricValue
 from hpcvm.bench.envs.native import NativeEnvironment
 from hpcvm.bench.run.config import BenchConfig
 from hpcvm.bench.run.runner import Runner
+from hpcvm.bench.run.stopping import Stopping
 from hpcvm.bench.suites.registry import kind_of
 from hpcvm.stats import summarize
 from hpcvm.store import SampleRecord, Store
@@ -177,7 +178,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.overrun_cap:
-        Runner._stopped_before_cap = lambda self, key: False  # type: ignore[method-assign]
+        Stopping.stopped_before_cap = lambda self, key: False  # type: ignore[method-assign]
     with Store.open(args.results) as store:
         recorded = BenchConfig.model_validate(store.run().args["config"])
     cap = args.max_time if args.max_time is not None else recorded.max_time

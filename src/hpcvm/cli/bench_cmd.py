@@ -150,7 +150,7 @@ def warn(message: str) -> None:
 def bench_cmd(out: Path, resume: bool, interval: str, **kw: Any) -> int:
     """Run benchmarks natively and in VMs, interleaved, into OUT/hpcvm.db; print tables."""
     from hpcvm.bench.results.outdir import check_results_dir, removed_if_refused
-    from hpcvm.bench.run.session import results_writer
+    from hpcvm.bench.run.writer import results_writer
 
     options = bench_options(kw)
     # refused before the lock is taken, a directory made or a VM booted: the path, then
@@ -170,7 +170,8 @@ def _bench(
     from hpcvm.bench.results.export import write_exports
     from hpcvm.bench.results.failures import cell_failures
     from hpcvm.bench.results.results import summaries
-    from hpcvm.bench.run.session import TCG_WARNING, execute, prepare, recorded_config
+    from hpcvm.bench.run.resume import recorded_config
+    from hpcvm.bench.run.session import TCG_WARNING, execute, prepare
     from hpcvm.cli.bench_view import print_report
     from hpcvm.cli.progress import ProgressBar
     from hpcvm.store import Store

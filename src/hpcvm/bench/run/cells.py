@@ -1,5 +1,6 @@
-"""What the measurement loop (runner.py) counts in: a cell (one suite at one process
-count, in one environment) and the tally of each cell's samples, values and cost."""
+"""What the measurement loop (runner.py, its records in recording.py) counts in: a cell
+(one suite at one process count, in one environment) and the tally of each cell's
+samples, values and cost."""
 
 from __future__ import annotations
 

@@ -33,7 +33,6 @@ from pathlib import Path
 
 from hpcvm.bench.core.suite import Suite, WarmsUpSmaller
 from hpcvm.bench.envs.environments import Environment
-from hpcvm.bench.results.failures import CellKey
 from hpcvm.bench.run.cells import Cell, Tally, cells_for
 from hpcvm.bench.run.config import BenchConfig
 from hpcvm.bench.run.given_up import GivenUp
@@ -46,9 +45,6 @@ from hpcvm.bench.run.switching import Switch
 from hpcvm.model import Frozen
 from hpcvm.signals import raise_if_interrupted
 from hpcvm.store import Store
-
-# ProgressSink lives in progress.py; named here too for session.py, which hands one in.
-__all__ = ["Outcome", "ProgressSink", "Runner"]
 
 
 class Outcome(Frozen):
@@ -182,7 +178,7 @@ class Runner:
         seconds (so the slowest cell takes one, however its warm-up went)."""
         key = cell_key(name, cell)
         spent = 0.0
-        while self._open(name, cell, block) and not self._stopped_before_cap(key):
+        while self._open(name, cell, block) and not self._stopping.stopped_before_cap(key):
             spent += self._sample(name, cell, self._schedule.rep(key, block, False), position)
             if self._schedule.one_sample_per_turn:
                 return
@@ -199,11 +195,6 @@ class Runner:
         if self.config.reps is not None:
             return not self._record.taken(env, cell, block, False)
         return self._stopping.goes_on(key)
-
-    def _stopped_before_cap(self, key: CellKey) -> bool:
-        """The stopping policy's word on starting one more sample of the cell (a seam
-        benchmarks/main_job_replay.py replaces to replay the loop as it was)."""
-        return self._stopping.stopped_before_cap(key)
 
     def _sample(
         self, env_name: str, cell: Cell, rep: int, position: int, *, warmup: bool = False

@@ -1,5 +1,6 @@
 """One sample: prepare the suite's inputs, run its argv in an environment, parse its
-metrics, and write its log, whatever happens; the loop (runner.py) records it."""
+metrics, and write its log, whatever happens; the loop (runner.py) records it
+(recording.py)."""
 
 from __future__ import annotations
 

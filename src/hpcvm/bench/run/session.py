@@ -10,15 +10,12 @@ interrupted or failed. Finished samples are already on disk by then.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcvm import procs
 from hpcvm.bench.core.suite import DescribesSamples, PreparesInputs, Suite
 from hpcvm.bench.envs import cpuset
 from hpcvm.bench.envs.environments import VM_PREFIX, Environment
@@ -29,11 +26,12 @@ from hpcvm.bench.envs.vm import VmEnvironment, plan_vm
 from hpcvm.bench.results.outdir import slug
 from hpcvm.bench.results.results import outlier_marks
 from hpcvm.bench.run.config import BenchConfig
-from hpcvm.bench.run.runner import Outcome, ProgressSink, Runner
+from hpcvm.bench.run.progress import ProgressSink
+from hpcvm.bench.run.resume import resume_target
+from hpcvm.bench.run.runner import Outcome, Runner
 from hpcvm.bench.suites.registry import build_suites, calibrated, guest_dirs, validate_suites
 from hpcvm.errors import HpcvmError, UsageError
 from hpcvm.host.model import HostTopology
-from hpcvm.lock import Holder, exclusive, read_holder
 from hpcvm.plan.memory import check_held_together, limit_charge
 from hpcvm.plan.model import VMPlan
 from hpcvm.signals import interrupting, signals_deferred
@@ -42,8 +40,6 @@ from hpcvm.store import (
     RunRecord,
     SampleRecord,
     Store,
-    db_path,
-    writer_lock_path,
 )
 from hpcvm.tune import snapshot_state
 
@@ -53,51 +49,6 @@ TCG_WARNING = (
     "TCG: the VMs run under QEMU's software emulation, not hardware virtualization; "
     "their overhead shows emulation and says nothing about KVM"
 )
-
-
-@contextlib.contextmanager
-def results_writer(out_dir: Path, warn: Warn | None = None) -> Iterator[None]:
-    """Be the one writer of ``out_dir`` for the block, or raise BusyError (exit 8) at
-    once, before anything is read, booted or written. The lock dies with its holder, so
-    a run whose writer was killed can be resumed at once. A directory made here and left
-    holding nothing but the lock (the request was refused) is removed again."""
-    out_dir = out_dir.absolute()
-    made = not out_dir.exists()
-    lock = writer_lock_path(out_dir)
-    advice = "wait for it to finish, or stop it and then continue the run with --resume"
-    previous = read_holder(lock)  # the last writer, as it wrote itself in
-    with exclusive(lock, f"results directory {out_dir}", advice):
-        _down_dead_writers_vms(previous, warn)
-        try:
-            yield
-        except BaseException:
-            if made and [p.name for p in out_dir.iterdir()] == [lock.name]:
-                lock.unlink()
-                out_dir.rmdir()
-            raise
-
-
-def _down_dead_writers_vms(previous: Holder | None, warn: Warn | None) -> None:
-    """A bench killed with SIGKILL leaves its VMs (``bench<pid>-<profile>``) running:
-    take them down before this one starts, so that they neither hold the huge pages and
-    PUs the resumed run needs nor run beside its measurements. This process holds the
-    lock, so that writer is gone; were its pid running again (reused), the VMs by that
-    name could be another bench's, and are left alone."""
-    from hpcvm.runtime.vm import (
-        inventory,  # only a VM run needs them
-        stopping,
-    )
-
-    if previous is None or previous.host != socket.gethostname():
-        return
-    if previous.pid == os.getpid() or procs.pid_alive(previous.pid, reap=True):
-        return
-    prefix = f"bench{previous.pid}-"
-    for vm in inventory.list_vms():
-        if vm.name.startswith(prefix) and vm.state != "stale":
-            if warn:
-                warn(f"{vm.name} was left running by pid {previous.pid}, killed; taking it down")
-            stopping.down(vm.name)
 
 
 @dataclass
@@ -123,49 +74,6 @@ class Prepared:
         )
 
 
-def recorded_config(out_dir: Path) -> BenchConfig:
-    """The configuration of the latest run in ``out_dir`` (``--resume`` with no other
-    arguments continues it as it was)."""
-    with Store.open(out_dir) as store:
-        run = store.run()
-    return BenchConfig.model_validate(run.args["config"])
-
-
-def _resume_target(config: BenchConfig, out_dir: Path, resume: bool) -> RunRecord | None:
-    """The run to continue, or None for a new run; refuse an --out that holds another."""
-    if not db_path(out_dir).exists():
-        if resume:
-            raise UsageError(f"--resume: {out_dir} holds no results database to continue")
-        return None
-    with Store.open(out_dir) as store:
-        runs = store.runs()
-    if not runs:
-        return None
-    run = runs[-1]
-    if not resume:
-        if run.status == "failed":
-            return None  # a new run beside it: a failure never blocks its directory
-        raise UsageError(
-            f"{out_dir} already holds the results of run {run.id} ({run.status}): continue it "
-            "with --resume or choose another --out"
-        )
-    recorded = BenchConfig.model_validate(run.args["config"])
-    if recorded.identity() != config.identity():
-        changed = sorted(
-            k for k in config.identity() if config.identity()[k] != recorded.identity().get(k)
-        )
-        fresh = ", start a new run there without --resume" if run.status == "failed" else ""
-        raise UsageError(
-            f"--resume: the run in {out_dir} was made with different {', '.join(changed)}; "
-            f"repeat its arguments (or give only --resume --out){fresh} or choose another --out"
-        )
-    if config.seed is not None and config.seed != run.seed:
-        raise UsageError(
-            f"--resume: the run in {out_dir} used --seed {run.seed}, not {config.seed}"
-        )
-    return run
-
-
 def prepare(
     config: BenchConfig,
     out_dir: Path,
@@ -186,7 +94,7 @@ def prepare(
     choices = {name: parse_env(name) for name in config.envs}
     suites = build_suites(config.suites, config.suite_options)
     validate_suites(suites, config.np)
-    previous = _resume_target(config, out_dir, resume)
+    previous = resume_target(config, out_dir, resume)
     host = host if host is not None else discover()
     warnings: list[str] = []
     warning_envs: dict[str, str] = {}
