@@ -41,6 +41,7 @@ from hpcvm.runtime.machine.model import Machine
 from hpcvm.runtime.machine.options import UpOptions
 from hpcvm.runtime.net import netguard
 from hpcvm.runtime.net.network import ADDRESS_IN_USE, node_address
+from hpcvm.runtime.net.vm_nics import DISK_ADDRESS_WARNING
 from hpcvm.runtime.vm import lifecycle, stopping
 from hpcvm.signals import interrupting, signals_deferred
 
@@ -82,7 +83,7 @@ def _warn(text: str) -> None:
     """A warning of this node's ``up``: on stderr, which the step relays to the holder
     log. Not the one that a disk image's address is not set: the node sets it
     (guest_mpi.address_script)."""
-    if text != lifecycle.DISK_ADDRESS_WARNING:
+    if text != DISK_ADDRESS_WARNING:
         _stderr(f"warning: {text}")
 
 

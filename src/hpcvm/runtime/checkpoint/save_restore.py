@@ -62,7 +62,7 @@ from hpcvm.runtime.checkpoint.model import (
     guest_abi,
 )
 from hpcvm.runtime.checkpoint.qemu_state import QemuStateSaver
-from hpcvm.runtime.machine import state
+from hpcvm.runtime.machine import planning, state
 from hpcvm.runtime.machine.model import Machine
 from hpcvm.runtime.machine.options import UpOptions
 from hpcvm.runtime.vm import lifecycle, stopping
@@ -343,7 +343,7 @@ def plan_restore(
     def differ(plan: VMPlan) -> list[str]:
         return abi_differences(checkpoint.manifest.abi, guest_abi(plan, boot))
 
-    plan, differences = lifecycle.plan_same_guest(request, differ, host=host, warn=warn)
+    plan, differences = planning.plan_same_guest(request, differ, host=host, warn=warn)
     if differences:
         raise InfeasiblePlanError(
             f"this host cannot restore checkpoint {checkpoint.directory} with the guest it "

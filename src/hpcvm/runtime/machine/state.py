@@ -276,7 +276,7 @@ def vm_dirs() -> list[Path]:
     root = paths.runtime_root()
     if not root.is_dir():
         return []
-    # Hidden directories are ``up``'s half-made ones (see lifecycle._claimed_run_dir).
+    # Hidden directories are ``up``'s half-made ones (see vm/run_dir.py, claimed_run_dir).
     return [d for d in sorted(root.iterdir()) if d.is_dir() and d.name[0] != "."]
 
 

@@ -47,6 +47,7 @@ from hpcvm.runtime.checkpoint.model import (
     abi_differences,
     guest_abi,
 )
+from hpcvm.runtime.machine import planning
 from hpcvm.runtime.machine.model import Machine
 from hpcvm.runtime.machine.options import UpOptions, VmOptions
 from hpcvm.runtime.migration.channel import (
@@ -297,7 +298,7 @@ def _prepare(
         return abi_differences(made.abi, guest_abi(plan, boot))
 
     # beside this host's running VMs where that keeps the guest, else its own layout
-    plan, differences = lifecycle.plan_same_guest(request, differ, host=host, warn=warn)
+    plan, differences = planning.plan_same_guest(request, differ, host=host, warn=warn)
     if differences:
         raise InfeasiblePlanError(
             f"this host cannot take {what} with the guest it runs: {'; '.join(differences)}"

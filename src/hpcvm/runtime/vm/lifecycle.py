@@ -39,13 +39,11 @@ from hpcvm.runtime.machine import state
 from hpcvm.runtime.machine.model import Backend, Machine
 from hpcvm.runtime.machine.options import UpOptions, VmOptions
 from hpcvm.runtime.machine.planning import Warn, make_plan, placement_lock
-from hpcvm.runtime.machine.planning import plan_same_guest as plan_same_guest  # re-exported
 from hpcvm.runtime.machine.timeouts import DOWN_TIMEOUT as DOWN_TIMEOUT  # re-exported
 from hpcvm.runtime.machine.timeouts import ENV_READY_TIMEOUT as ENV_READY_TIMEOUT
 from hpcvm.runtime.machine.timeouts import EXEC_TIMEOUT_EXIT as EXEC_TIMEOUT_EXIT
 from hpcvm.runtime.machine.timeouts import READY_TIMEOUT as READY_TIMEOUT
 from hpcvm.runtime.net import network, vm_nics
-from hpcvm.runtime.net.vm_nics import DISK_ADDRESS_WARNING as DISK_ADDRESS_WARNING
 from hpcvm.runtime.vm import readiness
 from hpcvm.runtime.vm.boot import (
     BootMedia,
