@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpcvm.cluster.batch.local import ENV_NODE
-from hpcvm.cluster.commands import control
+from hpcvm.cluster.commands import control, detached
 from hpcvm.cluster.job import checkpoint_model
 from hpcvm.cluster.job.checkpoint_model import DetachedExec, JobManifest, SavedVm
 from hpcvm.cluster.job.spec import ClusterSpec
@@ -136,14 +136,14 @@ def _record(*pids: int) -> ClusterRecord:
 
 
 def test_wait_picks_the_only_detached_command_or_the_one_named() -> None:
-    assert control._detached(_record(5), None).pid == 5
-    assert control._detached(_record(5, 6), 6).pid == 6
+    assert detached._detached(_record(5), None).pid == 5
+    assert detached._detached(_record(5, 6), 6).pid == 6
     with pytest.raises(
         UsageError, match=r"say which command; its detached commands: 5 \(prog 5\), 6"
     ):
-        control._detached(_record(5, 6), None)
+        detached._detached(_record(5, 6), None)
     with pytest.raises(UsageError, match="no detached command 7; its detached commands: none"):
-        control._detached(_record(), 7)
+        detached._detached(_record(), 7)
 
 
 def test_phase_results_are_read_through_srun_labels() -> None:

@@ -488,11 +488,11 @@ def _ps_all(as_json: bool) -> int:
 def exec_cmd(name: str, timeout: float | None, detach: bool, argv: tuple[str, ...]) -> int:
     """Run a command in the first VM; mpirun there starts ranks on every VM of the job."""
     if detach:
-        from hpcvm.cluster.commands import control
+        from hpcvm.cluster.commands import detached
 
         if timeout is not None:
             raise UsageError("--timeout is for cluster wait when the command is detached")
-        started = control.exec_detached(name, argv, os.getcwd())
+        started = detached.exec_detached(name, argv, os.getcwd())
         sys.stdout.write(f"{started.pid}\n")
         _say(f"{name}: started as {started.pid}; hpcvm cluster wait {name} {started.pid}")
         return 0
@@ -520,7 +520,7 @@ def wait_cmd(name: str, command_id: int | None, timeout: float | None) -> int:
     meanwhile ends the wait with exit 11, naming the node and the job's newest complete
     checkpoint (a requeued job restores it); its periodic checkpoints are said as they
     are taken."""
-    from hpcvm.cluster.commands import control
+    from hpcvm.cluster.commands import control, detached
     from hpcvm.cluster.job import state
     from hpcvm.runtime.machine.model import ExecResult
     from hpcvm.runtime.vm.guest_exec import ExecTimeout
@@ -546,7 +546,7 @@ def wait_cmd(name: str, command_id: int | None, timeout: float | None) -> int:
             raise _node_lost(name, lost, plan)
 
     try:
-        return control.wait_detached(name, command_id, timeout, report, meanwhile).exit_code
+        return detached.wait_detached(name, command_id, timeout, report, meanwhile).exit_code
     except (RuntimeFailure, OSError) as exc:  # the first VM's agent gone with its node
         if isinstance(exc, ExecTimeout):
             raise
