@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -127,3 +128,20 @@ def reexec_in_namespace(
         image = image_builder.build_test_image()
     argv = [sys.executable, script, "--inside", *options, "--image", str(image)]
     return run_in_namespace(namespace, bridge_address, argv)
+
+
+def command_seconds(argv: list[str], env: dict[str, str], gap: float = 0.0) -> float:
+    """Wall seconds of one run of ``argv`` (after ``gap`` seconds of rest): what a user
+    waits for a command (benchmarks/exec_latency.py, command_latency.py)."""
+    time.sleep(gap)
+    begin = time.perf_counter()
+    subprocess.run(argv, capture_output=True, check=True, env=env)
+    return time.perf_counter() - begin
+
+
+def cpu_model() -> str:
+    """The host CPU's model name, printed with the figures."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()

@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's benchmarks/
+from benchmarks.bench_common import command_seconds, cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 HPCVM = str(Path(sys.executable).with_name("hpcvm"))
@@ -50,20 +52,6 @@ def argv_of(command: str, vm: str) -> list[str]:
         "ps-json": [HPCVM, "ps", "--json"],
         "down": [HPCVM, "down", vm],
     }[command]
-
-
-def seconds(argv: list[str], env: dict[str, str], gap: float) -> float:
-    time.sleep(gap)
-    begin = time.perf_counter()
-    subprocess.run(argv, capture_output=True, check=True, env=env)
-    return time.perf_counter() - begin
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def up(name: str, env: dict[str, str]) -> None:
@@ -111,8 +99,8 @@ def main() -> int:
                 for side, command in runs + (downs if r % 2 == 0 else downs[::-1]):
                     argv = argv_of(command, vms[side])
                     if r == 0 and command != "down":
-                        seconds(argv, envs[side], 0.0)  # the first run compiles and caches
-                    times[side, command].append(seconds(argv, envs[side], opts.gap))
+                        command_seconds(argv, envs[side], 0.0)  # the first run compiles and caches
+                    times[side, command].append(command_seconds(argv, envs[side], opts.gap))
                 print(f"round {r + 1}/{opts.rounds} done", file=sys.stderr, flush=True)
         finally:
             subprocess.run([HPCVM, "down", "--all"], capture_output=True, env=base)

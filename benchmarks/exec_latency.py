@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo's benchmarks/
+from benchmarks.bench_common import command_seconds, cpu_model
 
 GOAL_SECONDS = 0.1
 HPCVM = str(Path(sys.executable).with_name("hpcvm"))
@@ -53,20 +55,6 @@ from hpcvm.runtime.channels.agent import GuestAgent
 with GuestAgent(sys.argv[1], timeout=30) as agent:
     sys.exit(agent.exec(["true"]).exit_code)
 """
-
-
-def seconds(argv: list[str], env: dict[str, str], gap: float = 0.0) -> float:
-    time.sleep(gap)
-    begin = time.perf_counter()
-    subprocess.run(argv, capture_output=True, check=True, env=env)
-    return time.perf_counter() - begin
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 @contextmanager
@@ -115,17 +103,17 @@ def main() -> int:
             "agent": [sys.executable, "-c", AGENT_ONLY, agent_socket(name, env)],
         }
         for argv in sides.values():
-            seconds(argv, env)  # warm the page cache once
+            command_seconds(argv, env)  # warm the page cache once
         times: dict[str, list[float]] = {side: [] for side in sides}
         order = list(sides)
         for i in range(opts.rounds):
             for side in order[i % 3 :] + order[: i % 3]:
-                times[side].append(seconds(sides[side], env, opts.gap))
+                times[side].append(command_seconds(sides[side], env, opts.gap))
         med = {side: statistics.median(values) for side, values in times.items()}
         time.sleep(opts.gap)
         begin = time.perf_counter()
         for _ in range(opts.loop):
-            seconds(sides["exec"], env)
+            command_seconds(sides["exec"], env)
         looped = (time.perf_counter() - begin) / opts.loop
     print(f"VM: {up_line.strip()}")
     print(f"host CPU: {cpu_model()}, {os.cpu_count()} CPUs; {opts.rounds} rounds, "

@@ -86,24 +86,28 @@ def _parse(directory: Path) -> VmHandle | None:
         return None
     try:
         return VmHandle(
-            name=_typed(record, "name", str),
-            run_dir=_typed(record, "run_dir", str),
-            backend=_typed(record, "backend", str),
-            pid=_optional(record, "pid", int),
-            agent_socket=_optional(boot, "agent_socket", str),
-            serial_log=_optional(boot, "serial_log", str),
-            connect_uri=_optional(record, "connect_uri", str),
+            name=json_field(record, "name", str),
+            run_dir=json_field(record, "run_dir", str),
+            backend=json_field(record, "backend", str),
+            pid=json_optional(record, "pid", int),
+            agent_socket=json_optional(boot, "agent_socket", str),
+            serial_log=json_optional(boot, "serial_log", str),
+            connect_uri=json_optional(record, "connect_uri", str),
         )
     except (KeyError, TypeError):
         return None
 
 
-def _typed(record: dict[str, Any], key: str, kind: type[T]) -> T:
+def json_field(record: dict[str, Any], key: str, kind: type[T]) -> T:
+    """``record[key]``, of type ``kind`` exactly as JSON gives it (a bool is no int);
+    KeyError or TypeError otherwise. Shared by the readers of a record that need no
+    pydantic (this module, runtime/machine/record.py)."""
     value = record[key]
-    if not isinstance(value, kind):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise TypeError(key)
     return value
 
 
-def _optional(record: dict[str, Any], key: str, kind: type[T]) -> T | None:
-    return None if record.get(key) is None else _typed(record, key, kind)
+def json_optional(record: dict[str, Any], key: str, kind: type[T]) -> T | None:
+    """``record[key]`` as ``json_field`` reads it, or None where it is absent or null."""
+    return None if record.get(key) is None else json_field(record, key, kind)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpcvm.runtime.hostside import paths
-from hpcvm.runtime.machine.handle import VmHandle
+from hpcvm.runtime.machine.handle import VmHandle, json_field, json_optional
 
 if TYPE_CHECKING:
     from hpcvm.runtime.machine.model import Machine
@@ -122,37 +122,25 @@ def read_record(run_dir: Path) -> VmRecord | None:
         return None
     try:
         return VmRecord(
-            name=_field(record, "name", str),
-            run_dir=_field(record, "run_dir", str),
-            backend=_field(record, "backend", str),
-            pid=_optional(record, "pid", int),
+            name=json_field(record, "name", str),
+            run_dir=json_field(record, "run_dir", str),
+            backend=json_field(record, "backend", str),
+            pid=json_optional(record, "pid", int),
             started_at=_seconds(record["started_at"]),
-            profile=_field(plan, "profile", str),
-            vcpus=_field(plan, "vcpus", int),
-            memory_bytes=_field(plan, "memory_bytes", int),
-            agent_socket=_optional(boot, "agent_socket", str),
-            qmp_socket=_optional(boot, "qmp_socket", str),
-            done_socket=_optional(boot, "done_socket", str),
-            serial_log=_optional(boot, "serial_log", str),
-            disk_image=_optional(boot, "disk_image", str),
-            connect_uri=_optional(record, "connect_uri", str),
+            profile=json_field(plan, "profile", str),
+            vcpus=json_field(plan, "vcpus", int),
+            memory_bytes=json_field(plan, "memory_bytes", int),
+            agent_socket=json_optional(boot, "agent_socket", str),
+            qmp_socket=json_optional(boot, "qmp_socket", str),
+            done_socket=json_optional(boot, "done_socket", str),
+            serial_log=json_optional(boot, "serial_log", str),
+            disk_image=json_optional(boot, "disk_image", str),
+            connect_uri=json_optional(record, "connect_uri", str),
             hugetlbfs_dirs=_strings(record.get("hugetlbfs_dirs", [])),
             nics=_nics(boot.get("nics", [])),
         )
     except (KeyError, TypeError):
         return None
-
-
-def _field(record: dict[str, Any], key: str, kind: type[T]) -> T:
-    """``record[key]``, of type ``kind`` exactly as JSON gives it (a bool is no int)."""
-    value = record[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise TypeError(key)
-    return value
-
-
-def _optional(record: dict[str, Any], key: str, kind: type[T]) -> T | None:
-    return None if record.get(key) is None else _field(record, key, kind)
 
 
 def _seconds(value: object) -> float:
@@ -172,5 +160,5 @@ def _nics(value: object) -> tuple[dict[str, Any], ...]:
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
         raise TypeError("nics")
     for nic in value:
-        _optional(nic, "address", str)
+        json_optional(nic, "address", str)
     return tuple(value)
