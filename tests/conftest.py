@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bz2
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,16 @@ def pytest_configure(config: pytest.Config) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """A SIGTERM (a CI job cancelled, ``pkill`` of a run) ends the run as Ctrl-C does,
+    so that pytest tears its fixtures down: the libvirtd and virtlogd a session fixture
+    started, the test cluster, the guests. Python's default would end the process at
+    once and leave them running (seen: a stopped fresh-clone run left both daemons)."""
+    del signum, frame
+    raise KeyboardInterrupt
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: no error without xdist
