@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # the implementation is imported when a command runs, not for
 DEFAULT_ENVS = ("native", "vm:naive", "vm:hpc")
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_SUITES = ("hpcc", "noise")
-_SIZES = ("quick", "small", "medium")  # else a fraction of memory (bench/core/kind.py)
 
 
 @dataclass(frozen=True)
@@ -92,23 +91,12 @@ def parse_reps(text: str) -> int | None:
     return int(text)
 
 
-def _check_size(text: str) -> None:
-    """--size is a word every kind reads, or a fraction of memory (hpcc, npb)."""
-    if text in _SIZES:
-        return
-    try:
-        float(text)
-    except ValueError:
-        raise UsageError(
-            f"unknown --size {text!r}: use {', '.join(_SIZES)} or a memory fraction like 0.05"
-        ) from None
-
-
 def _suite_options(o: BenchOptions, suites: Sequence[str]) -> SuiteOptions:
     """The chosen kinds' values (each as its kind records it) beside bind and size."""
+    from hpcvm.bench.core.kind import size_fraction
     from hpcvm.bench.suites.registry import SuiteOptions, settled
 
-    _check_size(o.size)
+    size_fraction(o.size)  # a word every kind reads, or a fraction of memory: else refused
     flags = registered_flags()
     for flag in (f for kind in flags.values() for f in kind):
         value = o.suite_values.get(flag.key)

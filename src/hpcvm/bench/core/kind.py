@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from hpcvm.bench.core.flags import SuiteFlag
 from hpcvm.bench.core.launch import Bind
+from hpcvm.errors import UsageError
 from hpcvm.model import Frozen
 
 if TYPE_CHECKING:
@@ -72,6 +73,19 @@ class SuiteOptions(Frozen):
 
     def with_values(self, **values: Any) -> SuiteOptions:
         return self.model_copy(update={"values": self.values | values})
+
+
+def size_fraction(size: str) -> str | float:
+    """``--size`` as given: one of the words, or else a fraction of memory (hpcc, npb);
+    a one-line UsageError for anything else."""
+    if size in SIZES:
+        return size
+    try:
+        return float(size)
+    except ValueError:
+        raise UsageError(
+            f"unknown --size {size!r}: use {', '.join(SIZES)} or a memory fraction like 0.05"
+        ) from None
 
 
 def word_size(options: SuiteOptions, key: str) -> str:

@@ -64,6 +64,13 @@ class EnvRequest:
     def name(self) -> str:
         return self.choice.name
 
+    @property
+    def vm_plan(self) -> VMPlan:
+        """The plan a VM environment is made from (session.prepare plans every one)."""
+        if self.plan is None:
+            raise ValueError(f"{self.name}: a VM environment is made from its plan")
+        return self.plan
+
 
 OneNode = Callable[[EnvRequest], "Environment"]
 # (the request, the nodes of a bench --nodes run: cluster/benchnodes/environments.py)
@@ -177,10 +184,8 @@ def _container(request: EnvRequest) -> Environment:
 def _vm(request: EnvRequest) -> Environment:
     from hpcvm.bench.envs.vm import VmEnvironment
 
-    if request.plan is None:
-        raise ValueError(f"{request.name}: a VM environment is made from its plan")
     return VmEnvironment(
-        request.plan,
+        request.vm_plan,
         vm_name=request.vm_name,
         backend=request.backend,
         shares=request.shares,

@@ -291,10 +291,8 @@ def _container(request: EnvRequest, nodes: ClusterEnvironments) -> ClusterContai
 
 
 def _vm(request: EnvRequest, nodes: ClusterEnvironments) -> ClusterVmEnvironment:
-    if request.plan is None:
-        raise ValueError(f"{request.name}: a VM environment is made from its plan")
     return ClusterVmEnvironment(
-        request.plan,
+        request.vm_plan,
         cluster=request.vm_name,
         network=with_nic_model(nodes.network, request.choice.variant.nic),
         first_address=nodes.next_first_address(),

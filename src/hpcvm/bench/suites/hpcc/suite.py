@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from hpcvm.bench.core.kind import SIZES, SuiteKind, SuiteOptions
+from hpcvm.bench.core.kind import SuiteKind, SuiteOptions, size_fraction
 from hpcvm.bench.core.launch import Bind, find_program, in_workdir, mpirun_argv
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError, parse_number, tail
 from hpcvm.bench.core.suite import Suite, check_np_values, require_exit_ok
@@ -469,16 +469,10 @@ class HpccOptions(Frozen):
 
 def hpcc_size(size: str) -> HpccSize:
     """``--size`` as hpcc reads it: medium, small (quick too) or a fraction of memory."""
-    if size == "medium":
-        return "medium"
-    if size in SIZES:
-        return "small"
-    try:
-        return float(size)
-    except ValueError:
-        raise UsageError(
-            f"unknown --size {size!r}: use quick, small, medium or a memory fraction like 0.05"
-        ) from None
+    read = size_fraction(size)
+    if isinstance(read, float):
+        return read
+    return "medium" if read == "medium" else "small"
 
 
 def _build(options: SuiteOptions) -> list[Suite]:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcvm.bench.core.kind import SIZES, SuiteKind, SuiteOptions
+from hpcvm.bench.core.kind import SuiteKind, SuiteOptions, size_fraction
 from hpcvm.bench.core.launch import Bind, in_workdir, mpirun_argv
 from hpcvm.bench.core.metrics import Metric, MetricValue, ParseError
 from hpcvm.bench.core.resolution import resolution_warning
@@ -362,23 +362,11 @@ class NpbOptions(Frozen):
     npb_size: str | float | None = None  # set outright (tests, a run recorded so)
 
 
-def _size(size: str) -> str | float:
-    """``--size`` as given: a word picks a class per kernel, else a memory fraction."""
-    if size in SIZES:
-        return size
-    try:
-        return float(size)
-    except ValueError:
-        raise UsageError(
-            f"unknown --size {size!r}: use quick, small, medium or a memory fraction like 0.05"
-        ) from None
-
-
 def _build(options: SuiteOptions) -> list[Suite]:
     o = options.typed(NpbOptions)
     if o.npb_dir is None:
         raise UsageError("--suite npb needs --npb-dir DIR (the bin directory of your NPB build)")
-    size = o.npb_size if o.npb_size is not None else _size(o.size)
+    size = o.npb_size if o.npb_size is not None else size_fraction(o.size)
     return list(discover(o.npb_dir, o.npb_kernels, size=size, bind=o.bind))
 
 
