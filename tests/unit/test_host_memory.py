@@ -23,7 +23,7 @@ import pytest
 
 from hpcvm.host import discover
 from hpcvm.plan.memory import qemu_overhead
-from hpcvm.units import GIB, KIB, MIB
+from hpcvm.units import GIB, KIB, MIB, parse_size
 from tests.conftest import sysfs_root
 
 SNAPSHOT = "40intel64-2g2n4c+pci"  # 4 nodes, /proc/meminfo, no zoneinfo
@@ -80,11 +80,12 @@ def test_plan_takes_what_the_kernel_can_give_and_refuses_beyond() -> None:
     over = (available * 2) // GIB * GIB
     refused = plan("--profile", "naive", "--vcpus", "1", "--memory", f"{over // MIB}M")
     assert refused.returncode == 3, refused.stderr
-    found = re.search(r"use --memory (\d+)M or less", refused.stderr)
+    # the size is named in its shortest exact form: 19G on a whole GiB, else 19456M
+    found = re.search(r"use --memory (\d+[KMGT]) or less", refused.stderr)
     if found is None and _meminfo(Path("/proc/meminfo"), "MemAvailable") < size:
         pytest.skip("MemAvailable fell below the planned size meanwhile (other processes)")
     assert found is not None, refused.stderr  # CI once saw none: what it said is kept
-    named = int(found.group(1))
+    named = parse_size(found.group(1)) // MIB
     # other processes move MemAvailable meanwhile: bound by both readings, 2% slack
     most = max(available, _meminfo(Path("/proc/meminfo"), "MemAvailable")) * 1.02
     assert size <= named * MIB <= most
