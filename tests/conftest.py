@@ -25,13 +25,17 @@ def pytest_configure(config: pytest.Config) -> None:
     """Every command a test starts reads an empty stdin unless the test gives it one:
     ``hpcvm exec`` and ``run`` pass a stdin that is not a terminal to the guest command,
     reading it to its end first, so a runner whose stdin is a pipe that stays open (a CI
-    job, an editor) would otherwise hang them."""
-    del config
+    job, an editor) would otherwise hang them. Under ``--dist loadscope`` the controller
+    also prints where the time went, by scope and worker (tests/scope_times.py)."""
     if not os.isatty(0):
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
     signal.signal(signal.SIGTERM, _terminated)
+    if config.getoption("dist", None) == "loadscope" and not hasattr(config, "workerinput"):
+        from tests.scope_times import ScopeTimes
+
+        config.pluginmanager.register(ScopeTimes(), "hpcvm-scope-times")
 
 
 def _terminated(signum: int, frame: object) -> None:
