@@ -41,8 +41,9 @@ def _hugetlbfs_mounts() -> list[str]:
     return out
 
 
-def qemu_pids_using(runtime_dir: Path) -> set[int]:
-    """Live (non-zombie) QEMU processes whose command line mentions ``runtime_dir``."""
+def qemu_pids_using(runtime_dir: Path, program: bytes = b"qemu-system") -> set[int]:
+    """Live (non-zombie) QEMU processes (or others whose command line holds
+    ``program``) whose command line mentions ``runtime_dir``."""
     found: set[int] = set()
     needle = str(runtime_dir).encode()
     for entry in os.listdir("/proc"):
@@ -54,9 +55,15 @@ def qemu_pids_using(runtime_dir: Path) -> set[int]:
         except OSError:
             continue
         zombie = stat[stat.rfind(")") + 2 :].split()[0] in ("Z", "X")
-        if b"qemu-system" in cmdline and needle in cmdline and not zombie:
+        if program in cmdline and needle in cmdline and not zombie:
             found.add(int(entry))
     return found
+
+
+def relay_pids_using(runtime_dir: Path) -> set[int]:
+    """Live agent relays of VMs in ``runtime_dir`` (their command line names the relay
+    socket's pid file in it)."""
+    return qemu_pids_using(runtime_dir, b"hpcvm.runtime.channels.agent_relay")
 
 
 def hpcvm_hugetlbfs_entries(runtime_dir: Path) -> list[str]:
@@ -143,6 +150,7 @@ class Residue:
     hugetlbfs: tuple[str, ...]
     hugepages_used: dict[int, int]
     taps: frozenset[str]
+    relay_pids: frozenset[int]  # the agent relays (runtime/channels/agent_relay.py)
 
     @classmethod
     def take(cls, runtime_dir: Path) -> Residue:
@@ -158,6 +166,7 @@ class Residue:
             hugetlbfs=tuple(hpcvm_hugetlbfs_entries(runtime_dir)),
             hugepages_used=hugepages_in_use(),
             taps=frozenset(tap_devices()),
+            relay_pids=frozenset(relay_pids_using(runtime_dir)),
         )
 
     def leftovers(self, before: Residue) -> list[str]:
@@ -183,6 +192,8 @@ class Residue:
                     f"{(extra - others) // 1024} kB more huge pages in use than before "
                     "(and not held by any other process or file)"
                 )
+        if self.relay_pids - before.relay_pids:
+            problems.append(f"agent relays running: pids {sorted(self.relay_pids)}")
         if self.taps - before.taps:
             problems.append(f"tap devices left: {sorted(self.taps - before.taps)}")
         return problems

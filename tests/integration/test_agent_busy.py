@@ -10,6 +10,11 @@ asks: the second waits for it, and past its agent timeout says the agent is busy
 record's start time disagrees with its QEMU's (the old test for a reused pid) is not
 called dead either while its QEMU runs (runtime/vm/guest_exec.qemu_runs).
 
+The agent's relay (runtime/channels/agent_relay.py) holds QEMU's agent socket between
+clients, as QEMU itself says (``query-chardev``: connected while no hpcvm command
+runs), runs as QEMU's user, and is gone once ``down`` returns; with it killed, ``exec``
+goes on through QEMU's socket.
+
 And QEMU's own memory under TCG (the kernel's VmRSS less the guest RAM mapping's Rss,
 from /proc/PID/smaps) is within what the plan's memory check allowed for it
 (plan/memory.qemu_overhead).
@@ -33,7 +38,7 @@ from hpcvm.runtime.channels.agent_errors import ProgramNotFound
 from hpcvm.runtime.machine import state
 from hpcvm.runtime.vm.guest_exec import connected, exec_on, qemu_runs
 from hpcvm.units import MIB
-from tests.runtime_support import HPCVM, one_line_error, qemu_pids_using
+from tests.runtime_support import HPCVM, one_line_error, qemu_pids_using, relay_pids_using
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +91,7 @@ def vm(tmp_path_factory: pytest.TempPathFactory, guest: None) -> Iterator[Vm]:
     finally:
         here.hpcvm("down", "--all", timeout=300)
         assert qemu_pids_using(here.runtime) == set()
+        assert relay_pids_using(here.runtime) == set()  # down waited for the relay's end
         shutil.rmtree(here.runtime, ignore_errors=True)
 
 
@@ -151,3 +157,47 @@ def test_qemus_own_memory_is_within_the_plans_allowance(vm: Vm) -> None:
             rss = int(line.split()[1]) * 1024
     own = rss - guest_ram
     assert 0 < own <= qemu_overhead(MEMORY, "tcg"), (own // MIB, guest_ram // MIB)
+
+
+def _status_ids(pid: int) -> tuple[str, str]:
+    """The real uid and gid of ``pid``, from the kernel."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return fields["Uid"].split()[0], fields["Gid"].split()[0]
+
+
+def _agent_chardev(vm: Vm) -> str:
+    """QEMU's own description of the agent's chardev (``query-chardev``)."""
+    machine = state.read_machine(vm.runtime / vm.name)
+    assert machine is not None
+    for dev in QemuBackend().qmp(machine, "query-chardev"):
+        if dev["label"] == "qga0":
+            return str(dev["filename"])
+    raise AssertionError("QEMU has no qga0 chardev")
+
+
+def test_the_relay_holds_the_agent_as_qemus_user(vm: Vm) -> None:
+    pid = int((vm.runtime / vm.name / "relay.sock.pid").read_text())
+    assert relay_pids_using(vm.runtime) == {pid}
+    assert _status_ids(pid) == _status_ids(vm.machine_pid())  # dropped to QEMU's user
+    # no hpcvm command runs now, yet QEMU's agent end has a client: the relay's
+    assert not _agent_chardev(vm).startswith("disconnected:"), _agent_chardev(vm)
+    done = vm.hpcvm("exec", vm.name, "--", "echo", "through the relay")
+    assert done.returncode == 0 and done.stdout.strip() == "through the relay", done.stderr
+
+
+def test_exec_goes_on_through_qemus_socket_without_the_relay(vm: Vm) -> None:
+    """Last in the module: the VM keeps no relay after it."""
+    pid = int((vm.runtime / vm.name / "relay.sock.pid").read_text())
+    os.kill(pid, 9)
+    deadline = time.monotonic() + 10
+    while relay_pids_using(vm.runtime) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert relay_pids_using(vm.runtime) == set()
+    deadline = time.monotonic() + 10  # QEMU notices the client's end on its next poll
+    while not _agent_chardev(vm).startswith("disconnected:") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _agent_chardev(vm).startswith("disconnected:"), _agent_chardev(vm)
+    done = vm.hpcvm("exec", vm.name, "--", "echo", "without it")
+    assert done.returncode == 0 and done.stdout.strip() == "without it", done.stderr

@@ -72,7 +72,7 @@ def test_start_pin_stop(runtime: Path) -> None:
     machine = backend.start(_machine(runtime, "pinned", 2))
     try:
         assert machine.pid is not None and state.is_qemu_process(machine.pid)
-        for sock in ("qmp.sock", "agent.sock"):
+        for sock in ("qmp.sock", "agent.sock", "relay.sock"):  # relay: the agent's holder
             mode = os.stat(runtime / "b" / sock).st_mode
             assert stat.S_ISSOCK(mode) and mode & 0o777 == 0o600
         assert backend.status(machine) == "paused"

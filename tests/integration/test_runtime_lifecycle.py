@@ -67,8 +67,10 @@ def cpus_allowed(pid: int, tid: int) -> set[int]:
 
 
 def wait_for_agent_client(sock: Path, timeout: float = 60.0) -> None:
-    """Until a client is connected to the agent socket (a connected entry for its path
-    in /proc/net/unix, state 03), i.e. `hpcvm exec` has started talking to the guest."""
+    """Until a client is connected to the socket (a connected entry for its path in
+    /proc/net/unix, state 03). For the agent's relay socket (not QEMU's agent socket,
+    which the relay holds from the start: runtime/channels/agent_relay.py): `hpcvm
+    exec` has started talking to the guest."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
@@ -181,7 +183,7 @@ def test_vm_dying_during_exec_is_a_clear_error(runtime: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    wait_for_agent_client(runtime / "dies" / "agent.sock")
+    wait_for_agent_client(runtime / "dies" / "relay.sock")
     time.sleep(2)  # guest-sync, then guest-exec: `sleep 30` now runs in the guest
     assert proc.poll() is None
     os.kill(pid, signal.SIGKILL)
@@ -315,7 +317,7 @@ def test_ctrl_c_during_run_tears_the_vm_down(runtime: Path) -> None:
         text=True,
         preexec_fn=interruptible,
     )
-    wait_for_agent_client(runtime / "r" / "agent.sock", timeout=180)
+    wait_for_agent_client(runtime / "r" / "relay.sock", timeout=180)
     machine = record("r")
     time.sleep(2)
     assert machine.pid is not None and procs.pid_alive(machine.pid, reap=True)

@@ -214,6 +214,14 @@ def attempts(seen: TwoUsers, checkpoint: Path) -> list[list[str]]:
         ["read the QEMU pid file", "read", str(root / vm / "qemu.pid"), "EACCES"],
         ["connect to the QMP socket", "connect", str(root / vm / "qmp.sock"), "EACCES"],
         ["connect to the agent socket", "connect", str(root / vm / "agent.sock"), "EACCES"],
+        ["connect to the agent relay", "connect", str(root / vm / "relay.sock"), "EACCES"],
+        # the relay runs as the VM's owner (runtime/channels/agent_relay.py): read as root
+        [
+            "kill the agent relay",
+            "kill",
+            (root / vm / "relay.sock.pid").read_text().strip(),
+            "EPERM",
+        ],
         ["read the cluster record", "read", str(state / "cluster.json"), "EACCES"],
         ["read the job's ssh key", "read", str(state / "id_job"), "EACCES"],
         ["make a cluster state directory", "mkdir", str(root / ".clusters" / "evil"), "EACCES"],

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from hpcvm.errors import RuntimeFailure
 from hpcvm.runtime.backends import qemu_process
 from hpcvm.runtime.backends.qemu_process import wait_gone as wait_gone  # re-exported
-from hpcvm.runtime.channels import qmp
+from hpcvm.runtime.channels import agent_relay, qmp
 from hpcvm.runtime.hostside import paths, staging
 from hpcvm.runtime.hostside.confine import QemuUser, qemu_user
 from hpcvm.runtime.machine import state
@@ -101,7 +101,24 @@ class QemuBackend:
         for sock in (machine.boot.qmp_socket, machine.boot.agent_socket, machine.boot.done_socket):
             if sock:
                 paths.make_private(Path(sock))
+        self._start_relay(started)
         return started
+
+    def _start_relay(self, machine: Machine) -> None:
+        """Start the guest agent's relay (channels/agent_relay.py), dropped to QEMU's
+        user when hpcvm is root. Without one the agent still serves, on QEMU's socket,
+        only slower to a new client: a relay that does not start is said in qemu.log."""
+        agent = machine.boot.agent_socket
+        relay = paths.agent_relay(agent) if agent else None
+        if agent is None or relay is None:
+            return
+        user = self.qemu_user()
+        ids = (user.uid, user.gid) if user.switch else (None, None)
+        try:
+            agent_relay.start(Path(agent), relay, uid=ids[0], gid=ids[1])
+        except OSError as exc:
+            with open(Path(machine.run_dir) / paths.QEMU_LOG, "a") as log:
+                log.write(f"hpcvm: no agent relay ({exc}); clients use {agent}\n")
 
     def _spawn(
         self, machine: Machine, opened: dict[int, network.NicFds]
@@ -212,10 +229,12 @@ class QemuBackend:
         )
 
     def kill(self, machine: Machine) -> None:
-        """SIGKILL QEMU (only if the pid is still this VM's QEMU) and wait for it."""
+        """SIGKILL QEMU (only if the pid is still this VM's QEMU) and wait for it, and
+        for its agent relay."""
         qemu_process.kill(
             machine.pid, alive=lambda: self.alive(machine), forget=lambda: self._forget(machine)
         )
+        qemu_process.end_relay(machine.boot.agent_socket)
 
     def _forget(self, machine: Machine) -> None:
         proc = self._children.pop(machine.pid or -1, None)

@@ -1,5 +1,5 @@
 """Ending a QEMU of hpcvm's own backend: asked to quit over QMP, killed once ``timeout``
-passed, its control sockets removed.
+passed, its agent relay ended, its control sockets removed.
 
 Why apart from runtime/backends/qemu_backend.py: ``QemuBackend.stop`` does this on a
 full record (the models, and QMP's asyncio client), and ``hpcvm down`` does it on a
@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from hpcvm.errors import RuntimeFailure
+from hpcvm.runtime.channels import agent_relay
+from hpcvm.runtime.hostside import paths
 
 POLL = 0.01  # seconds between looks whether QEMU exited
 KILL_WAIT = 30.0  # seconds a SIGKILLed QEMU may take to go
@@ -47,7 +49,7 @@ def stop(
     forget: Callable[[], None] = lambda: None,
 ) -> None:
     """QMP quit (``quit(seconds)``, a RuntimeFailure ignored), then SIGKILL after
-    ``timeout``; then remove the ``sockets``."""
+    ``timeout``; then end the agent's relay and remove the ``sockets``."""
     if alive():
         with contextlib.suppress(RuntimeFailure):
             quit(min(QUIT_TIMEOUT, timeout))
@@ -55,9 +57,18 @@ def stop(
             kill(pid, alive=alive, forget=forget)
     forget()
     for sock in sockets:
+        end_relay(sock)
         if sock:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sock)
+
+
+def end_relay(agent_socket: str | None) -> None:
+    """Once QEMU is gone: wait for the agent's relay beside ``agent_socket`` to end (it
+    does on QEMU's end of file) and remove its files; nothing for another socket."""
+    relay = paths.agent_relay(agent_socket) if agent_socket else None
+    if relay is not None:
+        agent_relay.ended(relay)
 
 
 def kill(pid: int | None, *, alive: Callable[[], bool], forget: Callable[[], None]) -> None:

@@ -7,7 +7,9 @@ virtio-serial port queues them until qemu-ga opens it). So every connection star
 with ``guest-sync`` carrying a random id, and replies are read until that id comes
 back; only then is the channel known to be in step.
 
-QEMU's chardev socket serves one client at a time: connect, do the work, close. A
+Where the VM has an agent relay (channels/agent_relay.py: it holds QEMU's socket so
+that the agent stays awake between clients) a client connects to the relay's socket,
+else to QEMU's. Either serves one client at a time: connect, do the work, close. A
 second client's connect succeeds all the same (it waits in the socket's backlog until
 the first leaves), so a busy agent would look like a silent one and, after the
 timeout, like a dead VM. Every client therefore holds the agent's lock file beside the
@@ -35,6 +37,7 @@ from hpcvm import lock
 from hpcvm.errors import BusyError, RuntimeFailure
 from hpcvm.runtime.channels.agent_errors import AgentCommandError as AgentCommandError
 from hpcvm.runtime.channels.agent_errors import CommandTimedOut, ExecInterrupted, check_input
+from hpcvm.runtime.hostside import paths
 from hpcvm.runtime.machine.exec_result import ExecResult
 from hpcvm.signals import signals_deferred
 
@@ -159,7 +162,18 @@ class GuestAgent:
             return
 
     def _open(self) -> socket.socket:
+        """Connect, through the VM's agent relay where it has one (it keeps the agent
+        awake: channels/agent_relay.py), else to QEMU's socket itself."""
         self._hold()
+        relay = paths.agent_relay(self.path)
+        if relay is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.timeout)
+                sock.connect(str(relay))
+                return sock
+            except OSError:  # none, or gone: QEMU's socket serves as it did before
+                sock.close()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)

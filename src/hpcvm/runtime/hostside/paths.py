@@ -44,6 +44,7 @@ MACHINE_FILE = "machine.json"
 LOCK_FILE = "up.lock"
 QMP_SOCKET = "qmp.sock"
 AGENT_SOCKET = "agent.sock"
+RELAY_SOCKET = "relay.sock"  # the agent's relay (runtime/channels/agent_relay.py)
 DONE_SOCKET = "done.sock"
 CONSOLE_LOG = "console.log"
 QEMU_LOG = "qemu.log"
@@ -55,7 +56,14 @@ KEPT_LOGS = (CONSOLE_LOG, QEMU_LOG)
 KEPT_FAILURES = 8
 # sun_path of struct sockaddr_un holds 108 bytes with the terminating NUL (unix(7)).
 SOCKET_PATH_MAX = 107
-SOCKETS = (QMP_SOCKET, AGENT_SOCKET, DONE_SOCKET)
+SOCKETS = (QMP_SOCKET, AGENT_SOCKET, DONE_SOCKET, RELAY_SOCKET)
+
+
+def agent_relay(agent_socket: str | Path) -> Path | None:
+    """The relay socket beside a VM's agent socket (its own VM directory's), or None for
+    an agent socket laid out otherwise."""
+    path = Path(agent_socket)
+    return path.with_name(RELAY_SOCKET) if path.name == AGENT_SOCKET else None
 
 
 def runtime_location() -> tuple[Path, str]:
