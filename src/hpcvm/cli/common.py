@@ -94,3 +94,9 @@ def host_source_options(func: F) -> F:
 def warn(message: str) -> None:
     """A warning on stderr, in one line, so it never mixes with machine output."""
     err_console.print(f"[yellow]hpcvm: warning:[/yellow] {message}", highlight=False)
+
+
+def say(text: str) -> None:
+    """One line of a command's progress on stderr, as typed (no rich markup: node names
+    and paths are data), so stdout stays the command's own output."""
+    err_console.print(text, highlight=False, markup=False)
