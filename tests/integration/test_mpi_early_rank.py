@@ -60,16 +60,26 @@ def _run(tmp_path: Path, script: Path) -> tuple[int, str, float, bool]:
     return out.exit_code, out.stderr, time.monotonic() - begin, out.timed_out
 
 
-def _left(tmp_path: Path) -> list[int]:
-    """Processes still running this test's ranks (their argv names its directory)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and str(tmp_path).encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+def _left(tmp_path: Path, settle: float = 10.0) -> list[str]:
+    """Processes still running this test's ranks (their argv names its directory), with
+    their command lines. A rank that was sent its signal as the run ended may still be
+    in its exit for a moment on a loaded host: looked at again for up to ``settle``
+    seconds, so only one that stays is reported."""
+    deadline = time.monotonic() + settle
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if entry.name.isdigit() and str(tmp_path).encode() in cmdline and state != "Z":
+                argv = cmdline.replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{entry.name}: {argv[:160]}")
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 @pytest.fixture(autouse=True)
