@@ -14,11 +14,13 @@ the checks); ``exec - version`` is the issue's measure, and includes the guest's
 which under TCG is emulated and on a busy 2-core host alone can exceed 0.1 s.
 
 Each timed run starts ``--gap`` seconds (default 0.15, not counted) after the one before:
-the guest agent answers a new client no sooner than about 100 ms after the previous one
-left (measured here: a guest-sync took 2-5 ms after a 0.1 s pause, 50-100 ms right after
-a close), which would otherwise be charged to whichever side came next. What a script
-calling exec back to back sees, that pause included, is printed apart: ``--loop`` execs
-in a row, their mean.
+without a client on QEMU's end the guest agent sleeps 100 ms between reads, so a new
+client waited up to that long (a guest-sync took 2-5 ms after a 0.1 s pause, 50-100 ms
+right after a close), which would otherwise be charged to whichever side came next.
+The agent relay (runtime/channels/agent_relay.py) keeps a client on QEMU's end now;
+with ``--vm NAME`` of a VM whose relay was killed the earlier case is measured. What a
+script calling exec back to back sees is printed apart: ``--loop`` execs in a row,
+their mean.
 
 Prints each side's median, the two differences, the goal, and the conditions (the VM's
 accelerator from its `up` line, the host CPU model, the rounds). Boots its own 1-vCPU
