@@ -5,7 +5,8 @@ that of its busiest worker, and a worker's time is the sum of the scopes it ran:
 module, or a shared-state group of tests/shared_state.py. pytest's ``--durations``
 names slow tests but not which worker they held, so the end of the run prints, per
 scope, its worker, its tests' summed time and its span from first start to last stop,
-and per worker its span. The controller sees every worker's reports, so this runs
+and per worker its span; a shared-state group's modules are listed under it. The
+controller sees every worker's reports, so this runs
 there.
 """
 
@@ -46,7 +47,11 @@ class ScopeTimes:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         node = getattr(report, "node", None)
         worker = node.gateway.id if node is not None else "main"
-        self.scopes[scope_of(report.nodeid)].add(report, worker)
+        scope = scope_of(report.nodeid)
+        self.scopes[scope].add(report, worker)
+        module = report.nodeid.split("::", 1)[0]
+        if module != scope:  # a group's modules too, indented under it
+            self.scopes[f"{scope} > {module}"].add(report, worker)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.scopes:
@@ -62,7 +67,7 @@ class ScopeTimes:
                 f"{scope.seconds:7.0f} {len(scope.tests):5d}  {name}"
             )
         for worker in sorted({s.worker for s in self.scopes.values()}):
-            mine = [s for s in self.scopes.values() if s.worker == worker]
+            mine = [s for n, s in self.scopes.items() if s.worker == worker and " > " not in n]
             busy = sum(s.seconds for s in mine)
             end = max(s.last for s in mine) - start
             write(f"{worker}: busy {busy:.0f} s, last test ended {end:.0f} s after the first")
