@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from hpcvm.procs import pid_alive
+
 PID_SUFFIX = ".pid"  # the relay's pid, beside its socket: relay.sock.pid
 _CHUNK = 1 << 16
 _PENDING_MAX = 1 << 20  # bytes queued towards one side before reading the other stops
@@ -107,11 +109,10 @@ def ended(relay_socket: Path) -> None:
 def _is_relay(pid: int) -> bool:
     """Whether ``pid`` is a live (not zombie) agent relay: a reused pid is not killed."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, IndexError):
+    except OSError:
         return False
-    return state != "Z" and _MODULE.encode() in cmdline
+    return _MODULE.encode() in cmdline and pid_alive(pid)
 
 
 # -- the relay ----------------------------------------------------------------------------
