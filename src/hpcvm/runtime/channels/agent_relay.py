@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import selectors
+import select
 import signal
 import socket
 import subprocess
@@ -126,7 +126,7 @@ class _Relay:
         self.client: socket.socket | None = None
         self.to_agent = b""
         self.to_client = b""
-        self.selector = selectors.DefaultSelector()
+        self.poll = select.poll()
         for sock in (listener, agent):
             sock.setblocking(False)
 
@@ -134,35 +134,35 @@ class _Relay:
         """Pump until QEMU's end closes."""
         while True:
             self._arm()
-            for key, events in self.selector.select():
-                if key.fileobj is self.agent and events & selectors.EVENT_READ:
-                    if not self._from_agent():
+            for fd, events in self.poll.poll():
+                if fd == self.agent.fileno():
+                    readable = events & (select.POLLIN | select.POLLHUP | select.POLLERR)
+                    if readable and not self._from_agent():
                         return
-                elif key.fileobj is self.listener:
+                    if events & select.POLLOUT:
+                        self._flush_agent()
+                elif fd == self.listener.fileno():
                     self._accept()
-                elif key.fileobj is self.client and events & selectors.EVENT_READ:
-                    self._from_client()
-                if events & selectors.EVENT_WRITE:
-                    self._flush(key.fileobj)
+                elif self.client is not None and fd == self.client.fileno():
+                    if events & select.POLLOUT:
+                        self._flush_client()
+                    if self.client is not None and events & ~select.POLLOUT:
+                        self._from_client()
 
     def _arm(self) -> None:
-        """Register what to wait for: read a side only while little is queued towards
-        the other (back-pressure); accept only while no client is connected."""
-        self.selector.close()
-        self.selector = selectors.DefaultSelector()
-        agent = selectors.EVENT_WRITE if self.to_agent else 0
+        """Say what to wait for (poll's register updates a registered fd): read a side
+        only while little is queued towards the other (back-pressure); accept only while
+        no client is connected."""
+        agent = select.POLLOUT if self.to_agent else 0
         if len(self.to_client) < _PENDING_MAX:
-            agent |= selectors.EVENT_READ
-        if agent:
-            self.selector.register(self.agent, agent)
-        if self.client is None:
-            self.selector.register(self.listener, selectors.EVENT_READ)
-            return
-        client = selectors.EVENT_WRITE if self.to_client else 0
-        if len(self.to_agent) < _PENDING_MAX:
-            client |= selectors.EVENT_READ
-        if client:
-            self.selector.register(self.client, client)
+            agent |= select.POLLIN
+        self.poll.register(self.agent, agent)
+        self.poll.register(self.listener, select.POLLIN if self.client is None else 0)
+        if self.client is not None:
+            client = select.POLLOUT if self.to_client else 0
+            if len(self.to_agent) < _PENDING_MAX:
+                client |= select.POLLIN
+            self.poll.register(self.client, client)
 
     def _from_agent(self) -> bool:
         try:
@@ -196,22 +196,24 @@ class _Relay:
             return
         self.to_agent += data
 
-    def _flush(self, sock: object) -> None:
-        if sock is self.agent and self.to_agent:
-            with contextlib.suppress(BlockingIOError):
-                self.to_agent = self.to_agent[self.agent.send(self.to_agent) :]
-        elif sock is self.client and self.client is not None and self.to_client:
-            try:
-                self.to_client = self.to_client[self.client.send(self.to_client) :]
-            except BlockingIOError:
-                pass
-            except OSError:
-                self._drop_client()
+    def _flush_agent(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            self.to_agent = self.to_agent[self.agent.send(self.to_agent) :]
+
+    def _flush_client(self) -> None:
+        assert self.client is not None
+        try:
+            self.to_client = self.to_client[self.client.send(self.to_client) :]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._drop_client()
 
     def _drop_client(self) -> None:
         """The client left: what it sent goes on to the agent; what was on its way to
         it is dropped (the next client's guest-sync skips the rest)."""
         if self.client is not None:
+            self.poll.unregister(self.client)
             self.client.close()
         self.client, self.to_client = None, b""
 
