@@ -232,7 +232,7 @@ def test_scale_prediction_beside_bsp_across_two_nodes(
     assert set(measured) == {(env, 2) for env in ENVS}, sorted(measured)
     raw = _raw_slowdowns(bench_job.out)
     t = stats.t.ppf(1.0 - (1.0 - CONFIDENCE) / 2.0, REPS - 1)
-    verdicts = dict(re.findall(r"^bsp check: (\S+) np 2, .*: (inside|OUTSIDE)$", done.stdout, re.M))
+    verdicts = dict(re.findall(r"^bsp check: (\S+) np 2, .*: (agree|DISAGREE)$", done.stdout, re.M))
     table = (rep / "report.md").read_text().split("### Prediction checked", 1)[1]
     for env in SCALE_ENVS:
         m = measured[(env, 2)]
@@ -244,11 +244,11 @@ def test_scale_prediction_beside_bsp_across_two_nodes(
         assert m["high_pct"] == pytest.approx(values.mean() + half, rel=1e-9, abs=1e-9)
         low, point, high = m["predicted_low_pct"], m["predicted_pct"], m["predicted_high_pct"]
         assert 0.0 <= low <= point <= high, m  # noise only ever delays
-        inside = low <= m["slowdown_pct"] <= high
-        assert verdicts[env] == ("inside" if inside else "OUTSIDE"), done.stdout
+        agree = m["low_pct"] <= high and low <= m["high_pct"]  # the intervals meet
+        assert verdicts[env] == ("agree" if agree else "DISAGREE"), done.stdout
         row = f"| {env} | 2 | {m['grain_ns'] / 1e3:.3g} | "
         assert f"{row}{m['slowdown_pct']:+.2f} [" in table
-        assert f"| {'yes' if inside else 'no'} |" in table.split(row, 1)[1].splitlines()[0]
+        assert f"| {'yes' if agree else 'no'} |" in table.split(row, 1)[1].splitlines()[0]
     # the container ran bsp but no noise: measured, with no prediction beside it
     assert measured[("container", 2)]["predicted_pct"] is None
     assert any("container: bsp np 2 has no prediction" in note for note in scale["notes"])

@@ -224,8 +224,8 @@ def _echo_check(scale: ScaleReport) -> None:
     (the rows of the report's check table, so the two never disagree)."""
     from hpcvm.report.scale_tables import check_rows
 
-    for env, np, grain, measured, predicted, inside in check_rows(scale):
-        verdict = {"yes": "inside", "no": "OUTSIDE", "-": "no prediction"}[inside]
+    for env, np, grain, measured, predicted, agrees in check_rows(scale):
+        verdict = {"yes": "agree", "no": "DISAGREE", "-": "no prediction"}[agrees]
         click.echo(
             f"bsp check: {env} np {np}, grain {grain} us: measured {measured}%, "
             f"predicted {predicted}%: {verdict}"

@@ -198,10 +198,16 @@ class ScaleMeasured(Frozen):
 
     @property
     def contained(self) -> bool | None:
-        """Whether the predicted interval holds the measured slowdown (None: no prediction)."""
+        """Whether measurement and prediction agree (None: no prediction): their intervals
+        meet. Both estimate the same expected slowdown with their own uncertainty (the
+        prediction's is that of the expectation, not of one finite run), so a measured mean
+        outside the predicted interval alone is no disagreement; without a measured
+        interval, the mean must be inside the predicted one."""
         if self.predicted_low_pct is None or self.predicted_high_pct is None:
             return None
-        return self.predicted_low_pct <= self.slowdown_pct <= self.predicted_high_pct
+        low = self.slowdown_pct if self.low_pct is None else self.low_pct
+        high = self.slowdown_pct if self.high_pct is None else self.high_pct
+        return low <= self.predicted_high_pct and self.predicted_low_pct <= high
 
 
 class ScaleLatency(Frozen):

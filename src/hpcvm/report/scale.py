@@ -23,7 +23,6 @@ from hpcvm.report.model import NATIVE, Row, ScaleLatency, ScaleMeasured, ScaleRe
 from hpcvm.stats.scale import (
     DEFAULT_GRAINS_NS,
     DEFAULT_RESAMPLES,
-    DEFAULT_STEPS,
     Prediction,
     ScaleCurve,
     ScaleOverhead,
@@ -50,12 +49,11 @@ _UNIT_NS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
 @dataclass(frozen=True)
 class ScaleRequest:
     """What ``report --scale`` asks: core counts for the table, grains, the latency
-    override, and the simulation's size and seed."""
+    override, and the bootstrap's size and seed."""
 
     cores: tuple[int, ...] = DEFAULT_ASKED
     grains_ns: tuple[float, ...] = tuple(float(g) for g in DEFAULT_GRAINS_NS)
     latency_ns: float | None = None
-    steps: int = DEFAULT_STEPS
     resamples: int = DEFAULT_RESAMPLES
     seed: int = 0
     noise_from: Path | None = None  # another results directory's noise traces
@@ -225,7 +223,6 @@ def scale_report(
             grain_ns=request.grains_ns[0],
             cores=cores,
             latency_ns=latencies[env].latency_ns,
-            steps=request.steps,
             resamples=request.resamples,
             confidence=confidence,
             seed=request.seed,

@@ -11,7 +11,7 @@ from hpcvm.report.model import ScaleMeasured, ScaleReport
 CHECK_TITLE = "Prediction checked against the bsp suite"
 OVERHEAD_TITLE = "Predicted overhead against native (%)"
 SLOWDOWN_TITLE = "Predicted slowdown against a quiet machine (%)"
-CHECK_HEADER = ("env", "np", "grain (us)", "measured slowdown %", "predicted %", "inside")
+CHECK_HEADER = ("env", "np", "grain (us)", "measured slowdown %", "predicted %", "agrees")
 VERDICT = {True: "yes", False: "no", None: "-"}
 
 
@@ -30,12 +30,13 @@ def _cores_head(scale: ScaleReport) -> list[str]:
 
 
 def scale_intro(scale: ScaleReport) -> str:
-    """The sentence before the tables: the model in one line, the simulation's size and
+    """The sentence before the tables: the model in one line, the bootstrap's size and
     each environment's collective latency with its source."""
     first = scale.curves[0] if scale.curves else None
     how = (
-        f"{first.steps:,} simulated steps per bootstrap replicate, {first.resamples} "
-        f"replicates over the measured traces, {first.confidence * 100:g}% interval"
+        f"The expected step is exact over the pooled traces; its "
+        f"{first.confidence * 100:g}% interval is from {first.resamples} bootstrap "
+        "replicates of the measured traces"
         if first
         else "no environment could be predicted (see the notes)"
     )
@@ -67,7 +68,7 @@ def predicted_interval(m: ScaleMeasured) -> str:
 
 def check_rows(scale: ScaleReport) -> tuple[tuple[str, ...], ...]:
     """One row per bsp measurement (environment and rank count): measured and predicted
-    slowdown with their intervals, and whether the prediction's interval holds it."""
+    slowdown with their intervals, and whether the two intervals meet."""
     return tuple(
         (
             m.env,
@@ -94,8 +95,8 @@ def measured_text(scale: ScaleReport, env: str, grain: float, overhead: bool) ->
             continue
         said = f"np {m.cores}, grain {m.grain_ns / 1e3:.3g} us: {m.slowdown_pct:+.2f}"
         if m.predicted_low_pct is not None and m.predicted_high_pct is not None:
-            inside = "inside" if m.contained else "OUTSIDE"
-            said += f" ({inside} [{m.predicted_low_pct:+.2f}, {m.predicted_high_pct:+.2f}])"
+            agrees = "agrees with" if m.contained else "DISAGREES with"
+            said += f" ({agrees} [{m.predicted_low_pct:+.2f}, {m.predicted_high_pct:+.2f}])"
         parts.append(said)
     return "; ".join(parts) or "-"
 
