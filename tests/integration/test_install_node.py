@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "install-node.sh"
 HELPER = "/usr/lib/qemu/qemu-bridge-helper"
 NETGUARD = "/usr/local/lib/hpcvm/hpcvm-netguard"
+UNSHARE = ("unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc")
+UNSHARE += ("--propagation", "private")
 BUILT_NETGUARD = REPO / "src" / "hpcvm" / "data" / "hpcvm-netguard"
 OVERLAID = ("/etc", "/usr", "/var/lib", "/opt")
 HUGETLBFS = "/opt/hugepages-hpcvm"  # inside the /opt overlay (the default is in /dev)
@@ -48,9 +50,13 @@ TOOLS = ("unshare", "nsenter", "runuser", "useradd", "dpkg-statoverride", "findm
 
 
 class Sandbox:
-    """Mount and network namespaces, the host's /etc, /usr, /var/lib and /opt under
+    """Mount, network and PID namespaces, the host's /etc, /usr, /var/lib and /opt under
     writable overlays; commands enter them with nsenter. It ends when its holder process (a shell
-    waiting on our pipe) ends, and so with this test process at the latest."""
+    waiting on our pipe) ends, and so with this test process at the latest.
+
+    Its own PID namespace (and /proc): the uninstall's ``userdel hpcvm-qemu`` refuses a
+    user that a process runs as, and the sandbox's hpcvm-qemu has the host's uid, so the
+    host's VMs (another xdist worker's, QEMU as hpcvm-qemu) failed it (CI, 3 workers)."""
 
     def __init__(self, root: Path) -> None:
         mounts = []
@@ -64,7 +70,7 @@ class Sandbox:
             )
         script = " && ".join(mounts) + " && echo ready && read _"
         self.holder = subprocess.Popen(
-            ["unshare", "--mount", "--net", "--propagation", "private", "--", "sh", "-c", script],
+            [*UNSHARE, "--", "sh", "-c", script],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -74,12 +80,15 @@ class Sandbox:
         if self.holder.stdout.readline().strip() != "ready":
             self.close()
             pytest.skip(f"cannot make an overlay sandbox here: {self.holder.stderr}")
+        # unshare forked: the namespaces' first process is its child, the shell
+        children = Path(f"/proc/{self.holder.pid}/task/{self.holder.pid}/children")
+        self.inside = int(children.read_text().split()[0])
 
     def run(
         self, argv: Sequence[str], env: Mapping[str, str] | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            ["nsenter", "-t", str(self.holder.pid), "-m", "-n", "--", *argv],
+            ["nsenter", "-t", str(self.inside), "-m", "-n", "-p", "--", *argv],
             capture_output=True,
             text=True,
             env={**os.environ, **(env or {})},
