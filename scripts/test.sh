@@ -6,14 +6,15 @@
 # workers (HPCVM_TEST_WORKERS=N sets another number), a test file's tests in one worker
 # (--dist loadfile: its module fixtures are made once), but those marked `alone` (their
 # verdict rests on timing real work, which another worker beside them disturbs) run
-# after them in one process. The rest (integration tests) runs on two workers
+# after them in one process. The rest (integration tests) runs on three workers
 # (HPCVM_TEST_INTEGRATION_WORKERS=N; 1: one process, as it was), --dist loadscope with
 # tests/conftest.py's scheduler: a module's tests in one worker, and the modules that
 # share machine-wide state (the Slurm test cluster and its user; libvirtd, huge page
 # pools and host tuning) one after the other in one worker (tests/shared_state.py names
 # them and says why).
-# While one worker computes, the other's tests mostly wait on a 1-vCPU guest, Slurm or
-# the network. Each part prints its slowest tests and its total
+# While one worker computes, the others' tests mostly wait on a 1-vCPU guest, Slurm or
+# the network: the test-cluster group alone takes as long as all the rest on two more
+# workers, even on 2 cores (docs/testing.md). Each part prints its slowest tests and its total
 # (--durations in pyproject.toml); the script fails when either part fails, after both
 # ran. With arguments (`-m "not integration"`, a path), one plain pytest run takes them.
 set -euo pipefail
@@ -31,7 +32,7 @@ echo "test: unit tests on $workers workers"
 .venv/bin/pytest -q -n "$workers" --dist loadfile -m "not alone" tests/unit || status=$?
 echo "test: unit tests that time real work (marked alone), in one process"
 .venv/bin/pytest -q -m alone tests/unit || status=$?
-integration=${HPCVM_TEST_INTEGRATION_WORKERS:-2}
+integration=${HPCVM_TEST_INTEGRATION_WORKERS:-3}
 if [ "$integration" -gt 1 ]; then
   echo "test: the rest (integration tests), on $integration workers by shared-state group"
   # A short base for the tests' directories: xdist adds popen-gwN/ to each, and a VM's
