@@ -244,14 +244,13 @@ def _point_and_replicates(
     """The expected delay of the slowest rank at each core count (the point) and the same
     in each bootstrap replicate of the traces (B x cores). Both from the same binned
     distribution, so the replicates are centred on the point they bound."""
-    cores = p.cores
     values, per_trace = binned_delays(d)
     support = np.concatenate(([0.0], values))
-    point = _expected_maxima(support, per_trace, np.ones(d.traces), cores)
-    out = np.empty((p.resamples, len(cores)))
+    point = _expected_maxima(support, per_trace, np.ones(d.traces), p.cores)
+    out = np.empty((p.resamples, len(p.cores)))
     for b in range(p.resamples):
         counts = np.bincount(rng.integers(0, d.traces, d.traces), minlength=d.traces)
-        out[b] = _expected_maxima(support, per_trace, counts.astype(np.float64), cores)
+        out[b] = _expected_maxima(support, per_trace, counts.astype(np.float64), p.cores)
     return point, out
 
 
