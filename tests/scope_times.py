@@ -5,9 +5,9 @@ that of its busiest worker, and a worker's time is the sum of the scopes it ran:
 module, or a shared-state group of tests/shared_state.py. pytest's ``--durations``
 names slow tests but not which worker they held, so the end of the run prints, per
 scope, its worker, its tests' summed time and its span from first start to last stop,
-and per worker its span; a shared-state group's modules are listed under it. The
-controller sees every worker's reports, so this runs
-there.
+and per worker its span; a shared-state group's modules are listed under it, and the
+unit modules (short, and many) summed per worker. The controller sees every worker's
+reports, so this runs there.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from tests.shared_state import scope_of
+
+UNIT = "tests/unit/"  # scripts/test.sh runs the unit tests in the same run
 
 
 @dataclass
@@ -48,9 +50,12 @@ class ScopeTimes:
         node = getattr(report, "node", None)
         worker = node.gateway.id if node is not None else "main"
         scope = scope_of(report.nodeid)
+        if scope.startswith(UNIT):  # many short modules: one row per worker
+            scope = f"{UNIT}* (the unit modules {worker} ran)"
         self.scopes[scope].add(report, worker)
         module = report.nodeid.split("::", 1)[0]
-        if module != scope:  # a group's modules too, indented under it
+        # a group's modules too, indented under it
+        if module != scope and not module.startswith(UNIT):
             self.scopes[f"{scope} > {module}"].add(report, worker)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
