@@ -171,7 +171,7 @@ def test_registry_builds_a_two_rank_suite_whatever_the_np(tmp_path: Path) -> Non
         argv = suite.prepare(tmp_path, np, 1 << 30)
         assert argv[argv.index("-np") + 1] == str(RANKS)
         assert argv[argv.index("-u") + 1] == str(MAX_BYTES)
-        assert argv[argv.index("-n") + 1] == "50"  # quick: the documented smoke size
+        assert argv[argv.index("-n") + 1] == "20"  # quick: the documented smoke size
     kind = kind_of("netpipe")
     assert kind is not None and "netpipe-openmpi" in kind.packages
     assert message_bytes("netpipe", "latency_4KiB") == 4096
@@ -185,7 +185,7 @@ def test_medium_leaves_repetitions_to_netpipe(tmp_path: Path) -> None:
     argv = NetpipeSuite("medium").prepare(tmp_path, 2, 1 << 30)
     assert "-n" not in argv  # mpirun's own count is "-np"
     assert NetpipeSuite("medium").resolution("latency_1B") is None
-    assert NetpipeSuite("quick").resolution("latency_1B") == pytest.approx(0.5 / 50)
+    assert NetpipeSuite("quick").resolution("latency_1B") == pytest.approx(0.5 / 20)
 
 
 def test_unknown_size_and_missing_program_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,15 +18,16 @@ SI: 10^6 bit/s) at the powers of 4 from 1 B to 1 MiB, each carrying its size as
 ``Metric.message_bytes`` (what the report's message-size figures are drawn from), plus the
 peak bandwidth over every size NetPIPE measured. The headline latency is ``latency_1B``.
 
-Repetitions (``-n``) by ``--size``: quick 50 (a smoke size for tests and TCG guests,
+Repetitions (``-n``) by ``--size``: quick 20 (a smoke size for tests and TCG guests,
 where every byte of the large messages crosses an emulated NIC: the two-node bench test
-took 618-874 s at 200 and 266 s at 50, on the 2-core development machine), small 1000
-(about 10 s natively on a 2-core host); medium leaves the count to NetPIPE, which sizes
-each trial to 0.25 s (about 30 s natively, and about as long in a slow guest: it is
-bounded by time, not work). The upper bound is 1 MiB in all three so that every size
-has every metric. NetPIPE times with gettimeofday (1 us steps), so a latency is known to
-0.5/n us: 0.01 us at quick, a few percent of a native shared-memory latency (a
-resolution warning says so when it matters).
+took 618-874 s at 200 and 266 s at 50, on the 2-core development machine; at 50 a TCG
+guest's sample took 16-17 s, or 92 s when every message waited about 5 ms:
+docs/netpipe.md), small 1000 (about 10 s natively on a 2-core host); medium leaves the
+count to NetPIPE, which sizes each trial to 0.25 s (about 30 s natively, and about as
+long in a slow guest: it is bounded by time, not work). The upper bound is 1 MiB in all
+three so that every size has every metric. NetPIPE times with gettimeofday (1 us steps),
+so a latency is known to 0.5/n us: 0.025 us at quick, a tenth of a native shared-memory
+latency (a resolution warning says so when it matters).
 
 Two ranks, always: NetPIPE is a ping-pong and refuses any other count, so ``--np`` does
 not apply (``uses_np`` is False, like noise). Ranks start through ``launch.mpirun_argv``,
@@ -66,7 +67,7 @@ CLOCK_STEP_US = 1.0  # gettimeofday
 STOP_RULE_S = 0.1
 
 NetpipeSize = Literal["quick", "small", "medium"]
-REPEATS: dict[str, int | None] = {"quick": 50, "small": 1000, "medium": None}
+REPEATS: dict[str, int | None] = {"quick": 20, "small": 1000, "medium": None}
 
 
 def size_name(nbytes: int) -> str:
