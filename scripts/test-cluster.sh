@@ -421,6 +421,22 @@ make_network() {
   done
 }
 
+# The site's epilog, with the hpcvm the tests' jobs run (written by the tests into
+# etc/epilog-hpcvm once they built it); nothing to do before that. Written again by an
+# `up` that finds the cluster running: it runs this tree's epilog script, not that of the
+# tree that started the cluster, which may be gone (a removed fresh clone's cluster,
+# reused: every node drained at its first job's end, "epilog failed: rc:127").
+write_epilog() {
+  cat >"$DIR/etc/epilog.sh.new" <<EPILOG
+#!/bin/sh
+HPCVM=\$(cat "$DIR/etc/epilog-hpcvm" 2>/dev/null) || exit 0
+export HPCVM
+exec /bin/bash "$REPO/docs/examples/slurm-epilog.sh"
+EPILOG
+  chmod 755 "$DIR/etc/epilog.sh.new"
+  mv -f "$DIR/etc/epilog.sh.new" "$DIR/etc/epilog.sh"
+}
+
 write_config() {
   local n=$1 mode=$2 k spec="" tracking nodes
   mkdir -p "$DIR"/{etc,log,run,munge,ctld}
@@ -501,15 +517,7 @@ EOF
     chmod 1777 "$DIR/tmp/node$k"   # jobs of every user make their PMIx directories here
   done
   echo "PartitionName=test Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP" >>"$DIR/etc/slurm.conf"
-  # The site's epilog, with the hpcvm the tests' jobs run (written by the tests into
-  # etc/epilog-hpcvm once they built it); nothing to do before that.
-  cat >"$DIR/etc/epilog.sh" <<EPILOG
-#!/bin/sh
-HPCVM=\$(cat "$DIR/etc/epilog-hpcvm" 2>/dev/null) || exit 0
-export HPCVM
-exec /bin/bash "$REPO/docs/examples/slurm-epilog.sh"
-EPILOG
-  chmod 755 "$DIR/etc/epilog.sh"
+  write_epilog
   # /dev/full stands in for a passthrough NIC's /dev/vfio/N (none exists here): a device
   # every job is denied unless it was given the GRES (--gres=nic:1). Nothing hpcvm or
   # a test job needs opens it.
@@ -589,6 +597,7 @@ do_up() {
       # Other sessions' jobs may hold nodes: up means serving (idle or busy), not idle.
       if (READY_TIMEOUT=$IDLE_TIMEOUT && wait_for "$n serving nodes" all_serving "$n") 2>/dev/null; then
         say "already up: $n nodes"
+        write_epilog
         return 0
       fi
       die "a test cluster is up but not all $n nodes are serving (idle or running jobs) after ${IDLE_TIMEOUT}s; see '$0 status', or '$0 down'"
