@@ -58,7 +58,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +124,6 @@ class Story:
     killed_save: str  # the job's output after node4's save task was killed
     held_after_kill: list[str]  # the series' files then
     vm_killed_at: float  # when the test killed the second VM's QEMU (time.time())
-    restored: bool = False  # the first start restored a kept checkpoint (no boot)
 
 
 def _job_cache(image: Path) -> Path:
@@ -227,8 +226,7 @@ def story(slurm_cluster: LocalCluster, user_hpcvm: Path, image: Path) -> Iterato
                 restored = _seed(series, cache)
                 job = _submit(slurm_cluster, env, work, out)
             keep = None if restored else (lambda member: _keep(member, cache))
-            told = _run_story(slurm_cluster, job, out, work, series, str(user_hpcvm), keep)
-            yield replace(told, restored=restored)
+            yield _run_story(slurm_cluster, job, out, work, series, str(user_hpcvm), keep)
         finally:
             _gone(slurm_cluster, job)
 
@@ -267,9 +265,6 @@ def _run_story(
 ) -> Story:
     user = cluster_support.TEST_USER
 
-    def started_or_ended() -> bool:
-        return _shown_ready(out) or job_state(cluster, job) not in ("PENDING", "RUNNING")
-
     def periodic_said(since: int) -> Callable[[], bool]:
         """cluster wait said a saved periodic checkpoint in the output after ``since``
         (or the job has ended)."""
@@ -281,8 +276,7 @@ def _run_story(
         cluster.run(["scontrol", "update", f"JobId={job}", f"ReqNodeList={','.join(nodes)}",
                      "StartTime=now"], user=user)  # fmt: skip
 
-    wait_until("the ring to start", started_or_ended, timeout=BOOT_TIMEOUT)
-    assert _shown_ready(out), _text(out)
+    assert _started(cluster, job, out), _text(out)
     started = time.monotonic()
     wait_until("a periodic checkpoint", periodic_said(0), timeout=600)
     failed = _a_save_fails(cluster, job, out, series, keep)
