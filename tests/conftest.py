@@ -72,6 +72,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         os.setpriority(os.PRIO_PROCESS, 0, want)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The test-cluster group's modules in tests/shared_state.py's GROUP_ORDER (those
+    that mostly wait first, those whose guests compute last), every other test where
+    pytest put it."""
+    from tests.shared_state import in_group_order
+
+    items[:] = [items[i] for i in in_group_order([item.nodeid for item in items])]
+
+
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: no error without xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadscope`` schedules by tests/shared_state.py's scopes (scripts/test.sh's

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shared_state import GROUP_OF, SHARED_STATE_GROUPS, scope_of
+from tests.shared_state import GROUP_OF, GROUP_ORDER, SHARED_STATE_GROUPS, in_group_order, scope_of
 
 INTEGRATION = Path(__file__).resolve().parent.parent / "integration"
 SIGNS = {
@@ -47,3 +47,22 @@ def test_the_scope_is_the_group_or_else_the_module() -> None:
     assert scope_of("tests/integration/test_guest_boot.py::test_z") == (
         "tests/integration/test_guest_boot.py"
     )
+
+
+def test_an_ordered_group_names_each_of_its_modules_once() -> None:
+    """A module added to a group but not to its order would run first, unseen."""
+    for group, order in GROUP_ORDER.items():
+        assert sorted(order) == sorted(SHARED_STATE_GROUPS[group]), group
+
+
+def _ids(*modules: str) -> list[str]:
+    return [f"tests/integration/{m}.py::test_{k}" for m in modules for k in (1, 2)]
+
+
+def test_the_group_runs_together_in_its_order_and_the_rest_keeps_its_own() -> None:
+    collected = _ids("test_bench_compare", "test_cluster_bench", "test_guest_boot",
+                     "test_cluster_migrate", "test_cluster_checkpoint", "test_verify")  # fmt: skip
+    ran = [collected[i] for i in in_group_order(collected)]
+    assert sorted(ran) == sorted(collected)
+    assert ran == _ids("test_bench_compare", "test_cluster_checkpoint", "test_cluster_migrate",
+                       "test_cluster_bench", "test_guest_boot", "test_verify")  # fmt: skip
