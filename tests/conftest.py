@@ -47,31 +47,6 @@ def _terminated(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-CRITICAL_SCOPE = "test-cluster"  # the integration run's longest worker (docs/testing.md)
-OTHERS_NICE = int(os.environ.get("HPCVM_TEST_OTHERS_NICE", "10"))
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """In an xdist run (scripts/test.sh's), a worker runs the test-cluster group at nice 0 and
-    every other scope at nice ``HPCVM_TEST_OTHERS_NICE`` (10; 0: all alike), set before
-    the test's fixtures so the guests and daemons they start inherit it. The run lasts
-    as long as that group (its Slurm jobs' guests run under the cluster's slurmd, which
-    the group's worker started), while the other workers end minutes earlier: with
-    both cores contended, the kernel now gives the group's guests the CPU first and the
-    others the rest (fresh clone: the group took 1,275 s beside them, about 1,010 s of
-    it alone). Linux keeps the nice value per thread: this sets the test's thread, which
-    its subprocesses inherit."""
-    if not hasattr(item.config, "workerinput"):  # (a worker's own "dist" option is "no")
-        return
-    from tests.shared_state import scope_of
-
-    want = 0 if scope_of(item.nodeid) == CRITICAL_SCOPE else OTHERS_NICE
-    now = os.getpriority(os.PRIO_PROCESS, 0)
-    if want != now and (want > now or os.geteuid() == 0):
-        os.setpriority(os.PRIO_PROCESS, 0, want)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The test-cluster group's modules in tests/shared_state.py's GROUP_ORDER (those
     that mostly wait first, those whose guests compute last), every other test where
