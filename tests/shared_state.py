@@ -87,13 +87,6 @@ GROUP_ORDER: dict[str, tuple[str, ...]] = {
 }
 
 
-def _rank(nodeid: str) -> int:
-    """Where a test's module comes in its group's GROUP_ORDER (0 outside every order)."""
-    stem = PurePosixPath(nodeid.split("::", 1)[0]).stem
-    order = GROUP_ORDER.get(GROUP_OF.get(stem, ""), ())
-    return order.index(stem) if stem in order else 0
-
-
 def in_group_order(nodeids: list[str]) -> list[int]:
     """The positions of ``nodeids`` rearranged so that each ordered group's tests come
     together where its first test was, in GROUP_ORDER's module order; every other test
@@ -105,14 +98,20 @@ def in_group_order(nodeids: list[str]) -> list[int]:
 
     def key(i: int) -> tuple[int, int, int]:
         scope = scope_of(nodeids[i])
-        if scope not in GROUP_ORDER:
+        order = GROUP_ORDER.get(scope)
+        if order is None:
             return (i, 0, i)
-        return (first[scope], _rank(nodeids[i]), i)
+        module = _module(nodeids[i])
+        return (first[scope], order.index(module) if module in order else 0, i)
 
     return sorted(range(len(nodeids)), key=key)
 
 
+def _module(nodeid: str) -> str:
+    """A test id's module name (``test_cluster_job``)."""
+    return PurePosixPath(nodeid.split("::", 1)[0]).stem
+
+
 def scope_of(nodeid: str) -> str:
     """The scope of a test id: its module's shared-state group, or else its module."""
-    path = nodeid.split("::", 1)[0]
-    return GROUP_OF.get(PurePosixPath(path).stem, path)
+    return GROUP_OF.get(_module(nodeid), nodeid.split("::", 1)[0])
